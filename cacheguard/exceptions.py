@@ -1,0 +1,106 @@
+"""Exceptions raised by cacheguard.
+
+Every error cacheguard raises on purpose derives from one root, so callers can
+catch the whole family at once::
+
+    CacheGuardError
+    ├── LockError                 (carries the lock name, owner and mode)
+    │   ├── LockTimeout           a wait hit its deadline
+    │   ├── LockUpgradeError      a read holder asked for the write lock
+    │   ├── LockLostError         the lock expired or was taken while we held it
+    │   └── LockNotHeldError      release of a lock this thread/handle does not hold
+    └── BackendUnavailable        Redis could not be reached (wraps the redis-py error)
+
+Bad arguments given at construction (an empty name, a lease or timeout <= 0)
+raise :class:`ValueError` or :class:`TypeError` as usual in Python; they are
+programming errors, not runtime conditions.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailable",
+    "CacheGuardError",
+    "LockError",
+    "LockLostError",
+    "LockNotHeldError",
+    "LockTimeout",
+    "LockUpgradeError",
+]
+
+
+class CacheGuardError(Exception):
+    """Root of every exception cacheguard raises on purpose."""
+
+
+class LockError(CacheGuardError):
+    """A lock operation failed; ``name``, ``owner`` and ``mode`` say which lock."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        owner: str | None = None,
+        mode: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        self.owner = owner
+        self.mode = mode
+
+
+class LockTimeout(LockError):
+    """The lock could not be acquired before the deadline."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        mode: str,
+        waited: float,
+        owner: str | None = None,
+    ) -> None:
+        super().__init__(
+            f"timed out after {waited:.3f}s waiting for the {mode} lock {name!r}",
+            name=name,
+            owner=owner,
+            mode=mode,
+        )
+        self.waited = waited
+
+
+class LockUpgradeError(LockError):
+    """A holder of the read lock asked for the write lock.
+
+    Upgrading in place would deadlock as soon as two readers try it at once, so
+    it is refused: release the read lock first, then take the write lock.
+    """
+
+    def __init__(self, *, name: str, owner: str | None = None) -> None:
+        super().__init__(
+            f"cannot upgrade the read lock {name!r} to a write lock: "
+            "release the read lock first",
+            name=name,
+            owner=owner,
+            mode="write",
+        )
+
+
+class LockLostError(LockError):
+    """The lock was no longer ours: its lease ran out or its key was removed.
+
+    Raised by ``release()`` when the handle had already lost its lock; the lock
+    that may now be in Redis belongs to someone else and was left untouched.
+    """
+
+
+class LockNotHeldError(LockError):
+    """Release of a lock the caller does not hold (a programming error)."""
+
+
+class BackendUnavailable(CacheGuardError):
+    """Redis could not be reached or did not answer in time.
+
+    The original redis-py exception is chained as ``__cause__``.
+    """

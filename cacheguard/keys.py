@@ -1,0 +1,61 @@
+"""Redis key layout: every key of one resource lives in one hash slot.
+
+A resource (a cache key, a lock) named ``menu:list`` in namespace ``cg`` owns::
+
+    cg:{menu:list}:rw       the read-write lock hash
+    cg:{menu:list}:fence    the fencing counter (never expires)
+    cg:{menu:list}:rel      the pub/sub channel announcing that the lock freed
+
+The ``{...}`` hash tag makes Redis Cluster place them in the same slot, so one
+Lua script may touch them all. Braces and ``%`` inside a name are
+percent-encoded so the tag always ends where we put it: otherwise a name such
+as ``}x`` would end the tag early and scatter one resource over several slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ResourceKeys", "check_namespace", "hash_tag"]
+
+_TAG_ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
+
+
+def hash_tag(name: str) -> str:
+    """The hash-tag body for ``name``: the name with ``% { }`` percent-encoded."""
+    return name.translate(_TAG_ESCAPES)
+
+
+def check_namespace(namespace: str) -> str:
+    """Validate a namespace: non-empty, no braces (they would move the hash tag)."""
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str, not {type(namespace).__name__}")
+    if not namespace:
+        raise ValueError("namespace must not be empty")
+    if "{" in namespace or "}" in namespace:
+        raise ValueError(f"namespace must not contain braces: {namespace!r}")
+    return namespace
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceKeys:
+    """The Redis keys and channel that belong to one named resource."""
+
+    namespace: str
+    name: str
+
+    @property
+    def tag(self) -> str:
+        return f"{self.namespace}:{{{hash_tag(self.name)}}}"
+
+    @property
+    def lock(self) -> str:
+        return f"{self.tag}:rw"
+
+    @property
+    def fence(self) -> str:
+        return f"{self.tag}:fence"
+
+    @property
+    def released_channel(self) -> str:
+        return f"{self.tag}:rel"

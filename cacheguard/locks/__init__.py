@@ -1,0 +1,31 @@
+"""Locks: the local RW lock, the distributed RW lock on Redis, and the two-tier lock.
+
+Layout (each module small, each with one job):
+
+* ``local``       -- :class:`LocalRWLock`, threads of one process
+* ``registry``    -- :class:`WeakRegistry`, per-name objects held weakly
+* ``protocol``    -- the acquire algorithm, sans I/O (shared by sync and async drivers)
+* ``scripts``     -- the Lua scripts and their KEYS/ARGV contracts
+* ``redis_rwlock``-- :class:`RedisRWLock` and :class:`LockHandle`, the sync driver
+* ``notifier``    -- one pub/sub listener per process for release wake-ups
+* ``watchdog``    -- one renewal thread per process for leases
+* ``two_tier``    -- :class:`TwoTierRWLock` and :class:`LockFactory`
+"""
+
+from cacheguard.locks.local import LocalRWLock
+from cacheguard.locks.notifier import Notifier
+from cacheguard.locks.redis_rwlock import LockHandle, RedisRWLock
+from cacheguard.locks.registry import WeakRegistry
+from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
+from cacheguard.locks.watchdog import Watchdog
+
+__all__ = [
+    "LocalRWLock",
+    "LockFactory",
+    "LockHandle",
+    "Notifier",
+    "RedisRWLock",
+    "TwoTierRWLock",
+    "Watchdog",
+    "WeakRegistry",
+]

@@ -1,0 +1,303 @@
+"""Release notifications: one pub/sub connection per Redis server per process.
+
+Waiters of every lock of a process share one subscriber connection and one
+listener thread. A waiter registers for its lock's release channel; the first
+waiter of a channel sends SUBSCRIBE and waits for Redis to confirm it (so no
+release published after that point can be missed); a published release wakes
+every waiter of that channel at once. Channels stay subscribed for a while
+after their last waiter leaves, so a hot lock does not pay SUBSCRIBE and
+UNSUBSCRIBE on every contended wait.
+
+The listener thread is the only reader of the connection; waiter threads only
+write SUBSCRIBE commands to it, under a mutex. If the connection breaks, every
+waiter is woken (it retries its acquire and falls back to its backoff timer),
+and the listener reconnects and subscribes again to every channel still in use.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.connection import AbstractConnection
+
+from cacheguard._identity import on_fork_in_child
+
+__all__ = ["Notifier", "Subscription", "notifier_for"]
+
+log = logging.getLogger("cacheguard.notifier")
+
+ConnectionFactory = Callable[[], AbstractConnection]
+
+_IDLE_POLL = 1.0  # listener housekeeping tick (s): reconnects, idle unsubscribes
+_LINGER = 10.0  # keep a channel this long after its last waiter left (s)
+_RECONNECT_CAP = 2.0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(eq=False)
+class _Channel:
+    name: str
+    waiters: set[threading.Event] = field(default_factory=set)
+    confirmed: threading.Event = field(default_factory=threading.Event)
+    idle_since: float = 0.0
+
+
+class Subscription:
+    """One waiter's registration on one channel (not thread-safe: one waiter)."""
+
+    __slots__ = ("_channel", "_notifier", "_woken", "closed")
+
+    def __init__(self, notifier: Notifier, channel: str) -> None:
+        self._notifier = notifier
+        self._channel = channel
+        self._woken = threading.Event()
+        self.closed = False
+
+    def open(self, timeout: float) -> bool:
+        """Register and wait up to ``timeout`` for Redis to confirm; ``True`` if confirmed."""
+        return self._notifier._register(self._channel, self._woken, timeout)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep until a notification or ``seconds``; ``True`` if woken by a notification."""
+        woken = self._woken.wait(seconds)
+        self._woken.clear()
+        return woken
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._notifier._unregister(self._channel, self._woken)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Notifier:
+    """Shared subscriber connection and listener thread for one Redis server."""
+
+    def __init__(
+        self,
+        connect: ConnectionFactory,
+        *,
+        timer: Callable[[], float] = time.monotonic,
+        linger: float = _LINGER,
+    ) -> None:
+        self._connect = connect
+        self._timer = timer
+        self._linger = linger
+        self._mutex = threading.Lock()
+        self._channels: dict[str, _Channel] = {}
+        # Confirmations Redis owes us, in the order the commands were sent.
+        self._pending: deque[tuple[str, _Channel | None]] = deque()
+        self._conn: AbstractConnection | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self.reconnects = 0
+
+    # -- waiter side ---------------------------------------------------------------
+
+    def subscription(self, channel: str) -> Subscription:
+        return Subscription(self, channel)
+
+    def _register(self, name: str, woken: threading.Event, timeout: float) -> bool:
+        with self._mutex:
+            self._ensure_thread()
+            channel = self._channels.get(name)
+            if channel is None:
+                channel = self._channels[name] = _Channel(name)
+                self._send_subscribe([channel])
+            channel.waiters.add(woken)
+            confirmed = channel.confirmed
+        return confirmed.wait(timeout)
+
+    def _unregister(self, name: str, woken: threading.Event) -> None:
+        with self._mutex:
+            channel = self._channels.get(name)
+            if channel is not None:
+                channel.waiters.discard(woken)
+                if not channel.waiters:
+                    channel.idle_since = self._timer()
+
+    def _send_subscribe(self, channels: list[_Channel]) -> None:
+        """Send SUBSCRIBE for ``channels``; caller holds the mutex."""
+        conn = self._conn
+        if conn is None or not channels:
+            return  # the listener subscribes everything once it (re)connects
+        try:
+            conn.send_command("SUBSCRIBE", *[c.name for c in channels], check_health=False)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            log.debug("subscribe failed, listener will reconnect: %s", exc)
+            return
+        self._pending.extend(("subscribe", c) for c in channels)
+
+    # -- listener side -----------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stopped.clear()
+            self._thread = threading.Thread(
+                target=self._listen, name="cacheguard-notifier", daemon=True
+            )
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the listener and drop the connection (waiters fall back to timers)."""
+        self._stopped.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=_IDLE_POLL * 3)
+        self._drop_connection()
+
+    def _listen(self) -> None:
+        delay = 0.05
+        while not self._stopped.is_set():
+            if self._conn is None:
+                if not self._reconnect():
+                    self._stopped.wait(delay)
+                    delay = min(delay * 2, _RECONNECT_CAP)
+                    continue
+                delay = 0.05
+            conn = self._conn
+            assert conn is not None
+            try:
+                if conn.can_read(timeout=_IDLE_POLL):
+                    self._dispatch(conn.read_response(disconnect_on_error=False, push_request=True))
+                else:
+                    self._unsubscribe_idle()
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                log.warning("release-notification connection lost: %s", exc)
+                self._drop_connection()
+            except Exception:  # a malformed message must not kill the listener
+                log.exception("unexpected error in the release-notification listener")
+                self._drop_connection()
+
+    def _reconnect(self) -> bool:
+        try:
+            conn = self._connect()
+            conn.connect()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            log.debug("release-notification connection failed: %s", exc)
+            return False
+        with self._mutex:
+            self._conn = conn
+            self._pending.clear()
+            live = [c for c in self._channels.values() if c.waiters]
+            for c in list(self._channels.values()):
+                if not c.waiters:
+                    del self._channels[c.name]
+            self._send_subscribe(live)
+            self.reconnects += 1
+        return True
+
+    def _drop_connection(self) -> None:
+        with self._mutex:
+            conn, self._conn = self._conn, None
+            self._pending.clear()
+            for channel in self._channels.values():
+                # Release anyone waiting for a confirmation that will never come,
+                # then start unconfirmed; wake all so they retry on their timers.
+                channel.confirmed.set()
+                channel.confirmed = threading.Event()
+                for woken in channel.waiters:
+                    woken.set()
+        if conn is not None:
+            try:
+                conn.disconnect()
+            except Exception:  # pragma: no cover - best effort on a broken socket
+                pass
+
+    def _dispatch(self, message: Any) -> None:
+        if not isinstance(message, list) or len(message) < 3:
+            return
+        kind = _text(message[0])
+        with self._mutex:
+            if kind == "message":
+                channel = self._channels.get(_text(message[1]))
+                if channel is not None:
+                    for woken in channel.waiters:
+                        woken.set()
+            elif kind in ("subscribe", "unsubscribe") and self._pending:
+                expected_kind, expected = self._pending.popleft()
+                if kind == "subscribe" and expected is not None:
+                    expected.confirmed.set()
+
+    def _unsubscribe_idle(self) -> None:
+        now = self._timer()
+        with self._mutex:
+            idle = [
+                c
+                for c in self._channels.values()
+                if not c.waiters and now - c.idle_since >= self._linger
+            ]
+            if not idle or self._conn is None:
+                return
+            for c in idle:
+                del self._channels[c.name]
+            try:
+                self._conn.send_command(
+                    "UNSUBSCRIBE", *[c.name for c in idle], check_health=False
+                )
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                return
+            self._pending.extend(("unsubscribe", None) for _ in idle)
+
+    def subscribed_channels(self) -> list[str]:
+        with self._mutex:
+            return sorted(self._channels)
+
+
+# -- one notifier per connection pool, per process ------------------------------------
+
+_notifiers: weakref.WeakKeyDictionary[Any, Notifier] = weakref.WeakKeyDictionary()
+_notifiers_mutex = threading.Lock()
+
+
+def notifier_for(client: redis.Redis) -> Notifier:
+    """The process's notifier for the server behind ``client``'s connection pool."""
+    pool = client.connection_pool
+    with _notifiers_mutex:
+        notifier = _notifiers.get(pool)
+        if notifier is None:
+            notifier = Notifier(_weak_connection_factory(pool))
+            _notifiers[pool] = notifier
+            # The listener must not outlive the pool: stop it when the pool goes.
+            weakref.finalize(pool, notifier.close)
+        return notifier
+
+
+def _weak_connection_factory(pool: Any) -> ConnectionFactory:
+    # A strong reference here would keep every pool alive through its listener.
+    pool_ref = weakref.ref(pool)
+
+    def connect() -> AbstractConnection:
+        live_pool = pool_ref()
+        if live_pool is None:
+            raise redis.ConnectionError("the connection pool was garbage-collected")
+        connection: AbstractConnection = live_pool.make_connection()
+        return connection
+
+    return connect
+
+
+def _forget_after_fork() -> None:
+    global _notifiers_mutex
+    # The parent's listener threads do not exist in the child.
+    _notifiers_mutex = threading.Lock()
+    _notifiers.clear()
+
+
+on_fork_in_child(_forget_after_fork)

@@ -1,0 +1,129 @@
+"""The acquire algorithm of the distributed lock, with no I/O in it.
+
+:func:`acquire_flow` is a generator that *asks* for I/O by yielding a step and
+gets the answer sent back in, the way httpx drives its auth flows. A sync
+driver (:mod:`cacheguard.locks.redis_rwlock`) answers with blocking calls; an
+asyncio driver can answer the same steps with awaits, so both share one
+algorithm and one set of tests.
+
+The algorithm:
+
+1. try once (one script call); an uncontended lock costs nothing more;
+2. otherwise subscribe to the lock's release channel, then try again: a
+   release that happened between the first try and the subscription would
+   otherwise be missed;
+3. sleep until a release notification or a timer, whichever comes first. The
+   timer is the sooner of a jittered capped backoff (the safety net for a lost
+   message) and the moment the blocking holder's lease ends (a dead holder is
+   taken over as soon as its lease allows);
+4. try again; give up with :class:`LockTimeout` at the deadline.
+
+The loop is bounded by the deadline, never recursive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Union
+
+from cacheguard.backoff import Backoff
+from cacheguard.exceptions import LockTimeout, LockUpgradeError
+
+__all__ = [
+    "Attempt",
+    "Mode",
+    "Sleep",
+    "Step",
+    "Subscribe",
+    "TryAcquire",
+    "acquire_flow",
+    "parse_attempt",
+]
+
+Mode = Literal["read", "write"]
+
+# A margin after a blocking lease's end before retrying, so the retry lands
+# after the server considers it ended, not just before.
+LEASE_END_MARGIN: Final = 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one acquire script answered."""
+
+    granted: bool
+    epoch: int = 0
+    retry_in: float = 0.0  # seconds until the soonest blocking lease ends
+    upgrade: bool = False
+
+
+class TryAcquire:
+    """Step: run the acquire script once; answer with an :class:`Attempt`."""
+
+    __slots__ = ()
+
+
+class Subscribe:
+    """Step: subscribe to the release channel; answer ``True`` once confirmed."""
+
+    __slots__ = ("timeout",)
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Step: wait for a release notification or ``seconds``; answer ``None``."""
+
+    seconds: float
+
+
+Step = Union[TryAcquire, Subscribe, Sleep]
+TRY: Final = TryAcquire()
+
+
+def parse_attempt(reply: Sequence[Any]) -> Attempt:
+    """Turn the acquire script's ``{status, value}`` reply into an :class:`Attempt`."""
+    status, value = int(reply[0]), int(reply[1])
+    if status == 1:
+        return Attempt(granted=True, epoch=value)
+    if status == -1:
+        return Attempt(granted=False, upgrade=True)
+    return Attempt(granted=False, retry_in=max(value, 0) / 1000.0)
+
+
+def acquire_flow(
+    *,
+    name: str,
+    mode: Mode,
+    owner: str,
+    timeout: float,
+    timer: Callable[[], float],
+    backoff: Backoff,
+) -> Generator[Step, Any, int]:
+    """Yield I/O steps until the lock is granted; return its epoch (fencing token)."""
+    start = timer()
+    deadline = start + timeout
+
+    attempt: Attempt = yield TRY
+    if attempt.granted:
+        return attempt.epoch
+    if attempt.upgrade:
+        raise LockUpgradeError(name=name, owner=owner)
+
+    yield Subscribe(timeout=max(deadline - timer(), 0.0))
+    while True:
+        attempt = yield TRY
+        if attempt.granted:
+            return attempt.epoch
+        if attempt.upgrade:  # only possible if the owner changed state meanwhile
+            raise LockUpgradeError(name=name, owner=owner)
+        remaining = deadline - timer()
+        if remaining <= 0:
+            raise LockTimeout(name=name, mode=mode, waited=timer() - start, owner=owner)
+        delay = backoff.next_delay()
+        if attempt.retry_in > 0:
+            delay = min(delay, attempt.retry_in + LEASE_END_MARGIN)
+        yield Sleep(min(delay, remaining))

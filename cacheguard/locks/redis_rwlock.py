@@ -1,0 +1,363 @@
+"""The distributed read-write lock on one Redis hash.
+
+::
+
+    lock = RedisRWLock(client, "menu:list", lease=10.0)
+    with lock.write(timeout=5) as handle:
+        write_to_db(fencing_token=handle.token)
+
+Owners and reentrancy
+    Holds belong to an *owner* string, by default the calling thread of this
+    process. The same owner may take the lock again (counts nest); pass
+    ``owner=`` to share a holding between threads or tasks.
+
+Handles
+    Each acquisition returns a :class:`LockHandle`. Release goes through the
+    handle, so any thread may release it. Releasing a handle whose lock was lost
+    raises :class:`LockLostError` and changes nothing in Redis: the lock there, if
+    any, is someone else's.
+
+Leases
+    Holds expire ``lease`` seconds after the last renewal. With the watchdog on
+    (the default), the process's watchdog thread renews every ``lease / 3`` while
+    the handle is held, and marks the handle ``lost`` if the holding vanished.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from cacheguard._identity import thread_owner
+from cacheguard.backoff import Backoff
+from cacheguard.exceptions import BackendUnavailable, LockLostError, LockUpgradeError
+from cacheguard.keys import ResourceKeys, check_namespace
+from cacheguard.locks.notifier import Notifier, Subscription, notifier_for
+from cacheguard.locks.protocol import (
+    Attempt,
+    Mode,
+    Sleep,
+    Subscribe,
+    TryAcquire,
+    acquire_flow,
+    parse_attempt,
+)
+from cacheguard.locks.scripts import ACQUIRE, RELEASE, RENEW
+from cacheguard.locks.watchdog import Watchdog, default_watchdog
+
+__all__ = ["LockHandle", "RedisRWLock", "check_positive", "release_on_exit"]
+
+log = logging.getLogger("cacheguard.lock")
+
+LostCallback = Callable[["LockHandle"], None]
+
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
+
+
+def check_positive(what: str, value: object) -> float:
+    """``value`` as a float if it is a finite number > 0, else ValueError/TypeError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+class LockHandle:
+    """One acquisition of a :class:`RedisRWLock`.
+
+    ``token`` is the fencing token: for write holds it is strictly greater than
+    the token of every earlier write hold of this lock, so a storage system can
+    refuse writes carrying an older token. ``lost`` turns true when the watchdog
+    finds that the holding vanished; ``lost_reason`` says why.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_on_lost",
+        "lock",
+        "lost",
+        "lost_reason",
+        "mode",
+        "owner",
+        "released",
+        "token",
+    )
+
+    def __init__(
+        self,
+        lock: RedisRWLock,
+        mode: Mode,
+        owner: str,
+        token: int,
+        on_lost: LostCallback | None,
+    ) -> None:
+        self.lock = lock
+        self.mode: Mode = mode
+        self.owner = owner
+        self.token = token
+        self.lost = False
+        self.lost_reason = ""
+        self.released = False
+        self._on_lost = on_lost
+
+    # Used by the watchdog.
+    @property
+    def client(self) -> redis.Redis:
+        return self.lock.client
+
+    @property
+    def keys(self) -> ResourceKeys:
+        return self.lock.keys
+
+    @property
+    def lease(self) -> float:
+        return self.lock.lease
+
+    @property
+    def lease_ms(self) -> int:
+        return self.lock.lease_ms
+
+    def release(self) -> None:
+        self.lock.release(self)
+
+    def renew(self) -> bool:
+        """Extend the lease now; ``False`` (and marked lost) if the holding is gone."""
+        return self.lock.renew(self)
+
+    def _mark_lost(self, why: str) -> None:
+        if self.lost or self.released:
+            return
+        self.lost = True
+        self.lost_reason = why
+        log.warning(
+            "lost the %s lock %r (owner %s, token %d): %s",
+            self.mode, self.lock.name, self.owner, self.token, why,
+        )
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception("on_lost callback of lock %r failed", self.lock.name)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "released" if self.released else "held"
+        return (
+            f"<LockHandle {self.mode} {self.lock.name!r} token={self.token} "
+            f"owner={self.owner} {state}>"
+        )
+
+
+class RedisRWLock:
+    """A read-write lock shared by every thread of every process using one Redis.
+
+    ``lease`` (s): how long a hold outlives its last renewal. ``timeout`` (s): the
+    default deadline of blocking acquisitions. ``watchdog``: ``True`` for the
+    process-wide watchdog, ``False`` to renew by hand (``handle.renew()``), or a
+    :class:`Watchdog` of your own. ``on_lost`` is called (from the watchdog
+    thread) with a handle whose holding vanished.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str,
+        *,
+        lease: float = 30.0,
+        timeout: float = 30.0,
+        namespace: str = "cg",
+        watchdog: Watchdog | bool = True,
+        notifier: Notifier | None = None,
+        on_lost: LostCallback | None = None,
+        backoff: Callable[[], Backoff] = Backoff,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"lock name must be a str, not {type(name).__name__}")
+        if not name:
+            raise ValueError("lock name must not be empty")
+        self.client = client
+        self.name = name
+        self.lease = check_positive("lease", lease)
+        self.lease_ms = max(1, int(self.lease * 1000))
+        self.timeout = check_positive("timeout", timeout)
+        self.keys = ResourceKeys(check_namespace(namespace), name)
+        self._watchdog: Watchdog | None
+        if watchdog is True:
+            self._watchdog = default_watchdog()
+        elif watchdog is False:
+            self._watchdog = None
+        else:
+            self._watchdog = watchdog
+        self._notifier = notifier
+        self._on_lost = on_lost
+        self._backoff = backoff
+        self._timer = timer
+        # A waiting writer's mark outlives the longest sleep between its retries.
+        self._mark_ms = max(3000, int(3 * backoff().cap * 1000))
+
+    # -- acquiring ---------------------------------------------------------------------
+
+    def acquire_read(self, timeout: float | None = None, *, owner: str | None = None) -> LockHandle:
+        """Block until the read lock is ours (or :class:`LockTimeout`)."""
+        return self._acquire("read", timeout, owner)
+
+    def acquire_write(
+        self, timeout: float | None = None, *, owner: str | None = None
+    ) -> LockHandle:
+        """Block until the write lock is ours; a read holder gets :class:`LockUpgradeError`."""
+        return self._acquire("write", timeout, owner)
+
+    def try_acquire_read(self, *, owner: str | None = None) -> LockHandle | None:
+        """One attempt, no waiting: the handle, or ``None`` if the lock is busy."""
+        return self._try_once("read", owner)
+
+    def try_acquire_write(self, *, owner: str | None = None) -> LockHandle | None:
+        return self._try_once("write", owner)
+
+    @contextmanager
+    def read(self, timeout: float | None = None, *, owner: str | None = None) -> Iterator[LockHandle]:
+        handle = self.acquire_read(timeout, owner=owner)
+        with release_on_exit(handle.release):
+            yield handle
+
+    @contextmanager
+    def write(
+        self, timeout: float | None = None, *, owner: str | None = None
+    ) -> Iterator[LockHandle]:
+        handle = self.acquire_write(timeout, owner=owner)
+        with release_on_exit(handle.release):
+            yield handle
+
+    def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> LockHandle:
+        owner = owner or thread_owner()
+        limit = self.timeout if timeout is None else check_positive("timeout", timeout)
+        flow = acquire_flow(
+            name=self.name,
+            mode=mode,
+            owner=owner,
+            timeout=limit,
+            timer=self._timer,
+            backoff=self._backoff(),
+        )
+        subscription: Subscription | None = None
+        try:
+            step = next(flow)
+            while True:
+                reply: Any = None
+                if isinstance(step, TryAcquire):
+                    reply = self._attempt(mode, owner)
+                elif isinstance(step, Subscribe):
+                    subscription = self._notifier_or_default().subscription(
+                        self.keys.released_channel
+                    )
+                    reply = subscription.open(step.timeout)
+                elif isinstance(step, Sleep):
+                    assert subscription is not None
+                    subscription.wait(step.seconds)
+                step = flow.send(reply)
+        except StopIteration as done:
+            return self._granted(mode, owner, done.value)
+        finally:
+            if subscription is not None:
+                subscription.close()
+
+    def _try_once(self, mode: Mode, owner: str | None) -> LockHandle | None:
+        owner = owner or thread_owner()
+        attempt = self._attempt(mode, owner)
+        if attempt.upgrade:
+            raise LockUpgradeError(name=self.name, owner=owner)
+        return self._granted(mode, owner, attempt.epoch) if attempt.granted else None
+
+    def _attempt(self, mode: Mode, owner: str) -> Attempt:
+        reply = self._call(
+            ACQUIRE,
+            [self.keys.lock, self.keys.fence],
+            [owner, mode, self.lease_ms, self._mark_ms, self.keys.released_channel],
+        )
+        return parse_attempt(reply)
+
+    def _granted(self, mode: Mode, owner: str, token: int) -> LockHandle:
+        handle = LockHandle(self, mode, owner, token, self._on_lost)
+        if self._watchdog is not None:
+            self._watchdog.watch(handle)
+        return handle
+
+    # -- releasing and renewing --------------------------------------------------------
+
+    def release(self, handle: LockHandle) -> None:
+        """Release one hold; :class:`LockLostError` if it was no longer ours."""
+        if handle.lock is not self:
+            raise ValueError("this handle belongs to another lock")
+        if handle.released:
+            return
+        # Stop renewing first, so no renewal can land after the release.
+        if self._watchdog is not None:
+            self._watchdog.unwatch(handle)
+        handle.released = True
+        released = self._call(
+            RELEASE,
+            [self.keys.lock],
+            [handle.owner, handle.mode, handle.token, self.keys.released_channel],
+        )
+        if released != 1:
+            handle.lost = True
+            handle.lost_reason = handle.lost_reason or "the holding was gone at release"
+            raise LockLostError(
+                f"the {handle.mode} lock {self.name!r} (token {handle.token}) was lost "
+                f"before release: {handle.lost_reason}; the lock now in Redis, if any, "
+                "belongs to someone else and was left alone",
+                name=self.name,
+                owner=handle.owner,
+                mode=handle.mode,
+            )
+
+    def renew(self, handle: LockHandle) -> bool:
+        """Extend the lease of ``handle`` now (useful with ``watchdog=False``)."""
+        if handle.released or handle.lost:
+            return False
+        renewed = self._call(RENEW, [self.keys.lock], [handle.owner, handle.token, self.lease_ms])
+        if renewed != 1:
+            if self._watchdog is not None:
+                self._watchdog.unwatch(handle)
+            handle._mark_lost("its holding was gone at renewal")
+            return False
+        return True
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _notifier_or_default(self) -> Notifier:
+        if self._notifier is None:
+            self._notifier = notifier_for(self.client)
+        return self._notifier
+
+    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return script(self.client, keys, args)
+        except _REDIS_DOWN as exc:
+            raise BackendUnavailable(
+                f"Redis unreachable while working on lock {self.name!r}: {exc}"
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"<RedisRWLock {self.name!r} key={self.keys.lock!r} lease={self.lease}s>"
+
+
+@contextmanager
+def release_on_exit(release: Callable[[], None]) -> Iterator[None]:
+    """Call ``release`` on exit; a lost lock raises unless the body already raised."""
+    try:
+        yield
+    except BaseException:
+        try:
+            release()
+        except LockLostError as lost:
+            log.warning("%s (while the body raised)", lost)
+        raise
+    release()
