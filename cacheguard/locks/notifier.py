@@ -155,11 +155,12 @@ class Notifier:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the listener and drop the connection (waiters fall back to timers)."""
+        """Stop the listener and drop the connection (waiters fall back to timers).
+
+        Does not join the thread: ``close`` may run from a garbage-collection
+        finaliser, which must not block; the listener exits on its next wake-up.
+        """
         self._stopped.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=_IDLE_POLL * 3)
         self._drop_connection()
 
     def _listen(self) -> None:
@@ -179,6 +180,8 @@ class Notifier:
                 else:
                     self._unsubscribe_idle()
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                if self._stopped.is_set():
+                    return
                 log.warning("release-notification connection lost: %s", exc)
                 self._drop_connection()
             except Exception:  # a malformed message must not kill the listener

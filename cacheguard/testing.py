@@ -1,0 +1,146 @@
+"""A Redis to test and demo against, wherever the code runs.
+
+:func:`redis_server` yields a :class:`RedisEndpoint`, trying in order:
+
+1. ``url`` (or the ``REDIS_URL`` environment variable), if given;
+2. a throwaway ``redis-server`` on a free loopback port, if the binary exists;
+3. fakeredis's TCP server with Lua (the ``fakeredis[lua]`` package), so a bare
+   machine still runs everything.
+
+``require_real=True`` (or ``CACHEGUARD_REQUIRE_REDIS=1``) turns step 3 into an
+error, and makes an unreachable ``REDIS_URL`` an error too: CI must fail, not
+quietly test against an imitation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+from cacheguard.exceptions import BackendUnavailable
+
+__all__ = ["RedisEndpoint", "free_port", "redis_server", "require_real_redis"]
+
+Kind = Literal["url", "redis-server", "fakeredis"]
+
+
+@dataclass(frozen=True)
+class RedisEndpoint:
+    url: str
+    kind: Kind
+
+    @property
+    def real(self) -> bool:
+        return self.kind != "fakeredis"
+
+
+def require_real_redis() -> bool:
+    return os.environ.get("CACHEGUARD_REQUIRE_REDIS", "") not in ("", "0", "false", "no")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_for_ping(url: str, deadline: float) -> None:
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+            try:
+                client.ping()
+                return
+            finally:
+                client.close()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            last = exc
+            time.sleep(0.02)
+    raise BackendUnavailable(f"Redis at {url} did not answer PING: {last}")
+
+
+@contextlib.contextmanager
+def spawn_redis_server(
+    *, port: int | None = None, extra_args: tuple[str, ...] = ()
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Run a throwaway ``redis-server`` (no persistence) on a loopback port."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError("redis-server is not on the PATH")
+    port = port or free_port()
+    workdir = tempfile.mkdtemp(prefix="cacheguard-redis-")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", workdir, *extra_args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        _wait_for_ping(url, time.monotonic() + 10)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _fakeredis_server() -> Iterator[str]:
+    try:
+        from fakeredis import TcpFakeServer
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise BackendUnavailable(
+            "no Redis: set REDIS_URL, install redis-server, or pip install 'fakeredis[lua]'"
+        ) from exc
+    server = TcpFakeServer(("127.0.0.1", 0), server_type="redis")
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="fakeredis", daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    try:
+        yield f"redis://{host}:{port}/0"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def redis_server(url: str | None = None, *, require_real: bool | None = None) -> Iterator[
+    RedisEndpoint
+]:
+    """Yield a reachable Redis endpoint (see the module docstring for the order)."""
+    strict = require_real_redis() if require_real is None else require_real
+    url = url or os.environ.get("REDIS_URL") or None
+    if url:
+        _wait_for_ping(url, time.monotonic() + 5)
+        yield RedisEndpoint(url, "url")
+        return
+    if shutil.which("redis-server"):
+        with spawn_redis_server() as (spawned_url, _proc):
+            yield RedisEndpoint(spawned_url, "redis-server")
+        return
+    if strict:
+        raise BackendUnavailable(
+            "a real Redis is required (CACHEGUARD_REQUIRE_REDIS is set) but REDIS_URL is "
+            "unset and redis-server is not on the PATH"
+        )
+    with _fakeredis_server() as fake_url:
+        yield RedisEndpoint(fake_url, "fakeredis")

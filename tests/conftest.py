@@ -1,0 +1,50 @@
+"""Shared fixtures: a real Redis (or the documented fallback) and per-test isolation.
+
+Which Redis: ``REDIS_URL`` if set, else a throwaway ``redis-server``, else
+fakeredis's TCP server. ``CACHEGUARD_REQUIRE_REDIS=1`` (set by ``.ci/run``)
+makes the fallback, or an unreachable ``REDIS_URL``, an error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from cacheguard.testing import RedisEndpoint, redis_server, require_real_redis
+
+
+@pytest.fixture(scope="session")
+def redis_endpoint() -> Iterator[RedisEndpoint]:
+    with redis_server() as endpoint:
+        if require_real_redis():
+            assert endpoint.real, "CACHEGUARD_REQUIRE_REDIS is set but Redis is fakeredis"
+        yield endpoint
+
+
+@pytest.fixture
+def redis_url(redis_endpoint: RedisEndpoint) -> str:
+    return redis_endpoint.url
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=10)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def namespace(client: redis.Redis) -> Iterator[str]:
+    """A namespace no other test uses; its keys are deleted afterwards."""
+    ns = f"t{uuid.uuid4().hex[:12]}"
+    yield ns
+    keys = list(client.scan_iter(match=f"{ns}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"cacheguard: real Redis required = {require_real_redis()}"

@@ -1,0 +1,60 @@
+"""Run test code in real child processes (spawned, so no inherited threads or locks)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_module
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+CTX = mp.get_context("spawn")
+
+
+def _trampoline(results: Any, index: int, target: Callable[..., Any], args: Sequence[Any]) -> None:
+    try:
+        results.put((index, True, target(*args)))
+    except BaseException:
+        results.put((index, False, traceback.format_exc()))
+
+
+def run_processes(
+    target: Callable[..., Any], arg_lists: Sequence[Sequence[Any]], *, timeout: float = 90
+) -> list[Any]:
+    """Run ``target(*args)`` in one child process per entry; return results in order.
+
+    A child's exception is re-raised here with its traceback; a child that does
+    not report within ``timeout`` fails the test (and is killed).
+    """
+    results = CTX.Queue()
+    procs = [
+        CTX.Process(target=_trampoline, args=(results, i, target, args), daemon=True)
+        for i, args in enumerate(arg_lists)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    try:
+        for _ in procs:
+            try:
+                index, ok, value = results.get(timeout=timeout)
+            except queue_module.Empty:
+                raise AssertionError(f"a child process did not finish within {timeout}s") from None
+            if not ok:
+                raise AssertionError(f"child process {index} failed:\n{value}")
+            out[index] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [out[i] for i in range(len(procs))]
+
+
+def start_process(target: Callable[..., Any], *args: Any) -> BaseProcess:
+    """Start ``target(*args)`` in a child process and return it (to kill or join)."""
+    proc = CTX.Process(target=target, args=args, daemon=True)
+    proc.start()
+    return proc
