@@ -127,35 +127,56 @@ def test_readers_overlap_and_writer_excluded(client: redis.Redis, namespace: str
         pass
 
 
+def queue_writer(lock: RedisRWLock, owner: str) -> bool:
+    """One step of a blocking write acquisition: granted, or queued with a mark."""
+    return lock._attempt("write", owner, queue=True).granted
+
+
 def test_waiting_writer_blocks_new_readers(client: redis.Redis, namespace: str) -> None:
     lock = make(client, namespace)
     reader = lock.acquire_read(owner="r1")
-    assert lock.try_acquire_write(owner="w") is None  # leaves a waiting mark
+    assert not queue_writer(lock, "w")  # leaves a waiting mark
     assert lock.try_acquire_read(owner="r2") is None  # held off by the mark
     again = lock.try_acquire_read(owner="r1")  # a holder may re-enter
     assert again is not None
     again.release()
     reader.release()
-    writer = lock.try_acquire_write(owner="w")
-    assert writer is not None
+    assert queue_writer(lock, "w")
     assert "q:w" not in fields(client, lock)  # got in: no longer waiting
-    writer.release()
+    lock.release(lock._granted("write", "w", int(fields(client, lock)["token"])))
     assert lock.try_acquire_read(owner="r2") is not None
+
+
+def test_one_shot_try_does_not_queue(client: redis.Redis, namespace: str) -> None:
+    lock = make(client, namespace)
+    reader = lock.acquire_read(owner="r1")
+    assert lock.try_acquire_write(owner="w") is None
+    assert not any(k.startswith("q:") for k in fields(client, lock))
+    assert lock.try_acquire_read(owner="r2") is not None
+    reader.release()
+
+
+def test_writer_that_times_out_withdraws_its_mark(client: redis.Redis, namespace: str) -> None:
+    lock = make(client, namespace)
+    reader = lock.acquire_read(owner="r1")
+    with pytest.raises(LockTimeout):
+        lock.acquire_write(timeout=0.2, owner="w")
+    assert not any(k.startswith("q:") for k in fields(client, lock))
+    assert lock.try_acquire_read(owner="r2") is not None  # not held off any more
+    reader.release()
 
 
 def test_writers_queue_in_ticket_order(client: redis.Redis, namespace: str) -> None:
     lock = make(client, namespace)
     holder = lock.acquire_write(owner="h")
-    assert lock.try_acquire_write(owner="first") is None
-    assert lock.try_acquire_write(owner="second") is None
+    assert not queue_writer(lock, "first")
+    assert not queue_writer(lock, "second")
     holder.release()
-    assert lock.try_acquire_write(owner="second") is None  # "first" queued earlier
-    first = lock.try_acquire_write(owner="first")
-    assert first is not None
-    first.release()
-    second = lock.try_acquire_write(owner="second")
-    assert second is not None
-    second.release()
+    assert not queue_writer(lock, "second")  # "first" queued earlier
+    assert queue_writer(lock, "first")
+    token = int(fields(client, lock)["token"])
+    lock.release(lock._granted("write", "first", token))
+    assert queue_writer(lock, "second")
 
 
 def test_fencing_tokens_strictly_increase(client: redis.Redis, namespace: str) -> None:
@@ -213,9 +234,9 @@ def test_watchdog_keeps_live_holder_then_stops(client: redis.Redis, namespace: s
     assert lock.try_acquire_write(owner="rival") is None
     handle.release()
     assert not dog.watching(handle)
-    # The rival's waiting mark expires by itself (3 s); nothing re-creates our holding.
-    time.sleep(0.6)
-    assert f"w:{handle.owner}" not in fields(client, lock)
+    assert not client.exists(lock.keys.lock)
+    time.sleep(0.6)  # past a lease: nothing re-created it
+    assert not client.exists(lock.keys.lock)
 
 
 def test_without_watchdog_the_lease_expires(client: redis.Redis, namespace: str) -> None:

@@ -16,7 +16,8 @@ The algorithm:
    timer is the sooner of a jittered capped backoff (the safety net for a lost
    message) and the moment the blocking holder's lease ends (a dead holder is
    taken over as soon as its lease allows);
-4. try again; give up with :class:`LockTimeout` at the deadline.
+4. try again; give up with :class:`LockTimeout` at the deadline (a writer
+   first withdraws the waiting mark that holds off new readers).
 
 The loop is bounded by the deadline, never recursive.
 """
@@ -37,6 +38,7 @@ __all__ = [
     "Step",
     "Subscribe",
     "TryAcquire",
+    "Withdraw",
     "acquire_flow",
     "parse_attempt",
 ]
@@ -73,6 +75,12 @@ class Subscribe:
         self.timeout = timeout
 
 
+class Withdraw:
+    """Step: a writer gives up; remove its waiting mark; answer ``None``."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Sleep:
     """Step: wait for a release notification or ``seconds``; answer ``None``."""
@@ -80,8 +88,9 @@ class Sleep:
     seconds: float
 
 
-Step = Union[TryAcquire, Subscribe, Sleep]
+Step = Union[TryAcquire, Subscribe, Sleep, Withdraw]
 TRY: Final = TryAcquire()
+WITHDRAW: Final = Withdraw()
 
 
 def parse_attempt(reply: Sequence[Any]) -> Attempt:
@@ -122,6 +131,9 @@ def acquire_flow(
             raise LockUpgradeError(name=name, owner=owner)
         remaining = deadline - timer()
         if remaining <= 0:
+            if mode == "write":
+                # Our waiting mark holds off readers; do not make them wait it out.
+                yield WITHDRAW
             raise LockTimeout(name=name, mode=mode, waited=timer() - start, owner=owner)
         delay = backoff.next_delay()
         if attempt.retry_in > 0:

@@ -45,10 +45,11 @@ from cacheguard.locks.protocol import (
     Sleep,
     Subscribe,
     TryAcquire,
+    Withdraw,
     acquire_flow,
     parse_attempt,
 )
-from cacheguard.locks.scripts import ACQUIRE, RELEASE, RENEW
+from cacheguard.locks.scripts import ACQUIRE, RELEASE, RENEW, WITHDRAW
 from cacheguard.locks.watchdog import Watchdog, default_watchdog
 
 __all__ = ["LockHandle", "RedisRWLock", "check_positive", "release_on_exit"]
@@ -252,7 +253,7 @@ class RedisRWLock:
             while True:
                 reply: Any = None
                 if isinstance(step, TryAcquire):
-                    reply = self._attempt(mode, owner)
+                    reply = self._attempt(mode, owner, queue=True)
                 elif isinstance(step, Subscribe):
                     subscription = self._notifier_or_default().subscription(
                         self.keys.released_channel
@@ -261,6 +262,8 @@ class RedisRWLock:
                 elif isinstance(step, Sleep):
                     assert subscription is not None
                     subscription.wait(step.seconds)
+                elif isinstance(step, Withdraw):
+                    self._call(WITHDRAW, [self.keys.lock], [owner, self.keys.released_channel])
                 step = flow.send(reply)
         except StopIteration as done:
             return self._granted(mode, owner, done.value)
@@ -270,16 +273,18 @@ class RedisRWLock:
 
     def _try_once(self, mode: Mode, owner: str | None) -> LockHandle | None:
         owner = owner or thread_owner()
-        attempt = self._attempt(mode, owner)
+        attempt = self._attempt(mode, owner, queue=False)
         if attempt.upgrade:
             raise LockUpgradeError(name=self.name, owner=owner)
         return self._granted(mode, owner, attempt.epoch) if attempt.granted else None
 
-    def _attempt(self, mode: Mode, owner: str) -> Attempt:
+    def _attempt(self, mode: Mode, owner: str, *, queue: bool) -> Attempt:
+        """One acquire script call; ``queue`` leaves a waiting writer's mark if busy."""
         reply = self._call(
             ACQUIRE,
             [self.keys.lock, self.keys.fence],
-            [owner, mode, self.lease_ms, self._mark_ms, self.keys.released_channel],
+            [owner, mode, self.lease_ms, self._mark_ms if queue else 0,
+             self.keys.released_channel],
         )
         return parse_attempt(reply)
 

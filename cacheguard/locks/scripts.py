@@ -34,7 +34,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-__all__ = ["ACQUIRE", "RELEASE", "RENEW", "LuaScript"]
+__all__ = ["ACQUIRE", "RELEASE", "RENEW", "WITHDRAW", "LuaScript"]
 
 # Shared helpers, pasted after each script's contract comment.
 _PRELUDE = """
@@ -155,7 +155,11 @@ local mine_r, mine_w = s.r[owner] or 0, s.w[owner] or 0
 if want == 'read' then
   -- Holders re-enter even past waiting writers (refusing would deadlock them).
   if mine_r > 0 or mine_w > 0 then return grant('r') end
-  if swept_mode ~= 'write' and next(s.q) == nil then return grant('r') end
+  local writer_waits = false
+  for who in pairs(s.q) do
+    if who ~= owner then writer_waits = true end
+  end
+  if swept_mode ~= 'write' and not writer_waits then return grant('r') end
 else
   if mine_w > 0 then return grant('w') end
   if mine_r > 0 then return {-1, 0} end
@@ -166,12 +170,14 @@ else
     end
     if first then return grant('w') end
   end
-  -- Stay queued: the mark holds off new readers until we get in or give up.
-  if not s.n[owner] then
-    s.n[owner] = redis.call('HINCRBY', key, 'seq', 1)
+  if mark > 0 then
+    -- Stay queued: the mark holds off new readers until we get in or give up.
+    if not s.n[owner] then
+      s.n[owner] = redis.call('HINCRBY', key, 'seq', 1)
+    end
+    s.q[owner] = now + mark
+    redis.call('HSET', key, 'q:' .. owner, s.q[owner], 'n:' .. owner, s.n[owner])
   end
-  s.q[owner] = now + mark
-  redis.call('HSET', key, 'q:' .. owner, s.q[owner], 'n:' .. owner, s.n[owner])
 end
 local wait = soonest_end(s, now, owner)
 settle(key, s, now)
@@ -206,6 +212,19 @@ if after ~= before then redis.call('PUBLISH', channel, after or 'free') end
 return 1
 """
 
+_WITHDRAW_BODY = """
+local key, owner, channel = KEYS[1], ARGV[1], ARGV[2]
+local now = now_ms()
+local s = load(key, now)
+if not s.q[owner] then return 0 end
+s.q[owner], s.n[owner] = nil, nil
+redis.call('HDEL', key, 'q:' .. owner, 'n:' .. owner)
+settle(key, s, now)
+-- Readers held off by this writer may go now, if it was the last one waiting.
+if next(s.q) == nil then redis.call('PUBLISH', channel, 'withdrawn') end
+return 1
+"""
+
 _RENEW_BODY = """
 local key, owner, epoch, lease = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
@@ -227,7 +246,7 @@ ACQUIRE_CONTRACT = """\
 -- ARGV[1]  owner id
 -- ARGV[2]  'read' or 'write'
 -- ARGV[3]  lease in ms
--- ARGV[4]  lifetime of a waiting writer's mark in ms
+-- ARGV[4]  lifetime of a waiting writer's mark in ms (0: a one-shot try, do not queue)
 -- ARGV[5]  release channel (a sweep of a dead holder is announced on it)
 -- Returns {1, epoch} when granted (epoch = fencing token for writes),
 --         {0, ms until the soonest other lease or mark ends} when busy,
@@ -252,6 +271,15 @@ RENEW_CONTRACT = """\
 -- ARGV[2]  epoch the handle was granted
 -- ARGV[3]  lease in ms
 -- Returns 1 when extended; 0 when the holding is gone (never re-creates it).
+"""
+
+
+WITHDRAW_CONTRACT = """\
+-- withdraw: a waiting writer gives up; drop its mark so readers need not wait it out.
+-- KEYS[1]  lock hash         <ns>:{<name>}:rw
+-- ARGV[1]  owner id
+-- ARGV[2]  release channel (announced when no writer waits any more)
+-- Returns 1 when a mark was removed, 0 when there was none.
 """
 
 
@@ -280,3 +308,4 @@ class LuaScript:
 ACQUIRE = LuaScript(ACQUIRE_CONTRACT + _PRELUDE + _ACQUIRE_BODY)
 RELEASE = LuaScript(RELEASE_CONTRACT + _PRELUDE + _RELEASE_BODY)
 RENEW = LuaScript(RENEW_CONTRACT + _PRELUDE + _RENEW_BODY)
+WITHDRAW = LuaScript(WITHDRAW_CONTRACT + _PRELUDE + _WITHDRAW_BODY)
