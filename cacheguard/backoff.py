@@ -30,7 +30,7 @@ class Backoff:
             raise ValueError("backoff initial must not exceed cap")
 
     def next_delay(self) -> float:
-        ceiling = min(self.cap, self.initial * (2 ** min(self._attempt, 32)))
+        ceiling = min(self.cap, self.initial * 2.0 ** min(self._attempt, 32))
         self._attempt += 1
         # Half-jitter: never collapse to ~0 (a busy loop), still de-synchronise waiters.
         return ceiling / 2 + self.rng.random() * ceiling / 2

@@ -79,8 +79,7 @@ class LockUpgradeError(LockError):
 
     def __init__(self, *, name: str, owner: str | None = None) -> None:
         super().__init__(
-            f"cannot upgrade the read lock {name!r} to a write lock: "
-            "release the read lock first",
+            f"cannot upgrade the read lock {name!r} to a write lock: release the read lock first",
             name=name,
             owner=owner,
             mode="write",

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 
@@ -83,8 +83,20 @@ def spawn_redis_server(
     port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="cacheguard-redis-")
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", workdir, *extra_args],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            *extra_args,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -102,30 +114,52 @@ def spawn_redis_server(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _error_replies_keep_connection(handler: Any) -> Any:
+    """fakeredis's TCP server closes a connection after any error reply (a NOSCRIPT,
+    a WRONGTYPE); real Redis answers the error and keeps the connection. Hand the
+    error back as the reply instead, so the fallback behaves like the real thing."""
+
+    class Handler(handler):  # type: ignore[misc, valid-type]
+        def setup(self) -> None:
+            super().setup()
+            read = self.current_client.read_response
+
+            def read_keeping_errors(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return read(*args, **kwargs)
+                except redis.ResponseError as exc:
+                    return exc
+
+            self.current_client.read_response = read_keeping_errors
+
+    return Handler
+
+
 @contextlib.contextmanager
 def _fakeredis_server() -> Iterator[str]:
     try:
-        from fakeredis import TcpFakeServer
+        from fakeredis import TcpFakeServer  # noqa: PLC0415 - optional dependency
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise BackendUnavailable(
             "no Redis: set REDIS_URL, install redis-server, or pip install 'fakeredis[lua]'"
         ) from exc
     server = TcpFakeServer(("127.0.0.1", 0), server_type="redis")
+    server.RequestHandlerClass = _error_replies_keep_connection(server.RequestHandlerClass)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, name="fakeredis", daemon=True)
     thread.start()
-    host, port = server.server_address[:2]
+    port = server.server_address[1]
     try:
-        yield f"redis://{host}:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0"
     finally:
         server.shutdown()
         server.server_close()
 
 
 @contextlib.contextmanager
-def redis_server(url: str | None = None, *, require_real: bool | None = None) -> Iterator[
-    RedisEndpoint
-]:
+def redis_server(
+    url: str | None = None, *, require_real: bool | None = None
+) -> Iterator[RedisEndpoint]:
     """Yield a reachable Redis endpoint (see the module docstring for the order)."""
     strict = require_real_redis() if require_real is None else require_real
     url = url or os.environ.get("REDIS_URL") or None

@@ -36,9 +36,7 @@ class OwnerModel:
 
 @dataclass
 class Model:
-    owners: dict[str, OwnerModel] = field(
-        default_factory=lambda: {o: OwnerModel() for o in "ABC"}
-    )
+    owners: dict[str, OwnerModel] = field(default_factory=lambda: {o: OwnerModel() for o in "ABC"})
     queue: list[str] = field(default_factory=list)  # waiting writers, oldest first
 
     def writer(self) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -62,9 +63,9 @@ def test_fencing_tokens_increase_across_processes(
     in_lock_order = [int(t) for t in client.lrange(f"{namespace}:tokens", 0, -1)]
     assert len(in_lock_order) == 60
     # Logged inside the lock, in the order holders got in: strictly increasing.
-    assert all(a < b for a, b in zip(in_lock_order, in_lock_order[1:]))
+    assert all(a < b for a, b in itertools.pairwise(in_lock_order))
     for tokens in per_process:
-        assert all(a < b for a, b in zip(tokens, tokens[1:]))
+        assert all(a < b for a, b in itertools.pairwise(tokens))
 
 
 def test_writer_gets_in_past_a_stream_of_readers(

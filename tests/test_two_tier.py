@@ -156,9 +156,9 @@ def test_factory_registry_is_weak(client: redis.Redis, namespace: str) -> None:
 
 
 def test_bad_arguments(client: redis.Redis) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="lease"):
         LockFactory(client, lease=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="timeout"):
         LockFactory(client, timeout=-5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="empty"):
         LockFactory(client).rwlock("")

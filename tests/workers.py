@@ -29,8 +29,10 @@ def canary_worker(
 
     def run(index: int) -> None:
         nonlocal violations, reads
-        lock: Any = factory.rwlock(name) if two_tier else RedisRWLock(
-            client, name, namespace=namespace, lease=5, timeout=60
+        lock: Any = (
+            factory.rwlock(name)
+            if two_tier
+            else RedisRWLock(client, name, namespace=namespace, lease=5, timeout=60)
         )
         try:
             for i in range(rounds):

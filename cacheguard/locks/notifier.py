@@ -16,6 +16,7 @@ and the listener reconnects and subscribes again to every channel still in use.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -179,13 +180,13 @@ class Notifier:
                     self._dispatch(conn.read_response(disconnect_on_error=False, push_request=True))
                 else:
                     self._unsubscribe_idle()
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            except Exception as exc:
                 if self._stopped.is_set():
-                    return
-                log.warning("release-notification connection lost: %s", exc)
-                self._drop_connection()
-            except Exception:  # a malformed message must not kill the listener
-                log.exception("unexpected error in the release-notification listener")
+                    return  # closed under our feet on purpose
+                if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                    log.warning("release-notification connection lost: %s", exc)
+                else:  # a malformed message must not kill the listener
+                    log.exception("unexpected error in the release-notification listener")
                 self._drop_connection()
 
     def _reconnect(self) -> bool:
@@ -218,10 +219,8 @@ class Notifier:
                 for woken in channel.waiters:
                     woken.set()
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # best effort on a broken socket
                 conn.disconnect()
-            except Exception:  # pragma: no cover - best effort on a broken socket
-                pass
 
     def _dispatch(self, message: Any) -> None:
         if not isinstance(message, list) or len(message) < 3:
@@ -234,7 +233,7 @@ class Notifier:
                     for woken in channel.waiters:
                         woken.set()
             elif kind in ("subscribe", "unsubscribe") and self._pending:
-                expected_kind, expected = self._pending.popleft()
+                _, expected = self._pending.popleft()
                 if kind == "subscribe" and expected is not None:
                     expected.confirmed.set()
 
@@ -251,9 +250,7 @@ class Notifier:
             for c in idle:
                 del self._channels[c.name]
             try:
-                self._conn.send_command(
-                    "UNSUBSCRIBE", *[c.name for c in idle], check_health=False
-                )
+                self._conn.send_command("UNSUBSCRIBE", *[c.name for c in idle], check_health=False)
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 return
             self._pending.extend(("unsubscribe", None) for _ in idle)

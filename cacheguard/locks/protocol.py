@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Union
+from typing import Any, Final, Literal
 
 from cacheguard.backoff import Backoff
 from cacheguard.exceptions import LockTimeout, LockUpgradeError
@@ -88,7 +88,7 @@ class Sleep:
     seconds: float
 
 
-Step = Union[TryAcquire, Subscribe, Sleep, Withdraw]
+Step = TryAcquire | Subscribe | Sleep | Withdraw
 TRY: Final = TryAcquire()
 WITHDRAW: Final = Withdraw()
 

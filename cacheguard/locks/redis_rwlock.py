@@ -139,7 +139,11 @@ class LockHandle:
         self.lost_reason = why
         log.warning(
             "lost the %s lock %r (owner %s, token %d): %s",
-            self.mode, self.lock.name, self.owner, self.token, why,
+            self.mode,
+            self.lock.name,
+            self.owner,
+            self.token,
+            why,
         )
         if self._on_lost is not None:
             try:
@@ -223,7 +227,9 @@ class RedisRWLock:
         return self._try_once("write", owner)
 
     @contextmanager
-    def read(self, timeout: float | None = None, *, owner: str | None = None) -> Iterator[LockHandle]:
+    def read(
+        self, timeout: float | None = None, *, owner: str | None = None
+    ) -> Iterator[LockHandle]:
         handle = self.acquire_read(timeout, owner=owner)
         with release_on_exit(handle.release):
             yield handle
@@ -283,8 +289,7 @@ class RedisRWLock:
         reply = self._call(
             ACQUIRE,
             [self.keys.lock, self.keys.fence],
-            [owner, mode, self.lease_ms, self._mark_ms if queue else 0,
-             self.keys.released_channel],
+            [owner, mode, self.lease_ms, self._mark_ms if queue else 0, self.keys.released_channel],
         )
         return parse_attempt(reply)
 

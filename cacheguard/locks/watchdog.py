@@ -111,7 +111,7 @@ class Watchdog:
                 self._after_error(entries)
                 continue
             now = self._timer()
-            for entry, renewed in zip(entries, results):
+            for entry, renewed in zip(entries, results, strict=True):
                 if renewed:
                     entry.last_renewed = now
                     entry.due = now + entry.handle.lease / 3

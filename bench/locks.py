@@ -1,0 +1,244 @@
+"""Lock benchmark: uncontended cost and cross-process hand-off, side by side.
+
+    python bench/locks.py [--url redis://...] [--cycles 3000] [--handoffs 60]
+                          [--write docs/benchmarks.md]
+
+Without ``--url`` it starts its own throwaway ``redis-server`` (so command
+counts are not mixed with other traffic), or falls back like the tests do.
+Every figure of one run is measured on the same server, one after the other:
+
+* uncontended read / write acquire+release: median microseconds per cycle, and
+  Redis commands per cycle from ``INFO commandstats`` (round trips the client
+  sent, and the total including the calls made inside Lua), next to two raw GETs;
+* hand-off: a process releases, a waiter in another process acquires; the delay
+  between the two (median, p99), for cacheguard and for redis-py's ``Lock``
+  (which sleeps 0.1 s between polls by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cacheguard
+from cacheguard import RedisRWLock
+from cacheguard.testing import RedisEndpoint, redis_server, spawn_redis_server
+
+CTX = mp.get_context("spawn")
+MARK_BEGIN, MARK_END = "<!-- bench/locks.py:begin -->", "<!-- bench/locks.py:end -->"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def command_counts(client: redis.Redis) -> tuple[int, int]:
+    """(calls of EVALSHA/GET sent by clients, all commands incl. those inside Lua)."""
+    stats = client.info("commandstats")
+    sent = sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_get"))
+    total = sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_config", "cmdstat_info"))
+    return sent, total
+
+
+def per_cycle(client: redis.Redis, cycles: int, body: Callable[[], None]) -> dict[str, float]:
+    for _ in range(200):  # warm up: scripts loaded, connections open
+        body()
+    batch = 100
+    samples = []
+    client.config_resetstat()
+    for _ in range(cycles // batch):
+        start = time.perf_counter()
+        for _ in range(batch):
+            body()
+        samples.append((time.perf_counter() - start) / batch * 1e6)
+    sent, total = command_counts(client)
+    n = (cycles // batch) * batch
+    return {"us": statistics.median(samples), "sent": sent / n, "total": total / n}
+
+
+def uncontended(url: str, cycles: int) -> dict[str, dict[str, float]]:
+    client = redis.Redis.from_url(url)
+    client.set("bench:raw", b"x" * 64)
+    lock = RedisRWLock(client, "bench:uncontended", namespace="bench")
+
+    def two_gets() -> None:
+        client.get("bench:raw")
+        client.get("bench:raw")
+
+    def read_cycle() -> None:
+        lock.acquire_read().release()
+
+    def write_cycle() -> None:
+        lock.acquire_write().release()
+
+    return {
+        "two raw GETs": per_cycle(client, cycles, two_gets),
+        "read acquire+release": per_cycle(client, cycles, read_cycle),
+        "write acquire+release": per_cycle(client, cycles, write_cycle),
+    }
+
+
+# -- hand-off between processes ---------------------------------------------------------
+
+
+def _make_lock(kind: str, client: redis.Redis, name: str) -> Any:
+    if kind == "cacheguard":
+        return RedisRWLock(client, name, namespace="bench", lease=10, timeout=10)
+    return client.lock(f"bench:{name}", timeout=10, sleep=0.1, blocking_timeout=10)
+
+
+def _acquire(kind: str, lock: Any) -> Any:
+    if kind == "cacheguard":
+        return lock.acquire_write()
+    assert lock.acquire()
+    return lock
+
+
+def _release(kind: str, held: Any) -> None:
+    held.release()
+
+
+def _waiter(url: str, kind: str, name: str, rounds: int, go: Any, done: Any) -> None:
+    client = redis.Redis.from_url(url)
+    lock = _make_lock(kind, client, name)
+    for _ in range(rounds):
+        go.get()
+        held = _acquire(kind, lock)
+        acquired_at = time.time()
+        _release(kind, held)
+        done.put(acquired_at)
+
+
+WARMUP_ROUNDS = 3  # first hand-offs open connections and subscriptions: not counted
+
+
+def handoff(url: str, kind: str, rounds: int) -> list[float]:
+    name = f"handoff-{kind}"
+    client = redis.Redis.from_url(url)
+    lock = _make_lock(kind, client, name)
+    go, done = CTX.Queue(), CTX.Queue()
+    total = rounds + WARMUP_ROUNDS
+    child = CTX.Process(target=_waiter, args=(url, kind, name, total, go, done), daemon=True)
+    child.start()
+    delays = []
+    try:
+        for _ in range(total):
+            held = _acquire(kind, lock)
+            go.put(True)
+            time.sleep(0.03)  # let the waiter block (and, for cacheguard, subscribe)
+            released_at = time.time()
+            _release(kind, held)
+            delays.append((done.get(timeout=30) - released_at) * 1000)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    return delays[WARMUP_ROUNDS:]
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
+    client = redis.Redis.from_url(endpoint.url)
+    server = client.info("server")
+    costs = uncontended(endpoint.url, args.cycles)
+    ours = handoff(endpoint.url, "cacheguard", args.handoffs)
+    theirs = handoff(endpoint.url, "redis-py", args.handoffs)
+    base = costs["two raw GETs"]["us"]
+
+    lines = [
+        f"Run {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'host'} "
+        f"({os.cpu_count()} cores, {platform.system()} {platform.release()}), Python "
+        f"{platform.python_version()}, redis-py {redis.__version__}, cacheguard "
+        f"{cacheguard.__version__}, Redis {server.get('redis_version')} "
+        f"({endpoint.kind}, loopback).",
+        "",
+        f"Command: `python bench/locks.py --cycles {args.cycles} --handoffs {args.handoffs}`",
+        "",
+        "Uncontended cost (one thread, median of batches of 100 cycles):",
+        "",
+        "| operation | µs / cycle | vs two raw GETs | commands sent / cycle "
+        "| commands incl. inside Lua / cycle |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, c in costs.items():
+        lines.append(
+            f"| {label} | {c['us']:.1f} | {c['us'] / base:.2f}x | {c['sent']:.2f} "
+            f"| {c['total']:.2f} |"
+        )
+    lines += [
+        "",
+        f"Hand-off between processes ({args.handoffs} rounds after {WARMUP_ROUNDS} warm-up "
+        "rounds): a process releases the write "
+        "lock, a waiter in another process acquires it; milliseconds from release to "
+        "acquire.",
+        "",
+        "| lock | median ms | p99 ms | max ms |",
+        "|---|---:|---:|---:|",
+        f"| cacheguard RedisRWLock (pub/sub wake-up) | {statistics.median(ours):.2f} "
+        f"| {percentile(ours, 0.99):.2f} | {max(ours):.2f} |",
+        f"| redis-py Lock (sleep=0.1 poll) | {statistics.median(theirs):.2f} "
+        f"| {percentile(theirs, 0.99):.2f} | {max(theirs):.2f} |",
+        "",
+        f"Hand-off ratio (redis-py median / cacheguard median): "
+        f"{statistics.median(theirs) / max(statistics.median(ours), 1e-9):.0f}x.",
+    ]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, text: str) -> None:
+    content = path.read_text() if path.exists() else ""
+    block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
+    if MARK_BEGIN in content and MARK_END in content:
+        head, rest = content.split(MARK_BEGIN, 1)
+        tail = rest.split(MARK_END, 1)[1]
+        content = head + block + tail
+    else:
+        content = content.rstrip() + "\n\n" + block + "\n"
+    path.write_text(content)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="Redis URL (default: a throwaway redis-server)")
+    parser.add_argument("--cycles", type=int, default=3000, help="uncontended cycles per row")
+    parser.add_argument("--handoffs", type=int, default=60, help="hand-off rounds per lock")
+    parser.add_argument("--write", type=Path, help="also write the tables into this Markdown file")
+    args = parser.parse_args(argv)
+    if args.cycles < 100 or args.handoffs < 1:
+        parser.error("--cycles must be >= 100 and --handoffs >= 1")
+
+    if args.url:
+        with redis_server(args.url) as endpoint:
+            text = report(endpoint, args)
+    else:
+        try:
+            with spawn_redis_server() as (url, _proc):
+                text = report(RedisEndpoint(url, "redis-server"), args)
+        except FileNotFoundError:
+            with redis_server() as endpoint:
+                text = report(endpoint, args)
+    print(text)
+    if args.write:
+        write_section(args.write, text)
+        print(f"\nwritten to {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
