@@ -22,6 +22,7 @@ import datetime as dt
 import multiprocessing as mp
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -135,11 +136,14 @@ def handoff(url: str, kind: str, rounds: int) -> list[float]:
     child = CTX.Process(target=_waiter, args=(url, kind, name, total, go, done), daemon=True)
     child.start()
     delays = []
+    rng = random.Random(7)
     try:
         for _ in range(total):
             held = _acquire(kind, lock)
             go.put(True)
-            time.sleep(0.03)  # let the waiter block (and, for cacheguard, subscribe)
+            # Let the waiter block (and subscribe); a random moment, so a polling
+            # waiter's phase is not locked to our release.
+            time.sleep(rng.uniform(0.03, 0.13))
             released_at = time.time()
             _release(kind, held)
             delays.append((done.get(timeout=30) - released_at) * 1000)
