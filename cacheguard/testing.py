@@ -119,7 +119,7 @@ def _error_replies_keep_connection(handler: Any) -> Any:
     a WRONGTYPE); real Redis answers the error and keeps the connection. Hand the
     error back as the reply instead, so the fallback behaves like the real thing."""
 
-    class Handler(handler):  # type: ignore[misc, valid-type]
+    class Handler(handler):  # type: ignore[misc, valid-type, unused-ignore]
         def setup(self) -> None:
             super().setup()
             read = self.current_client.read_response
