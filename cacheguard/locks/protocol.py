@@ -8,7 +8,9 @@ algorithm and one set of tests.
 
 The algorithm:
 
-1. try once (one script call); an uncontended lock costs nothing more;
+1. try once (one script call); an uncontended lock costs nothing more. The
+   driver makes this first call itself and starts the flow only if it failed,
+   so the uncontended path builds no generator;
 2. otherwise subscribe to the lock's release channel, then try again: a
    release that happened between the first try and the subscription would
    otherwise be missed;
@@ -104,27 +106,30 @@ def parse_attempt(reply: Sequence[Any]) -> Attempt:
 
 
 def acquire_flow(
+    first: Attempt,
     *,
     name: str,
     mode: Mode,
     owner: str,
+    start: float,
     timeout: float,
     timer: Callable[[], float],
-    backoff: Backoff,
+    backoff: Callable[[], Backoff],
 ) -> Generator[Step, Any, int]:
-    """Yield I/O steps until the lock is granted; return its epoch (fencing token)."""
-    start = timer()
-    deadline = start + timeout
+    """Yield I/O steps until the lock is granted; return its epoch (fencing token).
 
-    attempt: Attempt = yield TRY
-    if attempt.granted:
-        return attempt.epoch
-    if attempt.upgrade:
+    ``first`` is the answer to the first try, made at ``start`` by the driver.
+    """
+    deadline = start + timeout
+    if first.granted:
+        return first.epoch
+    if first.upgrade:
         raise LockUpgradeError(name=name, owner=owner)
 
+    delays = backoff()
     yield Subscribe(timeout=max(deadline - timer(), 0.0))
     while True:
-        attempt = yield TRY
+        attempt: Attempt = yield TRY
         if attempt.granted:
             return attempt.epoch
         if attempt.upgrade:  # only possible if the owner changed state meanwhile
@@ -135,7 +140,7 @@ def acquire_flow(
                 # Our waiting mark holds off readers; do not make them wait it out.
                 yield WITHDRAW
             raise LockTimeout(name=name, mode=mode, waited=timer() - start, owner=owner)
-        delay = backoff.next_delay()
+        delay = delays.next_delay()
         if attempt.retry_in > 0:
             delay = min(delay, attempt.retry_in + LEASE_END_MARGIN)
         yield Sleep(min(delay, remaining))

@@ -245,13 +245,19 @@ class RedisRWLock:
     def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> LockHandle:
         owner = owner or thread_owner()
         limit = self.timeout if timeout is None else check_positive("timeout", timeout)
+        start = self._timer()
+        first = self._attempt(mode, owner, queue=True)
+        if first.granted:  # the uncontended path: one round trip, no generator
+            return self._granted(mode, owner, first.epoch)
         flow = acquire_flow(
+            first,
             name=self.name,
             mode=mode,
             owner=owner,
+            start=start,
             timeout=limit,
             timer=self._timer,
-            backoff=self._backoff(),
+            backoff=self._backoff,
         )
         subscription: Subscription | None = None
         try:

@@ -55,17 +55,22 @@ class Watchdog:
         self._cond = threading.Condition(threading.Lock())
         self._entries: dict[int, _Entry] = {}
         self._thread: threading.Thread | None = None
+        self._wake_at = float("inf")  # when the thread plans to wake next
         self.renewals = 0  # successful renewals, for tests and stats
 
     def watch(self, handle: LockHandle) -> None:
         with self._cond:
-            self._entries[id(handle)] = _Entry(handle, self._timer())
-            if self._thread is None or not self._thread.is_alive():
+            entry = _Entry(handle, self._timer())
+            self._entries[id(handle)] = entry
+            if self._thread is None:  # the loop never exits; a fork resets this object
                 self._thread = threading.Thread(
                     target=self._run, name="cacheguard-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            # Waking the thread costs a context switch on every acquisition:
+            # only do it when this entry is due before the thread's next wake-up.
+            if entry.due < self._wake_at:
+                self._cond.notify()
 
     def unwatch(self, handle: LockHandle) -> None:
         with self._cond:
@@ -88,15 +93,22 @@ class Watchdog:
                 while True:
                     if not self._entries:
                         # Nothing to renew: park until something is watched.
+                        self._wake_at = float("inf")
                         self._cond.wait()
                         continue
                     now = self._timer()
                     soonest = min(e.due for e in self._entries.values())
                     if soonest <= now:
                         due = [e for e in self._entries.values() if e.due <= now]
+                        self._wake_at = now
                         break
+                    self._wake_at = soonest
                     self._cond.wait(soonest - now)
-            self._renew(due)
+            try:
+                self._renew(due)
+            except Exception:  # keep renewing the others whatever one batch did
+                log.exception("unexpected error while renewing leases")
+                self._after_error(due)
 
     def _renew(self, due: list[_Entry]) -> None:
         by_client: dict[int, tuple[redis.Redis, list[_Entry]]] = {}
