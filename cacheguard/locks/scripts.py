@@ -14,8 +14,10 @@ field              meaning
 ``r:<owner>``      reentrant read hold count of ``owner``
 ``w:<owner>``      reentrant write hold count of ``owner``
 ``e:<owner>``      lease end of ``owner`` (server ms); past it the holds vanish
-``g:<owner>``      epoch of the owner's holding: a value of the fencing counter
-                   taken when the holding began (the write token for writers)
+``g:<owner>``      epoch of the owner's holding: the next fencing token for a
+                   write holding, the server time in µs for a read holding
+``fill``           the owner filling the cached value (cache fills only); it
+                   ends with that owner's lease
 ``q:<owner>``      a waiting writer's mark, valid until this server ms
 ``n:<owner>``      that writer's ticket; the lowest ticket goes in first
 ``seq``            ticket counter
@@ -38,9 +40,15 @@ __all__ = ["ACQUIRE", "RELEASE", "RENEW", "WITHDRAW", "LuaScript"]
 
 # Shared helpers, pasted after each script's contract comment.
 _PRELUDE = """
+local unpack = unpack or table.unpack  -- Lua 5.1 (Redis) or 5.4 (fakeredis)
+local clock = redis.call('TIME')
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end
+-- A fresh read holding's epoch: the server time in microseconds, as an exact
+-- decimal string (a Lua number would print it rounded).
+local function time_epoch()
+  return clock[1] .. string.format('%06d', tonumber(clock[2]))
 end
 
 -- Read the lock hash, drop holders and waiting marks whose time ran out.
@@ -53,6 +61,10 @@ local function load(key, now)
       s.mode = v
     elseif f == 'token' then
       s.token = true
+    elseif f == 'fill' then
+      s.fill = v
+    elseif string.sub(f, 1, 2) == 'g:' then
+      s.g[string.sub(f, 3)] = v  -- epochs stay exact strings
     elseif string.sub(f, 2, 2) == ':' then
       local bucket = s[string.sub(f, 1, 1)]
       if type(bucket) == 'table' then bucket[string.sub(f, 3)] = tonumber(v) end
@@ -74,7 +86,68 @@ local function load(key, now)
     s.q[who], s.n[who] = nil, nil
     redis.call('HDEL', key, 'q:' .. who, 'n:' .. who)
   end
+  if s.fill and not s.e[s.fill] then
+    -- The filling owner's lease ended: its fill is abandoned.
+    s.fill = nil
+    redis.call('HDEL', key, 'fill')
+  end
   return s
+end
+
+-- Add one hold of kind 'r' or 'w' for owner; returns the holding's epoch.
+-- A fresh write holding takes the next fencing token; a fresh read holding an
+-- epoch from the server clock (so read-only resources create no counter key).
+local function grant(key, fence, s, owner, kind, lease, now)
+  local fields = {}
+  if not s.g[owner] then
+    if kind == 'w' then
+      s.g[owner] = tostring(redis.call('INCR', fence))
+    else
+      s.g[owner] = time_epoch()
+    end
+    fields[#fields + 1] = 'g:' .. owner
+    fields[#fields + 1] = s.g[owner]
+  end
+  s[kind][owner] = (s[kind][owner] or 0) + 1
+  s.e[owner] = now + lease
+  fields[#fields + 1] = kind .. ':' .. owner
+  fields[#fields + 1] = s[kind][owner]
+  fields[#fields + 1] = 'e:' .. owner
+  fields[#fields + 1] = s.e[owner]
+  if kind == 'w' then
+    if s.q[owner] then
+      s.q[owner], s.n[owner] = nil, nil
+      redis.call('HDEL', key, 'q:' .. owner, 'n:' .. owner)
+    end
+    if s.w[owner] == 1 then
+      fields[#fields + 1] = 'token'
+      fields[#fields + 1] = s.g[owner]
+      s.token = true
+    end
+  end
+  redis.call('HSET', key, unpack(fields))
+  return s.g[owner]
+end
+
+-- Drop one hold of kind 'r' or 'w'; forget the owner when it holds nothing.
+local function drop(key, s, owner, kind)
+  local held = s[kind][owner]
+  if held == 1 then
+    s[kind][owner] = nil
+    if not s.r[owner] and not s.w[owner] then
+      s.e[owner], s.g[owner] = nil, nil
+      redis.call('HDEL', key, kind .. ':' .. owner, 'e:' .. owner, 'g:' .. owner)
+      if s.fill == owner then
+        s.fill = nil
+        redis.call('HDEL', key, 'fill')
+      end
+    else
+      redis.call('HDEL', key, kind .. ':' .. owner)
+    end
+  else
+    s[kind][owner] = held - 1
+    redis.call('HSET', key, kind .. ':' .. owner, held - 1)
+  end
 end
 
 local function current_mode(s)
@@ -129,46 +202,30 @@ if s.mode and swept_mode ~= s.mode then
   redis.call('PUBLISH', channel, swept_mode or 'free')
 end
 
-local function grant(kind)
-  if not s.g[owner] then
-    s.g[owner] = redis.call('INCR', fence)
-    redis.call('HSET', key, 'g:' .. owner, s.g[owner])
-  end
-  s[kind][owner] = (s[kind][owner] or 0) + 1
-  s.e[owner] = now + lease
-  redis.call('HSET', key, kind .. ':' .. owner, s[kind][owner], 'e:' .. owner, s.e[owner])
-  if kind == 'w' then
-    if s.q[owner] then
-      s.q[owner], s.n[owner] = nil, nil
-      redis.call('HDEL', key, 'q:' .. owner, 'n:' .. owner)
-    end
-    if s.w[owner] == 1 then
-      redis.call('HSET', key, 'token', s.g[owner])
-      s.token = true
-    end
-  end
+local function grant_and_settle(kind)
+  local epoch = grant(key, fence, s, owner, kind, lease, now)
   settle(key, s, now)
-  return {1, s.g[owner]}
+  return {1, epoch}
 end
 
 local mine_r, mine_w = s.r[owner] or 0, s.w[owner] or 0
 if want == 'read' then
   -- Holders re-enter even past waiting writers (refusing would deadlock them).
-  if mine_r > 0 or mine_w > 0 then return grant('r') end
+  if mine_r > 0 or mine_w > 0 then return grant_and_settle('r') end
   local writer_waits = false
   for who in pairs(s.q) do
     if who ~= owner then writer_waits = true end
   end
-  if swept_mode ~= 'write' and not writer_waits then return grant('r') end
+  if swept_mode ~= 'write' and not writer_waits then return grant_and_settle('r') end
 else
-  if mine_w > 0 then return grant('w') end
+  if mine_w > 0 then return grant_and_settle('w') end
   if mine_r > 0 then return {-1, 0} end
   if not swept_mode then
     local ticket, first = s.n[owner], true
     for who, other in pairs(s.n) do
       if who ~= owner and (not ticket or other < ticket) then first = false end
     end
-    if first then return grant('w') end
+    if first then return grant_and_settle('w') end
   end
   if mark > 0 then
     -- Stay queued: the mark holds off new readers until we get in or give up.
@@ -185,7 +242,7 @@ return {0, wait}
 """
 
 _RELEASE_BODY = """
-local key, owner, want, epoch, channel = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local key, owner, want, epoch, channel = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 local s = load(key, now)
 local before = current_mode(s)
@@ -196,17 +253,7 @@ if held == 0 or s.g[owner] ~= epoch then
   settle(key, s, now)
   return 0
 end
-if held == 1 then
-  s[kind][owner] = nil
-  redis.call('HDEL', key, kind .. ':' .. owner)
-else
-  s[kind][owner] = held - 1
-  redis.call('HSET', key, kind .. ':' .. owner, held - 1)
-end
-if not s.r[owner] and not s.w[owner] then
-  s.e[owner], s.g[owner] = nil, nil
-  redis.call('HDEL', key, 'e:' .. owner, 'g:' .. owner)
-end
+drop(key, s, owner, kind)
 local after = settle(key, s, now)
 if after ~= before then redis.call('PUBLISH', channel, after or 'free') end
 return 1
@@ -226,7 +273,7 @@ return 1
 """
 
 _RENEW_BODY = """
-local key, owner, epoch, lease = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local key, owner, epoch, lease = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
 local s = load(key, now)
 if s.g[owner] ~= epoch or (not s.r[owner] and not s.w[owner]) then
@@ -248,7 +295,7 @@ ACQUIRE_CONTRACT = """\
 -- ARGV[3]  lease in ms
 -- ARGV[4]  lifetime of a waiting writer's mark in ms (0: a one-shot try, do not queue)
 -- ARGV[5]  release channel (a sweep of a dead holder is announced on it)
--- Returns {1, epoch} when granted (epoch = fencing token for writes),
+-- Returns {1, epoch} when granted (epoch = fencing token for writes, a string),
 --         {0, ms until the soonest other lease or mark ends} when busy,
 --         {-1, 0} when a read holder asks for the write lock.
 """
