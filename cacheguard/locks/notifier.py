@@ -49,42 +49,73 @@ def _text(value: Any) -> str:
 @dataclass(eq=False)
 class _Channel:
     name: str
-    waiters: set[threading.Event] = field(default_factory=set)
+    waiters: set[Subscription] = field(default_factory=set)
     confirmed: threading.Event = field(default_factory=threading.Event)
     idle_since: float = 0.0
+
+
+_INBOX_LIMIT = 16  # messages kept for a waiter between two waits (oldest dropped)
 
 
 class Subscription:
     """One waiter's registration on one channel (not thread-safe: one waiter)."""
 
-    __slots__ = ("_channel", "_notifier", "_woken", "closed")
+    __slots__ = ("_channel", "_inbox", "_notifier", "_woken", "closed")
 
     def __init__(self, notifier: Notifier, channel: str) -> None:
         self._notifier = notifier
         self._channel = channel
         self._woken = threading.Event()
+        self._inbox: deque[bytes] = deque(maxlen=_INBOX_LIMIT)
         self.closed = False
 
     def open(self, timeout: float) -> bool:
         """Register and wait up to ``timeout`` for Redis to confirm; ``True`` if confirmed."""
-        return self._notifier._register(self._channel, self._woken, timeout)
+        return self._notifier._register(self._channel, self, timeout)
 
-    def wait(self, seconds: float) -> bool:
-        """Sleep until a notification or ``seconds``; ``True`` if woken by a notification."""
-        woken = self._woken.wait(seconds)
+    def wait(self, seconds: float) -> list[bytes]:
+        """Sleep until a notification or ``seconds``; the messages received since the
+        last wait (empty after a timeout, or after a wake-up for a lost connection)."""
+        self._woken.wait(seconds)
         self._woken.clear()
-        return woken
+        messages = list(self._inbox)
+        self._inbox.clear()
+        return messages
+
+    def _deliver(self, payload: bytes | None) -> None:
+        """Called by the listener (payload ``None``: wake up, no message)."""
+        if payload is not None:
+            self._inbox.append(payload)
+        self._woken.set()
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._notifier._unregister(self._channel, self._woken)
+            self._notifier._unregister(self._channel, self)
 
     def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Listener(Subscription):
+    """A permanent subscription that hands every message to a callback."""
+
+    __slots__ = ("_callback",)
+
+    def __init__(self, notifier: Notifier, channel: str, callback: Callable[[bytes], None]) -> None:
+        super().__init__(notifier, channel)
+        self._callback = callback
+
+    def _deliver(self, payload: bytes | None) -> None:
+        if payload is None:
+            return
+        try:
+            self._callback(payload)
+        except Exception:
+            log.exception("listener callback for %s failed", self._channel)
 
 
 class Notifier:
@@ -114,22 +145,32 @@ class Notifier:
     def subscription(self, channel: str) -> Subscription:
         return Subscription(self, channel)
 
-    def _register(self, name: str, woken: threading.Event, timeout: float) -> bool:
+    def listen(
+        self, channel: str, callback: Callable[[bytes], None], *, timeout: float = 5.0
+    ) -> Subscription:
+        """Call ``callback(payload)`` (on the listener thread) for every message on
+        ``channel`` until the returned subscription is closed. Messages published
+        while the connection is down are lost; callers must tolerate that."""
+        listener = _Listener(self, channel, callback)
+        listener.open(timeout)
+        return listener
+
+    def _register(self, name: str, subscription: Subscription, timeout: float) -> bool:
         with self._mutex:
             self._ensure_thread()
             channel = self._channels.get(name)
             if channel is None:
                 channel = self._channels[name] = _Channel(name)
                 self._send_subscribe([channel])
-            channel.waiters.add(woken)
+            channel.waiters.add(subscription)
             confirmed = channel.confirmed
         return confirmed.wait(timeout)
 
-    def _unregister(self, name: str, woken: threading.Event) -> None:
+    def _unregister(self, name: str, subscription: Subscription) -> None:
         with self._mutex:
             channel = self._channels.get(name)
             if channel is not None:
-                channel.waiters.discard(woken)
+                channel.waiters.discard(subscription)
                 if not channel.waiters:
                     channel.idle_since = self._timer()
 
@@ -216,8 +257,8 @@ class Notifier:
                 # then start unconfirmed; wake all so they retry on their timers.
                 channel.confirmed.set()
                 channel.confirmed = threading.Event()
-                for woken in channel.waiters:
-                    woken.set()
+                for waiter in channel.waiters:
+                    waiter._deliver(None)
         if conn is not None:
             with contextlib.suppress(Exception):  # best effort on a broken socket
                 conn.disconnect()
@@ -229,13 +270,18 @@ class Notifier:
         with self._mutex:
             if kind == "message":
                 channel = self._channels.get(_text(message[1]))
-                if channel is not None:
-                    for woken in channel.waiters:
-                        woken.set()
-            elif kind in ("subscribe", "unsubscribe") and self._pending:
-                _, expected = self._pending.popleft()
-                if kind == "subscribe" and expected is not None:
-                    expected.confirmed.set()
+                waiters = list(channel.waiters) if channel is not None else []
+            else:
+                waiters = []
+                if kind in ("subscribe", "unsubscribe") and self._pending:
+                    _, expected = self._pending.popleft()
+                    if kind == "subscribe" and expected is not None:
+                        expected.confirmed.set()
+        payload = message[2]
+        if isinstance(payload, str):
+            payload = payload.encode()
+        for waiter in waiters:  # outside the mutex: a callback may subscribe
+            waiter._deliver(payload)
 
     def _unsubscribe_idle(self) -> None:
         now = self._timer()
