@@ -9,7 +9,10 @@ catch the whole family at once::
     │   ├── LockUpgradeError      a read holder asked for the write lock
     │   ├── LockLostError         the lock expired or was taken while we held it
     │   └── LockNotHeldError      release of a lock this thread/handle does not hold
-    └── BackendUnavailable        Redis could not be reached (wraps the redis-py error)
+    ├── BackendUnavailable        Redis could not be reached (wraps the redis-py error)
+    ├── SerializationError        a value could not be encoded (or a codec is misconfigured)
+    ├── KeyTemplateError          a key template names a parameter the call does not have
+    └── FillFailed                another process's load kept failing while we waited
 
 Bad arguments given at construction (an empty name, a lease or timeout <= 0)
 raise :class:`ValueError` or :class:`TypeError` as usual in Python; they are
@@ -26,6 +29,9 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeout",
     "LockUpgradeError",
+    "SerializationError",
+    "KeyTemplateError",
+    "FillFailed",
 ]
 
 
@@ -103,3 +109,33 @@ class BackendUnavailable(CacheGuardError):
 
     The original redis-py exception is chained as ``__cause__``.
     """
+
+
+class SerializationError(CacheGuardError):
+    """A value could not be encoded by the codec; nothing was cached.
+
+    ``key`` names the cache key, the codec's own error is chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class KeyTemplateError(CacheGuardError, ValueError):
+    """A key template cannot be filled from the call's arguments."""
+
+
+class FillFailed(CacheGuardError):
+    """The process filling a key failed repeatedly while this caller waited for it.
+
+    The failing process's own callers got its loader's exception; waiters in
+    other processes retry a bounded number of times, then get this.
+    """
+
+    def __init__(self, *, key: str, attempts: int) -> None:
+        super().__init__(
+            f"the fill of {key!r} by another process failed {attempts} times while waiting"
+        )
+        self.key = key
+        self.attempts = attempts

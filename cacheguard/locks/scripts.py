@@ -36,10 +36,13 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-__all__ = ["ACQUIRE", "RELEASE", "RENEW", "WITHDRAW", "LuaScript"]
+__all__ = ["ACQUIRE", "LOCK_PRELUDE", "RELEASE", "RENEW", "WITHDRAW", "LuaScript"]
 
-# Shared helpers, pasted after each script's contract comment.
-_PRELUDE = """
+# Shared helpers, pasted after each script's contract comment. A script reads
+# the hash once (load), changes the state in memory (grant, drop, put, forget)
+# and writes it back once (settle): at most one HDEL, one HSET and one PEXPIRE,
+# or a single DEL when nothing in the hash is alive any more.
+LOCK_PRELUDE = """
 local unpack = unpack or table.unpack  -- Lua 5.1 (Redis) or 5.4 (fakeredis)
 local clock = redis.call('TIME')
 local function now_ms()
@@ -51,10 +54,21 @@ local function time_epoch()
   return clock[1] .. string.format('%06d', tonumber(clock[2]))
 end
 
--- Read the lock hash, drop holders and waiting marks whose time ran out.
+local function put(s, field, value)
+  s.put[field] = value
+  s.gone[field] = nil
+end
+
+local function forget(s, field)
+  s.gone[field] = true
+  s.put[field] = nil
+end
+
+-- Read the lock hash; drop (in memory) holders and waiting marks whose time ran out.
 local function load(key, now)
   local raw = redis.call('HGETALL', key)
-  local s = {r = {}, w = {}, e = {}, g = {}, q = {}, n = {}, mode = false}
+  local s = {r = {}, w = {}, e = {}, g = {}, q = {}, n = {}, mode = false, token = false,
+             fill = false, seq = 0, existed = #raw > 0, put = {}, gone = {}}
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
     if f == 'mode' then
@@ -63,6 +77,8 @@ local function load(key, now)
       s.token = true
     elseif f == 'fill' then
       s.fill = v
+    elseif f == 'seq' then
+      s.seq = tonumber(v)
     elseif string.sub(f, 1, 2) == 'g:' then
       s.g[string.sub(f, 3)] = v  -- epochs stay exact strings
     elseif string.sub(f, 2, 2) == ':' then
@@ -70,84 +86,25 @@ local function load(key, now)
       if type(bucket) == 'table' then bucket[string.sub(f, 3)] = tonumber(v) end
     end
   end
-  local expired = {}
   for who, ends in pairs(s.e) do
-    if ends <= now then expired[#expired + 1] = who end
+    if ends <= now then
+      s.r[who], s.w[who], s.e[who], s.g[who] = nil, nil, nil, nil
+      forget(s, 'r:' .. who); forget(s, 'w:' .. who)
+      forget(s, 'e:' .. who); forget(s, 'g:' .. who)
+    end
   end
-  for _, who in ipairs(expired) do
-    s.r[who], s.w[who], s.e[who], s.g[who] = nil, nil, nil, nil
-    redis.call('HDEL', key, 'r:' .. who, 'w:' .. who, 'e:' .. who, 'g:' .. who)
-  end
-  local gave_up = {}
   for who, ends in pairs(s.q) do
-    if ends <= now then gave_up[#gave_up + 1] = who end
-  end
-  for _, who in ipairs(gave_up) do
-    s.q[who], s.n[who] = nil, nil
-    redis.call('HDEL', key, 'q:' .. who, 'n:' .. who)
+    if ends <= now then
+      s.q[who], s.n[who] = nil, nil
+      forget(s, 'q:' .. who); forget(s, 'n:' .. who)
+    end
   end
   if s.fill and not s.e[s.fill] then
     -- The filling owner's lease ended: its fill is abandoned.
-    s.fill = nil
-    redis.call('HDEL', key, 'fill')
+    s.fill = false
+    forget(s, 'fill')
   end
   return s
-end
-
--- Add one hold of kind 'r' or 'w' for owner; returns the holding's epoch.
--- A fresh write holding takes the next fencing token; a fresh read holding an
--- epoch from the server clock (so read-only resources create no counter key).
-local function grant(key, fence, s, owner, kind, lease, now)
-  local fields = {}
-  if not s.g[owner] then
-    if kind == 'w' then
-      s.g[owner] = tostring(redis.call('INCR', fence))
-    else
-      s.g[owner] = time_epoch()
-    end
-    fields[#fields + 1] = 'g:' .. owner
-    fields[#fields + 1] = s.g[owner]
-  end
-  s[kind][owner] = (s[kind][owner] or 0) + 1
-  s.e[owner] = now + lease
-  fields[#fields + 1] = kind .. ':' .. owner
-  fields[#fields + 1] = s[kind][owner]
-  fields[#fields + 1] = 'e:' .. owner
-  fields[#fields + 1] = s.e[owner]
-  if kind == 'w' then
-    if s.q[owner] then
-      s.q[owner], s.n[owner] = nil, nil
-      redis.call('HDEL', key, 'q:' .. owner, 'n:' .. owner)
-    end
-    if s.w[owner] == 1 then
-      fields[#fields + 1] = 'token'
-      fields[#fields + 1] = s.g[owner]
-      s.token = true
-    end
-  end
-  redis.call('HSET', key, unpack(fields))
-  return s.g[owner]
-end
-
--- Drop one hold of kind 'r' or 'w'; forget the owner when it holds nothing.
-local function drop(key, s, owner, kind)
-  local held = s[kind][owner]
-  if held == 1 then
-    s[kind][owner] = nil
-    if not s.r[owner] and not s.w[owner] then
-      s.e[owner], s.g[owner] = nil, nil
-      redis.call('HDEL', key, kind .. ':' .. owner, 'e:' .. owner, 'g:' .. owner)
-      if s.fill == owner then
-        s.fill = nil
-        redis.call('HDEL', key, 'fill')
-      end
-    else
-      redis.call('HDEL', key, kind .. ':' .. owner)
-    end
-  else
-    s[kind][owner] = held - 1
-    redis.call('HSET', key, kind .. ':' .. owner, held - 1)
-  end
 end
 
 local function current_mode(s)
@@ -156,24 +113,85 @@ local function current_mode(s)
   return false
 end
 
--- Write the mode back and give the hash the TTL of its longest-lived entry,
--- or delete it when nothing in it is alive. Returns the mode.
+-- Add one hold of kind 'r' or 'w' for owner; returns the holding's epoch.
+-- A fresh write holding takes the next fencing token; a fresh read holding an
+-- epoch from the server clock (so read-only resources create no counter key).
+local function grant(fence, s, owner, kind, lease, now)
+  if not s.g[owner] then
+    if kind == 'w' then
+      s.g[owner] = tostring(redis.call('INCR', fence))
+    else
+      s.g[owner] = time_epoch()
+    end
+    put(s, 'g:' .. owner, s.g[owner])
+  end
+  s[kind][owner] = (s[kind][owner] or 0) + 1
+  put(s, kind .. ':' .. owner, s[kind][owner])
+  s.e[owner] = now + lease
+  put(s, 'e:' .. owner, s.e[owner])
+  if kind == 'w' then
+    if s.q[owner] then
+      s.q[owner], s.n[owner] = nil, nil
+      forget(s, 'q:' .. owner); forget(s, 'n:' .. owner)
+    end
+    if s.w[owner] == 1 then
+      put(s, 'token', s.g[owner])
+      s.token = true
+    end
+  end
+  return s.g[owner]
+end
+
+-- Drop one hold of kind 'r' or 'w'; forget the owner when it holds nothing.
+local function drop(s, owner, kind)
+  local held = s[kind][owner]
+  if held == 1 then
+    s[kind][owner] = nil
+    forget(s, kind .. ':' .. owner)
+    if not s.r[owner] and not s.w[owner] then
+      s.e[owner], s.g[owner] = nil, nil
+      forget(s, 'e:' .. owner); forget(s, 'g:' .. owner)
+      if s.fill == owner then
+        s.fill = false
+        forget(s, 'fill')
+      end
+    end
+  else
+    s[kind][owner] = held - 1
+    put(s, kind .. ':' .. owner, held - 1)
+  end
+end
+
+-- Write the state back: delete the hash when nothing in it is alive, else store
+-- the changed fields and give it the TTL of its longest-lived entry. Returns the mode.
 local function settle(key, s, now)
   local mode = current_mode(s)
   local horizon = 0
   for _, ends in pairs(s.e) do if ends > horizon then horizon = ends end end
   for _, ends in pairs(s.q) do if ends > horizon then horizon = ends end end
   if horizon <= now then
-    redis.call('DEL', key)
+    if s.existed then redis.call('DEL', key) end
+    s.existed = false
     return false
   end
-  if mode then
-    if mode ~= s.mode then redis.call('HSET', key, 'mode', mode) end
-  else
-    redis.call('HDEL', key, 'mode')
+  if mode ~= s.mode then
+    if mode then put(s, 'mode', mode) else forget(s, 'mode') end
+    s.mode = mode
   end
-  if mode ~= 'write' and s.token then redis.call('HDEL', key, 'token') end
-  redis.call('PEXPIRE', key, horizon - now)
+  if mode ~= 'write' and s.token then
+    forget(s, 'token')
+    s.token = false
+  end
+  local dels, puts = {}, {}
+  for f in pairs(s.gone) do dels[#dels + 1] = f end
+  for f, v in pairs(s.put) do
+    puts[#puts + 1] = f
+    puts[#puts + 1] = v
+  end
+  if #dels > 0 then redis.call('HDEL', key, unpack(dels)) end
+  if #puts > 0 then redis.call('HSET', key, unpack(puts)) end
+  if #dels > 0 or #puts > 0 then redis.call('PEXPIRE', key, horizon - now) end
+  s.put, s.gone, s.existed = {}, {}, true
   return mode
 end
 
@@ -189,6 +207,17 @@ local function soonest_end(s, now, me)
   if soonest then return soonest - now end
   return 0
 end
+
+-- May owner take a read hold? Holders re-enter even past waiting writers
+-- (refusing would deadlock them); others wait for writers, held or queued.
+local function may_read(s, owner, mode)
+  if (s.r[owner] or 0) > 0 or (s.w[owner] or 0) > 0 then return true end
+  if mode == 'write' then return false end
+  for who in pairs(s.q) do
+    if who ~= owner then return false end
+  end
+  return true
+end
 """
 
 _ACQUIRE_BODY = """
@@ -196,44 +225,46 @@ local key, fence, owner, want = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local lease, mark, channel = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()
 local s = load(key, now)
-local swept_mode = current_mode(s)
-if s.mode and swept_mode ~= s.mode then
+local mode = current_mode(s)
+if s.mode and mode ~= s.mode then
   -- A dead holder was swept out: others waiting on it may go too.
-  redis.call('PUBLISH', channel, swept_mode or 'free')
+  redis.call('PUBLISH', channel, mode or 'free')
 end
 
-local function grant_and_settle(kind)
-  local epoch = grant(key, fence, s, owner, kind, lease, now)
-  settle(key, s, now)
-  return {1, epoch}
-end
-
-local mine_r, mine_w = s.r[owner] or 0, s.w[owner] or 0
 if want == 'read' then
-  -- Holders re-enter even past waiting writers (refusing would deadlock them).
-  if mine_r > 0 or mine_w > 0 then return grant_and_settle('r') end
-  local writer_waits = false
-  for who in pairs(s.q) do
-    if who ~= owner then writer_waits = true end
+  if may_read(s, owner, mode) then
+    local epoch = grant(fence, s, owner, 'r', lease, now)
+    settle(key, s, now)
+    return {1, epoch}
   end
-  if swept_mode ~= 'write' and not writer_waits then return grant_and_settle('r') end
 else
-  if mine_w > 0 then return grant_and_settle('w') end
-  if mine_r > 0 then return {-1, 0} end
-  if not swept_mode then
-    local ticket, first = s.n[owner], true
+  if (s.w[owner] or 0) == 0 and (s.r[owner] or 0) > 0 then
+    settle(key, s, now)
+    return {-1, 0}
+  end
+  local first = true
+  if (s.w[owner] or 0) == 0 then
+    first = not mode
+    local ticket = s.n[owner]
     for who, other in pairs(s.n) do
       if who ~= owner and (not ticket or other < ticket) then first = false end
     end
-    if first then return grant_and_settle('w') end
+  end
+  if first then
+    local epoch = grant(fence, s, owner, 'w', lease, now)
+    settle(key, s, now)
+    return {1, epoch}
   end
   if mark > 0 then
     -- Stay queued: the mark holds off new readers until we get in or give up.
     if not s.n[owner] then
-      s.n[owner] = redis.call('HINCRBY', key, 'seq', 1)
+      s.seq = s.seq + 1
+      put(s, 'seq', s.seq)
+      s.n[owner] = s.seq
+      put(s, 'n:' .. owner, s.seq)
     end
     s.q[owner] = now + mark
-    redis.call('HSET', key, 'q:' .. owner, s.q[owner], 'n:' .. owner, s.n[owner])
+    put(s, 'q:' .. owner, s.q[owner])
   end
 end
 local wait = soonest_end(s, now, owner)
@@ -248,12 +279,11 @@ local s = load(key, now)
 local before = current_mode(s)
 local kind = 'r'
 if want == 'write' then kind = 'w' end
-local held = s[kind][owner] or 0
-if held == 0 or s.g[owner] ~= epoch then
+if (s[kind][owner] or 0) == 0 or s.g[owner] ~= epoch then
   settle(key, s, now)
   return 0
 end
-drop(key, s, owner, kind)
+drop(s, owner, kind)
 local after = settle(key, s, now)
 if after ~= before then redis.call('PUBLISH', channel, after or 'free') end
 return 1
@@ -263,9 +293,12 @@ _WITHDRAW_BODY = """
 local key, owner, channel = KEYS[1], ARGV[1], ARGV[2]
 local now = now_ms()
 local s = load(key, now)
-if not s.q[owner] then return 0 end
+if not s.q[owner] then
+  settle(key, s, now)
+  return 0
+end
 s.q[owner], s.n[owner] = nil, nil
-redis.call('HDEL', key, 'q:' .. owner, 'n:' .. owner)
+forget(s, 'q:' .. owner); forget(s, 'n:' .. owner)
 settle(key, s, now)
 -- Readers held off by this writer may go now, if it was the last one waiting.
 if next(s.q) == nil then redis.call('PUBLISH', channel, 'withdrawn') end
@@ -281,7 +314,7 @@ if s.g[owner] ~= epoch or (not s.r[owner] and not s.w[owner]) then
   return 0
 end
 s.e[owner] = now + lease
-redis.call('HSET', key, 'e:' .. owner, s.e[owner])
+put(s, 'e:' .. owner, s.e[owner])
 settle(key, s, now)
 return 1
 """
@@ -352,7 +385,7 @@ class LuaScript:
         pipe.evalsha(self.sha, len(keys), *keys, *args)
 
 
-ACQUIRE = LuaScript(ACQUIRE_CONTRACT + _PRELUDE + _ACQUIRE_BODY)
-RELEASE = LuaScript(RELEASE_CONTRACT + _PRELUDE + _RELEASE_BODY)
-RENEW = LuaScript(RENEW_CONTRACT + _PRELUDE + _RENEW_BODY)
-WITHDRAW = LuaScript(WITHDRAW_CONTRACT + _PRELUDE + _WITHDRAW_BODY)
+ACQUIRE = LuaScript(ACQUIRE_CONTRACT + LOCK_PRELUDE + _ACQUIRE_BODY)
+RELEASE = LuaScript(RELEASE_CONTRACT + LOCK_PRELUDE + _RELEASE_BODY)
+RENEW = LuaScript(RENEW_CONTRACT + LOCK_PRELUDE + _RENEW_BODY)
+WITHDRAW = LuaScript(WITHDRAW_CONTRACT + LOCK_PRELUDE + _WITHDRAW_BODY)

@@ -1,0 +1,75 @@
+"""A circuit breaker, so a dead Redis costs a connect timeout once, not on every call.
+
+closed    -> calls go to Redis; ``failures`` consecutive backend errors open it
+open      -> calls skip Redis (bypass or raise at once) for ``cooldown`` seconds
+half-open -> one call probes Redis; success closes the circuit, failure re-opens it
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Literal
+
+__all__ = ["CircuitBreaker"]
+
+State = Literal["closed", "open", "half-open"]
+
+
+class CircuitBreaker:
+    def __init__(
+        self,
+        *,
+        failures: int = 3,
+        cooldown: float = 2.0,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if failures < 1 or cooldown <= 0:
+            raise ValueError("breaker failures must be >= 1 and cooldown > 0")
+        self.failures = failures
+        self.cooldown = cooldown
+        self._timer = timer
+        self._mutex = threading.Lock()
+        self._consecutive = 0
+        self._opened_at: float | None = None
+        self._probing = False
+        self.opened = 0  # how many times it opened, for stats
+
+    @property
+    def state(self) -> State:
+        if self._opened_at is None:
+            return "closed"
+        if self._probing or self._timer() - self._opened_at >= self.cooldown:
+            return "half-open"
+        return "open"
+
+    def allow(self) -> bool:
+        """May this call use Redis? (In half-open state, only one probe at a time.)"""
+        if self._opened_at is None:
+            return True
+        with self._mutex:
+            if self._opened_at is None:
+                return True
+            if self._probing or self._timer() - self._opened_at < self.cooldown:
+                return False
+            self._probing = True
+            return True
+
+    def success(self) -> None:
+        if self._opened_at is None and self._consecutive == 0:
+            return
+        with self._mutex:
+            self._consecutive = 0
+            self._opened_at = None
+            self._probing = False
+
+    def failure(self) -> None:
+        with self._mutex:
+            self._consecutive += 1
+            if self._probing:  # the probe failed: stay open for another cooldown
+                self._opened_at = self._timer()
+                self._probing = False
+            elif self._opened_at is None and self._consecutive >= self.failures:
+                self._opened_at = self._timer()
+                self.opened += 1

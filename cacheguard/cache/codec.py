@@ -1,0 +1,170 @@
+"""Codecs: how a cached value becomes bytes and back.
+
+* :class:`MsgpackCodec` (default): msgpack plus extension types for
+  ``datetime``, ``date``, ``Decimal`` and ``UUID``. Never executes code on load.
+  Tuples come back as lists, like JSON.
+* :class:`JsonCodec`: plain JSON (same extensions, tagged objects).
+* :class:`PickleCodec`: any picklable value, **only** with an HMAC key: every
+  payload is signed, and unsigned or tampered bytes are refused before
+  unpickling (unpickling untrusted bytes runs arbitrary code).
+
+A codec raises :class:`SerializationError` when it cannot encode a value, and
+``ValueError`` when bytes do not decode; the cache treats the latter as a miss.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import hmac
+import json
+import pickle
+import uuid
+from typing import Any, ClassVar, Protocol
+
+import msgpack
+
+from cacheguard.exceptions import SerializationError
+
+__all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec"]
+
+
+class Codec(Protocol):
+    """Encodes values to bytes and back; ``codec_id`` is stored with every entry."""
+
+    codec_id: int
+
+    def encode(self, value: Any) -> bytes: ...
+
+    def decode(self, data: bytes) -> Any: ...
+
+
+# msgpack extension type codes
+_EXT_DATETIME, _EXT_DATE, _EXT_DECIMAL, _EXT_UUID = 1, 2, 3, 4
+
+
+def _msgpack_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return msgpack.ExtType(_EXT_DATETIME, value.isoformat().encode())
+    if isinstance(value, dt.date):
+        return msgpack.ExtType(_EXT_DATE, value.isoformat().encode())
+    if isinstance(value, decimal.Decimal):
+        return msgpack.ExtType(_EXT_DECIMAL, str(value).encode())
+    if isinstance(value, uuid.UUID):
+        return msgpack.ExtType(_EXT_UUID, value.bytes)
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def _msgpack_ext(code: int, data: bytes) -> Any:
+    if code == _EXT_DATETIME:
+        return dt.datetime.fromisoformat(data.decode())
+    if code == _EXT_DATE:
+        return dt.date.fromisoformat(data.decode())
+    if code == _EXT_DECIMAL:
+        return decimal.Decimal(data.decode())
+    if code == _EXT_UUID:
+        return uuid.UUID(bytes=data)
+    raise ValueError(f"unknown msgpack extension type {code}")
+
+
+class MsgpackCodec:
+    """msgpack with datetime, date, Decimal and UUID; the default."""
+
+    codec_id: ClassVar[int] = 1
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            data: bytes = msgpack.packb(value, default=_msgpack_default, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise SerializationError(f"msgpack cannot encode the value: {exc}") from exc
+        return data
+
+    def decode(self, data: bytes) -> Any:
+        try:
+            return msgpack.unpackb(data, ext_hook=_msgpack_ext, raw=False, strict_map_key=False)
+        except (msgpack.UnpackException, ValueError, TypeError) as exc:
+            raise ValueError(f"not a msgpack payload: {exc}") from exc
+
+
+_JSON_TAG = "__cg__"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return {_JSON_TAG: "datetime", "v": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {_JSON_TAG: "date", "v": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {_JSON_TAG: "decimal", "v": str(value)}
+    if isinstance(value, uuid.UUID):
+        return {_JSON_TAG: "uuid", "v": str(value)}
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def _json_object_hook(obj: dict[str, Any]) -> Any:
+    kind = obj.get(_JSON_TAG)
+    if kind is None or len(obj) != 2:
+        return obj
+    value = obj["v"]
+    if kind == "datetime":
+        return dt.datetime.fromisoformat(value)
+    if kind == "date":
+        return dt.date.fromisoformat(value)
+    if kind == "decimal":
+        return decimal.Decimal(value)
+    if kind == "uuid":
+        return uuid.UUID(value)
+    return obj
+
+
+class JsonCodec:
+    """JSON with the same extension types as the msgpack codec (tagged objects)."""
+
+    codec_id: ClassVar[int] = 2
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            return json.dumps(value, default=_json_default, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"JSON cannot encode the value: {exc}") from exc
+
+    def decode(self, data: bytes) -> Any:
+        try:
+            return json.loads(data, object_hook=_json_object_hook)
+        except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+            raise ValueError(f"not a JSON payload: {exc}") from exc
+
+
+class PickleCodec:
+    """pickle, signed with HMAC-SHA256; refuses unsigned or tampered bytes.
+
+    Only for values that the other codecs cannot carry, and only when every
+    process sharing the namespace holds the key.
+    """
+
+    codec_id: ClassVar[int] = 3
+    _DIGEST = 32
+
+    def __init__(self, hmac_key: bytes) -> None:
+        if not isinstance(hmac_key, bytes) or len(hmac_key) < 16:
+            raise SerializationError("PickleCodec needs an HMAC key of at least 16 bytes")
+        self._key = hmac_key
+
+    def _sign(self, payload: bytes) -> bytes:
+        return hmac.new(self._key, payload, hashlib.sha256).digest()
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise SerializationError(f"pickle cannot encode the value: {exc}") from exc
+        return self._sign(payload) + payload
+
+    def decode(self, data: bytes) -> Any:
+        signature, payload = data[: self._DIGEST], data[self._DIGEST :]
+        if len(signature) != self._DIGEST or not hmac.compare_digest(
+            signature, self._sign(payload)
+        ):
+            raise ValueError("pickle payload is unsigned or its signature does not match")
+        return pickle.loads(payload)  # noqa: S301 - signed by a key we hold

@@ -1,0 +1,69 @@
+"""The envelope stored per cache entry.
+
+Layout: a fixed 35-byte header, then the codec's payload::
+
+    magic  b"\\xcb\\x01"   2 bytes   format version 1
+    codec  uint8          1         which codec wrote the payload
+    created  float64      8         wall-clock seconds when the value was loaded
+    ttl      float64      8         logical lifetime in seconds
+    version  int64        8         the key's invalidation version at fill time
+    load     float64      8         how long the load took (seconds)
+
+The header is read with one ``struct.unpack``, so a cache hit costs one GET plus
+the payload's own decode. Bytes that do not match (corrupt, truncated, foreign,
+another codec) raise ``ValueError``; the cache treats that as a miss.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from cacheguard.cache.codec import Codec
+
+__all__ = ["HEADER_SIZE", "Entry", "pack_entry", "unpack_entry"]
+
+_MAGIC = b"\xcb\x01"
+_HEADER = struct.Struct("<2sBddqd")
+HEADER_SIZE = _HEADER.size
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    value: Any
+    created: float
+    ttl: float
+    version: int
+    load_duration: float
+
+    @property
+    def expires_at(self) -> float:
+        return self.created + self.ttl
+
+
+def pack_entry(
+    codec: Codec,
+    value: Any,
+    *,
+    created: float,
+    ttl: float,
+    version: int,
+    load_duration: float,
+) -> bytes:
+    """Encode ``value`` with its metadata; :class:`SerializationError` if it cannot."""
+    payload = codec.encode(value)
+    return _HEADER.pack(_MAGIC, codec.codec_id, created, ttl, version, load_duration) + payload
+
+
+def unpack_entry(codec: Codec, data: bytes) -> Entry:
+    """Decode an envelope; ``ValueError`` if the bytes are not one of ours."""
+    if len(data) < HEADER_SIZE:
+        raise ValueError(f"entry too short ({len(data)} bytes)")
+    magic, codec_id, created, ttl, version, load_duration = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise ValueError("not a cacheguard entry (bad magic)")
+    if codec_id != codec.codec_id:
+        raise ValueError(f"entry written by codec {codec_id}, this guard uses {codec.codec_id}")
+    value = codec.decode(data[HEADER_SIZE:])
+    return Entry(value, created, ttl, version, load_duration)
