@@ -24,14 +24,14 @@ from __future__ import annotations
 __all__ = [
     "BackendUnavailable",
     "CacheGuardError",
+    "FillFailed",
+    "KeyTemplateError",
     "LockError",
     "LockLostError",
     "LockNotHeldError",
     "LockTimeout",
     "LockUpgradeError",
     "SerializationError",
-    "KeyTemplateError",
-    "FillFailed",
 ]
 
 

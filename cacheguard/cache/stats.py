@@ -53,7 +53,9 @@ class StatsRecorder:
         self._counts: dict[str, float] = dict.fromkeys(Stats().as_dict(), 0)
         self._on_event = on_event
 
-    def count(self, kind: str, key: str, seconds: float = 0.0, error: BaseException | None = None) -> None:
+    def count(
+        self, kind: str, key: str, seconds: float = 0.0, error: BaseException | None = None
+    ) -> None:
         with self._mutex:
             self._counts[kind] += 1
             if kind == "lock_waits":

@@ -109,7 +109,9 @@ class KeyBuilder:
             try:
                 name = self._formatter.vformat(self.template, (), arguments)
             except (AttributeError, KeyError, IndexError, ValueError) as exc:
-                raise KeyTemplateError(f"cannot fill key template {self.template!r}: {exc}") from exc
+                raise KeyTemplateError(
+                    f"cannot fill key template {self.template!r}: {exc}"
+                ) from exc
         else:
             items = list(arguments.items())
             if self._skip_first:

@@ -37,6 +37,8 @@ log = logging.getLogger("cacheguard.notifier")
 
 ConnectionFactory = Callable[[], AbstractConnection]
 
+_all_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()
+
 _IDLE_POLL = 1.0  # listener housekeeping tick (s): reconnects, idle unsubscribes
 _LINGER = 10.0  # keep a channel this long after its last waiter left (s)
 _RECONNECT_CAP = 2.0
@@ -78,8 +80,9 @@ class Subscription:
         last wait (empty after a timeout, or after a wake-up for a lost connection)."""
         self._woken.wait(seconds)
         self._woken.clear()
-        messages = list(self._inbox)
-        self._inbox.clear()
+        messages = []
+        while self._inbox:  # popleft is atomic: nothing delivered meanwhile is lost
+            messages.append(self._inbox.popleft())
         return messages
 
     def _deliver(self, payload: bytes | None) -> None:
@@ -101,7 +104,10 @@ class Subscription:
 
 
 class _Listener(Subscription):
-    """A permanent subscription that hands every message to a callback."""
+    """A permanent subscription that hands every message to a callback.
+
+    The callback runs on the listener thread: it must be quick and must not
+    block or subscribe (the listener is the only reader of the connection)."""
 
     __slots__ = ("_callback",)
 
@@ -131,6 +137,13 @@ class Notifier:
         self._connect = connect
         self._timer = timer
         self._linger = linger
+        self.reconnects = 0
+        self._reset()
+        _all_notifiers.add(self)
+
+    def _reset(self) -> None:
+        """Fresh state (also in a forked child, whose parent's thread and socket
+        are not its own: the socket is dropped, never closed, so the parent keeps it)."""
         self._mutex = threading.Lock()
         self._channels: dict[str, _Channel] = {}
         # Confirmations Redis owes us, in the order the commands were sent.
@@ -138,7 +151,7 @@ class Notifier:
         self._conn: AbstractConnection | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
-        self.reconnects = 0
+        self._next_housekeeping = 0.0
 
     # -- waiter side ---------------------------------------------------------------
 
@@ -164,6 +177,10 @@ class Notifier:
                 self._send_subscribe([channel])
             channel.waiters.add(subscription)
             confirmed = channel.confirmed
+        if threading.current_thread() is self._thread:
+            # Called from a listener callback: the confirmation can only be read
+            # by this very thread, so waiting for it would only stall everyone.
+            return confirmed.is_set()
         return confirmed.wait(timeout)
 
     def _unregister(self, name: str, subscription: Subscription) -> None:
@@ -182,7 +199,8 @@ class Notifier:
         try:
             conn.send_command("SUBSCRIBE", *[c.name for c in channels], check_health=False)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            log.debug("subscribe failed, listener will reconnect: %s", exc)
+            log.warning("subscribe failed, reconnecting: %s", exc)
+            self._drop_locked()
             return
         self._pending.extend(("subscribe", c) for c in channels)
 
@@ -217,9 +235,17 @@ class Notifier:
             conn = self._conn
             assert conn is not None
             try:
-                if conn.can_read(timeout=_IDLE_POLL):
+                readable = conn.can_read(timeout=_IDLE_POLL)
+                if self._conn is not conn:
+                    # Dropped meanwhile (a failed SUBSCRIBE): redis-py may have quietly
+                    # reconnected this object with no subscriptions; discard it.
+                    with contextlib.suppress(Exception):
+                        conn.disconnect()
+                    continue
+                if readable:
                     self._dispatch(conn.read_response(disconnect_on_error=False, push_request=True))
-                else:
+                if self._timer() >= self._next_housekeeping:  # also on a busy connection
+                    self._next_housekeeping = self._timer() + _IDLE_POLL
                     self._unsubscribe_idle()
             except Exception as exc:
                 if self._stopped.is_set():
@@ -250,18 +276,23 @@ class Notifier:
 
     def _drop_connection(self) -> None:
         with self._mutex:
-            conn, self._conn = self._conn, None
-            self._pending.clear()
-            for channel in self._channels.values():
-                # Release anyone waiting for a confirmation that will never come,
-                # then start unconfirmed; wake all so they retry on their timers.
-                channel.confirmed.set()
-                channel.confirmed = threading.Event()
-                for waiter in channel.waiters:
-                    waiter._deliver(None)
+            conn = self._drop_locked()
         if conn is not None:
             with contextlib.suppress(Exception):  # best effort on a broken socket
                 conn.disconnect()
+
+    def _drop_locked(self) -> AbstractConnection | None:
+        """Forget the connection (caller holds the mutex); returns it to disconnect."""
+        conn, self._conn = self._conn, None
+        self._pending.clear()
+        for channel in self._channels.values():
+            # Release anyone waiting for a confirmation that will never come,
+            # then start unconfirmed; wake all so they retry on their timers.
+            channel.confirmed.set()
+            channel.confirmed = threading.Event()
+            for waiter in channel.waiters:
+                waiter._deliver(None)
+        return conn
 
     def _dispatch(self, message: Any) -> None:
         if not isinstance(message, list) or len(message) < 3:
@@ -280,7 +311,7 @@ class Notifier:
         payload = message[2]
         if isinstance(payload, str):
             payload = payload.encode()
-        for waiter in waiters:  # outside the mutex: a callback may subscribe
+        for waiter in waiters:  # outside the mutex, which the waiters' threads need
             waiter._deliver(payload)
 
     def _unsubscribe_idle(self) -> None:
@@ -297,7 +328,9 @@ class Notifier:
                 del self._channels[c.name]
             try:
                 self._conn.send_command("UNSUBSCRIBE", *[c.name for c in idle], check_health=False)
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                log.warning("unsubscribe failed, reconnecting: %s", exc)
+                self._drop_locked()
                 return
             self._pending.extend(("unsubscribe", None) for _ in idle)
 
@@ -333,17 +366,21 @@ def _weak_connection_factory(pool: Any) -> ConnectionFactory:
         live_pool = pool_ref()
         if live_pool is None:
             raise redis.ConnectionError("the connection pool was garbage-collected")
-        connection: AbstractConnection = live_pool.make_connection()
+        # Same settings as the pool's connections, but not counted against its
+        # max_connections: a long-lived subscriber must not use up the pool.
+        connection: AbstractConnection = live_pool.connection_class(**live_pool.connection_kwargs)
         return connection
 
     return connect
 
 
-def _forget_after_fork() -> None:
+def _reset_after_fork() -> None:
     global _notifiers_mutex
-    # The parent's listener threads do not exist in the child.
+    # The parent's listener threads do not exist in the child, and its socket is
+    # the parent's: every notifier starts afresh (waiters re-subscribe on demand).
     _notifiers_mutex = threading.Lock()
-    _notifiers.clear()
+    for notifier in list(_all_notifiers):
+        notifier._reset()
 
 
-on_fork_in_child(_forget_after_fork)
+on_fork_in_child(_reset_after_fork)

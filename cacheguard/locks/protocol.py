@@ -50,6 +50,7 @@ Mode = Literal["read", "write"]
 # A margin after a blocking lease's end before retrying, so the retry lands
 # after the server considers it ended, not just before.
 LEASE_END_MARGIN: Final = 0.002
+SUBSCRIBE_WAIT_CAP: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,9 @@ def acquire_flow(
         raise LockUpgradeError(name=name, owner=owner)
 
     delays = backoff()
-    yield Subscribe(timeout=max(deadline - timer(), 0.0))
+    # Wait for the confirmation at most about one backoff cap: with the pub/sub
+    # connection down it never comes, and the timers must take over.
+    yield Subscribe(timeout=max(min(deadline - timer(), SUBSCRIBE_WAIT_CAP), 0.0))
     while True:
         attempt: Attempt = yield TRY
         if attempt.granted:

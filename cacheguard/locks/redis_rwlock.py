@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -89,6 +90,7 @@ class LockHandle:
         "owner",
         "released",
         "token",
+        "writer_waiting",
     )
 
     def __init__(
@@ -106,6 +108,7 @@ class LockHandle:
         self.lost = False
         self.lost_reason = ""
         self.released = False
+        self.writer_waiting = False  # set by renewals: another owner's writer is queued
         self._on_lost = on_lost
 
     # Used by the watchdog.
@@ -146,10 +149,17 @@ class LockHandle:
             why,
         )
         if self._on_lost is not None:
-            try:
-                self._on_lost(self)
-            except Exception:
-                log.exception("on_lost callback of lock %r failed", self.lock.name)
+            # On a thread of its own: a slow callback must not stall lease renewals.
+            threading.Thread(
+                target=self._run_on_lost, name="cacheguard-on-lost", daemon=True
+            ).start()
+
+    def _run_on_lost(self) -> None:
+        assert self._on_lost is not None
+        try:
+            self._on_lost(self)
+        except Exception:
+            log.exception("on_lost callback of lock %r failed", self.lock.name)
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"
@@ -314,14 +324,20 @@ class RedisRWLock:
         if handle.released:
             return
         # Stop renewing first, so no renewal can land after the release.
-        if self._watchdog is not None:
-            self._watchdog.unwatch(handle)
+        last_renewed = self._watchdog.unwatch(handle) if self._watchdog is not None else None
         handle.released = True
-        released = self._call(
-            RELEASE,
-            [self.keys.lock],
-            [handle.owner, handle.mode, handle.token, self.keys.released_channel],
-        )
+        try:
+            released = self._call(
+                RELEASE,
+                [self.keys.lock],
+                [handle.owner, handle.mode, handle.token, self.keys.released_channel],
+            )
+        except BackendUnavailable:
+            # The hold is still in Redis: keep trying in the background until it
+            # goes through or its lease would have ended anyway, so it never leaks.
+            if self._watchdog is not None:
+                self._watchdog.retry_release(handle, last_renewed)
+            raise
         if released != 1:
             handle.lost = True
             handle.lost_reason = handle.lost_reason or "the holding was gone at release"
@@ -339,7 +355,8 @@ class RedisRWLock:
         if handle.released or handle.lost:
             return False
         renewed = self._call(RENEW, [self.keys.lock], [handle.owner, handle.token, self.lease_ms])
-        if renewed != 1:
+        handle.writer_waiting = renewed == 2
+        if renewed not in (1, 2):
             if self._watchdog is not None:
                 self._watchdog.unwatch(handle)
             handle._mark_lost("its holding was gone at renewal")

@@ -316,6 +316,9 @@ end
 s.e[owner] = now + lease
 put(s, 'e:' .. owner, s.e[owner])
 settle(key, s, now)
+for who in pairs(s.q) do
+  if who ~= owner then return 2 end
+end
 return 1
 """
 
@@ -350,7 +353,8 @@ RENEW_CONTRACT = """\
 -- ARGV[1]  owner id
 -- ARGV[2]  epoch the handle was granted
 -- ARGV[3]  lease in ms
--- Returns 1 when extended; 0 when the holding is gone (never re-creates it).
+-- Returns 1 when extended, 2 when extended and a writer of another owner waits,
+-- 0 when the holding is gone (never re-creates it).
 """
 
 

@@ -8,11 +8,17 @@ them talks to Redis for a given lock at a time:
 * writers: a writer takes the local write lock (which waits for local readers
   to leave), then the distributed write lock.
 
+A shared read hold is not joined once it is lost, or once a renewal reported
+a writer of another process waiting: new local readers then wait for the
+current ones to leave and take a fresh hold (behind that writer), so a busy
+process cannot starve remote writers.
+
 All distributed holds of one :class:`TwoTierRWLock` use one owner id per
 process, so a write holder taking the read lock (a downgrade) re-enters its own
 distributed holding. Holds are per thread: release from the acquiring thread.
 Get instances from :class:`LockFactory` so every thread of a process shares the
-one instance per name.
+one instance per name; the factory keeps a lock alive while anyone holds it.
+After ``fork()`` a child starts with every two-tier lock free.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis
 
-from cacheguard._identity import process_id
+from cacheguard._identity import on_fork_in_child, process_id
 from cacheguard.exceptions import LockNotHeldError, LockTimeout
 from cacheguard.locks.local import LocalRWLock
 from cacheguard.locks.redis_rwlock import (
@@ -41,6 +48,9 @@ from cacheguard.locks.watchdog import Watchdog
 __all__ = ["LockFactory", "TwoTierRWLock"]
 
 _instance_ids = itertools.count(1)
+_all_locks: weakref.WeakSet[TwoTierRWLock] = weakref.WeakSet()
+
+PinCallback = Callable[["TwoTierRWLock", bool], None]
 
 
 class TwoTierRWLock:
@@ -51,19 +61,35 @@ class TwoTierRWLock:
         remote: RedisRWLock,
         *,
         timer: Callable[[], float] = time.monotonic,
+        on_pin: PinCallback | None = None,
     ) -> None:
         self.remote = remote
         self.name = remote.name
         self._timer = timer
-        self._local = LocalRWLock(remote.name, timer=timer)
+        self._on_pin = on_pin
         self._instance = next(_instance_ids)
+        self._reset()
+        _all_locks.add(self)
+
+    def _reset(self) -> None:
+        self._local = LocalRWLock(self.remote.name, timer=self._timer)
         # Serialises the first-reader-in / last-reader-out transitions.
-        self._gate = threading.Lock()
+        self._gate = threading.Condition(threading.Lock())
         self._readers = 0
         self._read_handle: LockHandle | None = None
         # Touched only by the thread holding the local write lock.
         self._write_depth = 0
         self._write_handle: LockHandle | None = None
+        self._holds = 0  # all holds of this process, for pinning
+        self._holds_mutex = threading.Lock()
+
+    def _count_hold(self, delta: int) -> None:
+        if self._on_pin is None:
+            return
+        with self._holds_mutex:
+            self._holds += delta
+            if (delta > 0 and self._holds == 1) or (delta < 0 and self._holds == 0):
+                self._on_pin(self, self._holds == 1)
 
     @property
     def owner(self) -> str:
@@ -81,18 +107,32 @@ class TwoTierRWLock:
             if remaining <= 0 or not self._gate.acquire(timeout=remaining):
                 raise LockTimeout(name=self.name, mode="read", waited=self._timer() - start)
             try:
+                # Do not join a shared hold that is lost, or that a remote writer
+                # waits behind: wait for its readers to leave, then take a fresh one.
+                joinable = self._gate.wait_for(
+                    lambda: self._readers == 0 or self._shared_hold_is_joinable(),
+                    max(limit - (self._timer() - start), 0.0),
+                )
+                if not joinable:
+                    raise LockTimeout(name=self.name, mode="read", waited=self._timer() - start)
                 if self._readers == 0:
                     self._read_handle = self.remote.acquire_read(
                         max(limit - (self._timer() - start), 1e-3), owner=self.owner
                     )
                 self._readers += 1
                 assert self._read_handle is not None
-                return self._read_handle
+                handle = self._read_handle
             finally:
                 self._gate.release()
         except BaseException:
             self._local.release_read()
             raise
+        self._count_hold(+1)
+        return handle
+
+    def _shared_hold_is_joinable(self) -> bool:
+        handle = self._read_handle
+        return handle is not None and not handle.lost and not handle.writer_waiting
 
     def release_read(self) -> None:
         if not self._local.read_depth_of_me():
@@ -106,12 +146,14 @@ class TwoTierRWLock:
                 self._readers -= 1
                 if self._readers == 0:
                     handle, self._read_handle = self._read_handle, None
+                    self._gate.notify_all()  # readers waiting for a fresh hold
                     if handle is not None:
                         handle.release()
         finally:
             # Local last: a local writer must not get in while our distributed
             # read hold (same owner) still exists, or it would be an upgrade.
             self._local.release_read()
+            self._count_hold(-1)
 
     # -- writing -----------------------------------------------------------------------
 
@@ -129,6 +171,7 @@ class TwoTierRWLock:
                 raise
         self._write_depth += 1
         assert self._write_handle is not None
+        self._count_hold(+1)
         return self._write_handle
 
     def release_write(self) -> None:
@@ -146,6 +189,7 @@ class TwoTierRWLock:
                     handle.release()
         finally:
             self._local.release_write()
+            self._count_hold(-1)
 
     # -- context managers -----------------------------------------------------------------
 
@@ -191,6 +235,10 @@ class LockFactory:
         self._on_lost = on_lost
         self._timer = timer
         self._registry: WeakRegistry[TwoTierRWLock] = WeakRegistry(self._create)
+        # Locks someone holds stay referenced here, so the weak registry cannot
+        # drop one while held (a handle references only the distributed part).
+        self._pinned: dict[str, TwoTierRWLock] = {}
+        self._pinned_mutex = threading.Lock()
 
     def rwlock(self, name: str) -> TwoTierRWLock:
         return self._registry.get(name)
@@ -209,4 +257,20 @@ class LockFactory:
             on_lost=self._on_lost,
             timer=self._timer,
         )
-        return TwoTierRWLock(remote, timer=self._timer)
+        return TwoTierRWLock(remote, timer=self._timer, on_pin=self._pin)
+
+    def _pin(self, lock: TwoTierRWLock, held: bool) -> None:
+        with self._pinned_mutex:
+            if held:
+                self._pinned[lock.name] = lock
+            elif self._pinned.get(lock.name) is lock:
+                del self._pinned[lock.name]
+
+
+def _reset_after_fork() -> None:
+    # The parent's threads, and so their local holds, do not exist in the child.
+    for lock in list(_all_locks):
+        lock._reset()
+
+
+on_fork_in_child(_reset_after_fork)
