@@ -1,5 +1,6 @@
 """cacheguard: read-through caching on Redis that does not stampede the database.
 
+Use :class:`CacheGuard` with :class:`CacheLoader` or :func:`cached_with_lock`.
 The foundation is a read-write lock shared by every thread of every process:
 :class:`LocalRWLock` (threads), :class:`RedisRWLock` (processes, with leases, a
 watchdog, fencing tokens and pub/sub wake-ups) and :class:`TwoTierRWLock` (the
@@ -7,14 +8,30 @@ local lock in front of the distributed one).
 """
 
 from cacheguard.backoff import Backoff
+from cacheguard.cache import (
+    MISSING,
+    CachedFunction,
+    CacheEvent,
+    CacheGuard,
+    CacheLoader,
+    Codec,
+    JsonCodec,
+    MsgpackCodec,
+    PickleCodec,
+    Stats,
+    cached_with_lock,
+)
 from cacheguard.exceptions import (
     BackendUnavailable,
     CacheGuardError,
+    FillFailed,
+    KeyTemplateError,
     LockError,
     LockLostError,
     LockNotHeldError,
     LockTimeout,
     LockUpgradeError,
+    SerializationError,
 )
 from cacheguard.locks import (
     LocalRWLock,
@@ -30,9 +47,18 @@ from cacheguard.locks import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "MISSING",
     "BackendUnavailable",
     "Backoff",
+    "CacheEvent",
+    "CacheGuard",
     "CacheGuardError",
+    "CacheLoader",
+    "CachedFunction",
+    "Codec",
+    "FillFailed",
+    "JsonCodec",
+    "KeyTemplateError",
     "LocalRWLock",
     "LockError",
     "LockFactory",
@@ -41,10 +67,15 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeout",
     "LockUpgradeError",
+    "MsgpackCodec",
     "Notifier",
+    "PickleCodec",
     "RedisRWLock",
+    "SerializationError",
+    "Stats",
     "TwoTierRWLock",
     "Watchdog",
     "WeakRegistry",
     "__version__",
+    "cached_with_lock",
 ]

@@ -2,9 +2,11 @@
 
 A resource (a cache key, a lock) named ``menu:list`` in namespace ``cg`` owns::
 
+    cg:{menu:list}:v        the cached value (an envelope, see cache/entry.py)
+    cg:{menu:list}:ver      the invalidation version of the cached value
     cg:{menu:list}:rw       the read-write lock hash
     cg:{menu:list}:fence    the fencing counter (never expires)
-    cg:{menu:list}:rel      the pub/sub channel announcing that the lock freed
+    cg:{menu:list}:rel      the pub/sub channel announcing releases and fills
 
 The ``{...}`` hash tag makes Redis Cluster place them in the same slot, so one
 Lua script may touch them all. Braces and ``%`` inside a name are
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ResourceKeys", "check_namespace", "hash_tag"]
+__all__ = ["ResourceKeys", "check_namespace", "hash_tag", "invalidation_channel"]
 
 _TAG_ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 
@@ -49,6 +51,14 @@ class ResourceKeys:
         return f"{self.namespace}:{{{hash_tag(self.name)}}}"
 
     @property
+    def value(self) -> str:
+        return f"{self.tag}:v"
+
+    @property
+    def version(self) -> str:
+        return f"{self.tag}:ver"
+
+    @property
     def lock(self) -> str:
         return f"{self.tag}:rw"
 
@@ -59,3 +69,8 @@ class ResourceKeys:
     @property
     def released_channel(self) -> str:
         return f"{self.tag}:rel"
+
+
+def invalidation_channel(namespace: str) -> str:
+    """The namespace-wide channel on which L1 invalidations are broadcast."""
+    return f"{namespace}:l1"

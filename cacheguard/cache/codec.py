@@ -33,7 +33,7 @@ __all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec"]
 class Codec(Protocol):
     """Encodes values to bytes and back; ``codec_id`` is stored with every entry."""
 
-    codec_id: int
+    codec_id: ClassVar[int]
 
     def encode(self, value: Any) -> bytes: ...
 

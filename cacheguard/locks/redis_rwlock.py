@@ -315,6 +315,24 @@ class RedisRWLock:
             self._watchdog.watch(handle)
         return handle
 
+    def adopt(self, mode: Mode, owner: str, token: int) -> LockHandle:
+        """A handle for a holding that another script granted (a cache fill's read
+        hold); it is renewed by the watchdog like any other."""
+        return self._granted(mode, owner, token)
+
+    def disown(self, handle: LockHandle) -> float | None:
+        """Another script is about to release the holding: stop renewing the handle.
+        Returns when it was last renewed (for :meth:`release_in_background`)."""
+        last_renewed = self._watchdog.unwatch(handle) if self._watchdog is not None else None
+        handle.released = True
+        return last_renewed
+
+    def release_in_background(self, handle: LockHandle, last_renewed: float | None) -> None:
+        """A release failed (Redis unreachable): let the watchdog retry it until it
+        goes through or the lease would have ended anyway."""
+        if self._watchdog is not None:
+            self._watchdog.retry_release(handle, last_renewed)
+
     # -- releasing and renewing --------------------------------------------------------
 
     def release(self, handle: LockHandle) -> None:

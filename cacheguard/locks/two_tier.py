@@ -92,6 +92,11 @@ class TwoTierRWLock:
                 self._on_pin(self, self._holds == 1)
 
     @property
+    def local(self) -> LocalRWLock:
+        """The in-process tier (cache fills take its read side around their own script)."""
+        return self._local
+
+    @property
     def owner(self) -> str:
         """The distributed owner id this process uses for this lock."""
         return f"{process_id()}:tt{self._instance}"

@@ -1,0 +1,744 @@
+"""CacheGuard: the read-through cache, its write path, and the sync driver of the fill flow.
+
+Read path (``get_or_load``): L1 (optional, in process) -> L2 (Redis: a hit is one
+GET and takes no lock) -> on a miss, one thread per process per key goes on
+(single flight) and runs :func:`cacheguard.cache.flow.fill_flow` under the key's
+local read lock; the others wait for its result.
+
+Write path (``write``): the keys' write locks in one global order, then bump
+their versions and delete them, run the body, delete again, release.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Final, Literal, TypeVar
+
+import cachetools
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from cacheguard._identity import on_fork_in_child
+from cacheguard.backoff import Backoff
+from cacheguard.cache.breaker import CircuitBreaker
+from cacheguard.cache.codec import Codec, MsgpackCodec
+from cacheguard.cache.entry import Entry, pack_entry, unpack_entry
+from cacheguard.cache.flow import (
+    Begin,
+    BeginFill,
+    EndFill,
+    Load,
+    LoadUnlocked,
+    Lookup,
+    Message,
+    Outcome,
+    Subscribe,
+    TimeoutPolicy,
+    Wait,
+    fill_flow,
+)
+from cacheguard.cache.scripts import FILL_BEGIN, FILL_END, INVALIDATE
+from cacheguard.cache.singleflight import SingleFlight
+from cacheguard.cache.stats import Stats, StatsRecorder
+from cacheguard.exceptions import BackendUnavailable, LockTimeout, SerializationError
+from cacheguard.keys import ResourceKeys, check_namespace, invalidation_channel
+from cacheguard.locks.notifier import Subscription, notifier_for
+from cacheguard.locks.redis_rwlock import check_positive
+from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
+
+__all__ = ["MISSING", "BackendPolicy", "CacheGuard"]
+
+log = logging.getLogger("cacheguard")
+
+T = TypeVar("T")
+BackendPolicy = Literal["bypass", "raise"]
+
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+class _Missing:
+    """The sentinel ``peek`` returns when nothing is cached."""
+
+    _instance: _Missing | None = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Final = _Missing()
+
+
+def _check_ratio(what: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{what} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _check_non_negative(what: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{what} must be a number >= 0, got {value!r}")
+    if math.isinf(value):
+        raise ValueError(f"{what} must be finite")
+    return float(value)
+
+
+class CacheGuard:
+    """A read-through cache on Redis that loads each missing key once, everywhere.
+
+    See ``docs/guide.md`` for every setting; the defaults suit most services.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        namespace: str = "cg",
+        lease: float = 30.0,
+        wait_timeout: float = 10.0,
+        on_timeout: TimeoutPolicy = "load",
+        on_backend_error: BackendPolicy = "bypass",
+        codec: Codec | None = None,
+        ttl_jitter: float = 0.1,
+        none_ttl: float | None = 30.0,
+        stale_ttl: float = 0.0,
+        early_refresh_beta: float = 1.0,
+        l1_maxsize: int = 0,
+        l1_ttl: float = 5.0,
+        max_value_bytes: int = 8 * 1024 * 1024,
+        announce_value_bytes: int = 64 * 1024,
+        version_ttl: float = 7 * 24 * 3600.0,
+        max_key_length: int = 200,
+        max_fill_retries: int = 3,
+        breaker_failures: int = 3,
+        breaker_cooldown: float = 2.0,
+        on_event: Callable[[Any], None] | None = None,
+        timer: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        if client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError(
+                "CacheGuard needs a client with decode_responses=False (it stores bytes)"
+            )
+        self.client = client
+        self.namespace = check_namespace(namespace)
+        self.lease = check_positive("lease", lease)
+        self.wait_timeout = check_positive("wait_timeout", wait_timeout)
+        if on_timeout not in ("load", "raise", "stale"):
+            raise ValueError(f"on_timeout must be 'load', 'raise' or 'stale', not {on_timeout!r}")
+        if on_backend_error not in ("bypass", "raise"):
+            raise ValueError(
+                f"on_backend_error must be 'bypass' or 'raise', not {on_backend_error!r}"
+            )
+        self.on_timeout: TimeoutPolicy = on_timeout
+        self.on_backend_error: BackendPolicy = on_backend_error
+        self.codec: Codec = codec if codec is not None else MsgpackCodec()
+        self.ttl_jitter = _check_ratio("ttl_jitter", ttl_jitter)
+        self.none_ttl = None if none_ttl is None else check_positive("none_ttl", none_ttl)
+        self.stale_ttl = _check_non_negative("stale_ttl", stale_ttl)
+        self.early_refresh_beta = _check_non_negative("early_refresh_beta", early_refresh_beta)
+        if not isinstance(l1_maxsize, int) or l1_maxsize < 0:
+            raise ValueError("l1_maxsize must be an int >= 0 (0 turns L1 off)")
+        self.l1_ttl = check_positive("l1_ttl", l1_ttl)
+        for what, number in (
+            ("max_value_bytes", max_value_bytes),
+            ("announce_value_bytes", announce_value_bytes),
+            ("max_key_length", max_key_length),
+        ):
+            if not isinstance(number, int) or number < 1:
+                raise ValueError(f"{what} must be an int >= 1")
+        if not isinstance(max_key_length, int) or max_key_length < 80:
+            raise ValueError("max_key_length must be an int >= 80")
+        if not isinstance(max_fill_retries, int) or max_fill_retries < 0:
+            raise ValueError("max_fill_retries must be an int >= 0")
+        self.max_value_bytes = max_value_bytes
+        self.announce_value_bytes = announce_value_bytes
+        self.version_ttl_ms = int(check_positive("version_ttl", version_ttl) * 1000)
+        self.max_key_length = max_key_length
+        self.max_fill_retries = max_fill_retries
+        self._timer = timer
+        self._clock = clock
+        self._rng = rng
+        self._lease_ms = max(1, int(self.lease * 1000))
+        self._locks = LockFactory(
+            client,
+            namespace=self.namespace,
+            lease=self.lease,
+            timeout=self.wait_timeout,
+            timer=timer,
+        )
+        self._flights = SingleFlight()
+        self._refreshes = SingleFlight()
+        self._stats = StatsRecorder(on_event)
+        self._breaker = CircuitBreaker(
+            failures=breaker_failures, cooldown=breaker_cooldown, timer=timer
+        )
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_mutex = threading.Lock()
+        self._l1: cachetools.TTLCache[str, Entry] | None = None
+        self._l1_mutex = threading.Lock()
+        self._l1_listener: Subscription | None = None
+        self._channel_l1 = invalidation_channel(self.namespace)
+        if l1_maxsize:
+            self._l1 = cachetools.TTLCache(maxsize=l1_maxsize, ttl=self.l1_ttl, timer=timer)
+            self._l1_listener = notifier_for(client).listen(self._channel_l1, self._on_l1_message)
+        _guards.add(self)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        connect_timeout: float = 1.0,
+        socket_timeout: float = 2.0,
+        **settings: Any,
+    ) -> CacheGuard:
+        """A guard on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``).
+
+        The client fails fast when Redis is down (connect and socket timeouts, no
+        retries of its own), which the circuit breaker and ``on_backend_error``
+        then handle.
+        """
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        return cls(client, **settings)
+
+    # -- public API -----------------------------------------------------------------
+
+    def rwlock(self, name: str) -> TwoTierRWLock:
+        """The two-tier read-write lock of resource ``name`` (shared in this process)."""
+        return self._locks.rwlock(name)
+
+    def stats(self) -> Stats:
+        return self._stats.snapshot()
+
+    def keys(self, name: str) -> ResourceKeys:
+        return ResourceKeys(self.namespace, name)
+
+    def get_or_load(
+        self,
+        name: str,
+        load: Callable[[], T],
+        *,
+        ttl: float,
+        none_ttl: float | _Missing | None = MISSING,
+    ) -> T:
+        """The cached value of ``name``, loaded by ``load()`` once if missing."""
+        ttl = check_positive("ttl", ttl)
+        l1 = self._l1
+        if l1 is not None:
+            entry = l1.get(name)
+            if entry is not None:
+                self._stats.count("l1_hits", name)
+                return entry.value  # type: ignore[no-any-return]
+        flight, leader = self._flights.join(name)
+        if not leader:
+            return self._follow(name, flight, load)  # type: ignore[no-any-return]
+        try:
+            value = self._lead(name, load, ttl, none_ttl)
+        except BaseException as exc:
+            self._flights.finish(name, flight, error=exc)
+            raise
+        self._flights.finish(name, flight, value)
+        return value
+
+    def peek(self, name: str) -> Any:
+        """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
+        if self._l1 is not None:
+            entry = self._l1.get(name)
+            if entry is not None:
+                return entry.value
+        try:
+            raw = self.client.get(self.keys(name).value)
+        except _REDIS_DOWN as exc:
+            self._backend_failed(name, exc)
+            if self.on_backend_error == "raise":
+                raise BackendUnavailable(f"Redis unreachable reading {name!r}: {exc}") from exc
+            return MISSING
+        entry = self._decode(name, raw) if raw is not None else None
+        if entry is None or self._clock() >= entry.expires_at:
+            return MISSING
+        return entry.value
+
+    def refresh(
+        self,
+        name: str,
+        load: Callable[[], T],
+        *,
+        ttl: float,
+        none_ttl: float | _Missing | None = MISSING,
+    ) -> T:
+        """Load ``name`` now (under its locks, once across processes) and store it."""
+        ttl = check_positive("ttl", ttl)
+        outcome = self._fill(name, load, ttl, none_ttl, refresh=True, stale=None, wait=True)
+        return outcome.value  # type: ignore[no-any-return]
+
+    def invalidate(self, *names: str) -> None:
+        """Bump the versions of ``names`` and delete them, without taking locks.
+
+        Every fill in flight for them fails its store; L1 copies everywhere are
+        dropped (here at once, in other processes through pub/sub).
+        """
+        if not names:
+            return
+        self._drop_l1(names)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                keys = self.keys(name)
+                INVALIDATE.queue(
+                    pipe,
+                    [keys.value, keys.version],
+                    [self.version_ttl_ms, self._channel_l1, name],
+                )
+            results = pipe.execute(raise_on_error=False)
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
+                for name in names:
+                    keys = self.keys(name)
+                    INVALIDATE(
+                        self.client,
+                        [keys.value, keys.version],
+                        [self.version_ttl_ms, self._channel_l1, name],
+                    )
+            else:
+                for r in results:
+                    if isinstance(r, Exception):
+                        raise r
+        except _REDIS_DOWN as exc:
+            self._backend_failed(names[0], exc)
+            raise BackendUnavailable(
+                f"Redis unreachable invalidating {', '.join(map(repr, names))}: {exc}"
+            ) from exc
+
+    @contextmanager
+    def write(self, *names: str, timeout: float | None = None) -> Iterator[None]:
+        """The write path around a database update and commit.
+
+        Takes the write locks of all ``names`` in one global order (two writers on
+        overlapping keys cannot deadlock), invalidates them, runs the body,
+        invalidates again (also if the body raised) and releases.
+        """
+        ordered = sorted(set(names))
+        if not ordered:
+            raise ValueError("write() needs at least one key name")
+        held: list[TwoTierRWLock] = []
+        try:
+            for name in ordered:
+                lock = self.rwlock(name)
+                lock.acquire_write(timeout)
+                held.append(lock)
+            self.invalidate(*ordered)
+            try:
+                yield
+            finally:
+                self.invalidate(*ordered)
+        finally:
+            for lock in reversed(held):
+                try:
+                    lock.release_write()
+                except Exception:
+                    log.exception("releasing the write lock of %r failed", lock.name)
+
+    def close(self) -> None:
+        """Stop background work (L1 listener, refresh threads); the client stays open."""
+        if self._l1_listener is not None:
+            self._l1_listener.close()
+            self._l1_listener = None
+        with self._executor_mutex:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+                self._executor = None
+
+    # -- the read path -----------------------------------------------------------------
+
+    def _follow(self, name: str, flight: Any, load: Callable[[], Any]) -> Any:
+        """Wait for the process's leader of ``name``; on timeout apply the policy."""
+        start = self._timer()
+        if flight.wait(self.wait_timeout):
+            if flight.error is not None:
+                raise flight.error
+            return flight.result
+        self._stats.count("wait_timeouts", name, self._timer() - start)
+        if self.on_timeout == "raise":
+            raise LockTimeout(name=name, mode="read", waited=self._timer() - start)
+        if self.on_timeout == "stale":
+            stale = self.peek_entry(name)
+            if stale is not None:
+                self._stats.count("stale_served", name)
+                return stale.value
+        return self._load_counted(name, load)[0]
+
+    def peek_entry(self, name: str) -> Entry | None:
+        """The stored entry of ``name`` even past its logical expiry, or None."""
+        try:
+            raw = self.client.get(self.keys(name).value)
+        except _REDIS_DOWN:
+            return None
+        return self._decode(name, raw) if raw is not None else None
+
+    def _lead(
+        self, name: str, load: Callable[[], T], ttl: float, none_ttl: float | _Missing | None
+    ) -> T:
+        if not self._breaker.allow():
+            return self._bypass(name, load, None)
+        try:
+            raw = self.client.get(self.keys(name).value)
+        except _REDIS_DOWN as exc:
+            return self._bypass(name, load, exc)
+        self._breaker.success()
+        stale: Entry | None = None
+        if raw is not None:
+            entry = self._decode(name, raw)
+            if entry is not None:
+                now = self._clock()
+                if now < entry.expires_at:
+                    self._stats.count("l2_hits", name)
+                    if self._should_refresh_early(entry, now):
+                        self._refresh_in_background(name, load, ttl, none_ttl)
+                    self._keep_l1(name, entry)
+                    return entry.value  # type: ignore[no-any-return]
+                stale = entry  # inside the stale window: serve it, reload in the background
+                if self.stale_ttl > 0:
+                    self._stats.count("stale_served", name)
+                    self._refresh_in_background(name, load, ttl, none_ttl)
+                    return entry.value  # type: ignore[no-any-return]
+        self._stats.count("misses", name)
+        try:
+            outcome = self._fill(name, load, ttl, none_ttl, refresh=False, stale=stale, wait=True)
+        except BackendUnavailable as exc:
+            return self._bypass(name, load, exc)
+        if self._l1 is not None and outcome.source in ("l2", "loaded", "peer"):
+            self._keep_l1(name, Entry(outcome.value, self._clock(), ttl, 0, 0.0))
+        return outcome.value  # type: ignore[no-any-return]
+
+    def _bypass(self, name: str, load: Callable[[], T], exc: BaseException | None) -> T:
+        """Redis is down (or the breaker is open): load directly, or raise."""
+        if exc is not None:
+            self._backend_failed(name, exc)
+        if self.on_backend_error == "raise":
+            raise BackendUnavailable(
+                f"Redis unavailable for {name!r}"
+                + (f": {exc}" if exc is not None else " (circuit open)")
+            ) from exc
+        return self._load_counted(name, load)[0]
+
+    def _backend_failed(self, name: str, exc: BaseException) -> None:
+        self._breaker.failure()
+        self._stats.count("backend_errors", name, error=exc)
+        log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
+
+    def _load_counted(self, name: str, load: Callable[[], T]) -> tuple[T, float]:
+        start = self._timer()
+        try:
+            value = load()
+        except BaseException as exc:
+            self._stats.count("load_errors", name, self._timer() - start, error=exc)
+            raise
+        seconds = self._timer() - start
+        self._stats.count("loads", name, seconds)
+        return value, seconds
+
+    def _should_refresh_early(self, entry: Entry, now: float) -> bool:
+        """XFetch: refresh with a probability that rises as expiry nears."""
+        if self.early_refresh_beta <= 0 or entry.load_duration <= 0:
+            return False
+        draw = self._rng()
+        if draw <= 0:
+            return False
+        gap = -entry.load_duration * self.early_refresh_beta * math.log(draw)
+        return now + gap >= entry.expires_at
+
+    def _refresh_in_background(
+        self, name: str, load: Callable[[], Any], ttl: float, none_ttl: float | _Missing | None
+    ) -> None:
+        flight, leader = self._refreshes.join(name)
+        if not leader:
+            return  # this process already refreshes it
+
+        def run() -> None:
+            try:
+                outcome = self._fill(
+                    name, load, ttl, none_ttl, refresh=True, stale=None, wait=False
+                )
+                if outcome.source == "loaded":
+                    self._stats.count("early_refreshes", name)
+            except Exception:
+                log.exception("background refresh of %r failed", name)
+            finally:
+                self._refreshes.finish(name, flight)
+
+        try:
+            self._background().submit(run)
+        except RuntimeError:  # executor shut down (close() or interpreter exit)
+            self._refreshes.finish(name, flight)
+
+    def _background(self) -> ThreadPoolExecutor:
+        with self._executor_mutex:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=4, thread_name_prefix="cacheguard-refresh"
+                )
+            return self._executor
+
+    # -- the fill flow driver --------------------------------------------------------------
+
+    def _fill(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | _Missing | None,
+        *,
+        refresh: bool,
+        stale: Entry | None,
+        wait: bool,
+    ) -> Outcome:
+        """Run the fill flow for ``name`` under its local read lock."""
+        lock = self.rwlock(name)
+        keys = self.keys(name)
+        owner = lock.owner
+        start = self._timer()
+        lock.local.acquire_read(self.wait_timeout)  # local writers and fills exclude
+        try:
+            flow = fill_flow(
+                name=name,
+                refresh=refresh or not wait,
+                wait_timeout=max(self.wait_timeout - (self._timer() - start), 1e-3),
+                on_timeout=self.on_timeout,
+                stale=stale,
+                max_aborts=self.max_fill_retries,
+                timer=self._timer,
+                backoff=Backoff,
+            )
+            subscription: Subscription | None = None
+            fill_handle = None
+            waited_from: float | None = None
+            try:
+                step: Any = next(flow)
+                while True:
+                    reply: Any = None
+                    try:
+                        if isinstance(step, BeginFill):
+                            reply = self._begin(name, keys, owner, step.refresh)
+                            if reply.kind == "fill":
+                                fill_handle = lock.remote.adopt("read", owner, int(reply.epoch))
+                        elif isinstance(step, Load):
+                            reply = self._load_counted(name, load)
+                        elif isinstance(step, EndFill):
+                            last_renewed = None
+                            if fill_handle is not None:  # the script releases it
+                                last_renewed = lock.remote.disown(fill_handle)
+                            try:
+                                reply = self._end(name, keys, owner, step, ttl, none_ttl)
+                            except BackendUnavailable:
+                                if fill_handle is not None:
+                                    lock.remote.release_in_background(fill_handle, last_renewed)
+                                raise
+                        elif isinstance(step, Subscribe):
+                            waited_from = self._timer()
+                            subscription = notifier_for(self.client).subscription(
+                                keys.released_channel
+                            )
+                            reply = subscription.open(min(self.wait_timeout, 1.0))
+                        elif isinstance(step, Lookup):
+                            raw = self._redis(name, self.client.get, keys.value)
+                            reply = self._decode(name, raw) if raw is not None else None
+                        elif isinstance(step, Wait):
+                            assert subscription is not None
+                            reply = [
+                                self._message(name, m) for m in subscription.wait(step.seconds)
+                            ]
+                        elif isinstance(step, LoadUnlocked):
+                            self._stats.count("wait_timeouts", name, self._timer() - start)
+                            reply = self._load_counted(name, load)[0]
+                    except BaseException as exc:  # hand the failure to the flow
+                        step = flow.throw(exc)
+                        continue
+                    step = flow.send(reply)
+            except StopIteration as done:
+                outcome: Outcome = done.value
+                if outcome.source == "stale":
+                    self._stats.count("stale_served", name)
+                return outcome
+            finally:
+                if subscription is not None:
+                    subscription.close()
+                if waited_from is not None:
+                    self._stats.count("lock_waits", name, self._timer() - waited_from)
+        finally:
+            lock.local.release_read()
+
+    def _redis(self, name: str, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except _REDIS_DOWN as exc:
+            raise BackendUnavailable(f"Redis unreachable for {name!r}: {exc}") from exc
+
+    def _begin(self, name: str, keys: ResourceKeys, owner: str, refresh: bool) -> Begin:
+        reply = self._redis(
+            name,
+            FILL_BEGIN,
+            self.client,
+            [keys.value, keys.lock, keys.version],
+            [owner, self._lease_ms, "1" if refresh else "0", self.version_ttl_ms],
+        )
+        status = int(reply[0])
+        if status == 0:
+            entry = self._decode(name, reply[1])
+            return Begin("hit", entry=entry) if entry is not None else Begin("corrupt")
+        if status == 1:
+            return Begin(
+                "fill",
+                version=_text(reply[1]),
+                epoch=_text(reply[2]),
+                begun_ms=int(reply[3]),
+            )
+        return Begin("busy", wait=max(int(reply[1]), 0) / 1000.0)
+
+    def _end(
+        self,
+        name: str,
+        keys: ResourceKeys,
+        owner: str,
+        step: EndFill,
+        ttl: float,
+        none_ttl: float | _Missing | None,
+    ) -> bool:
+        data = b""
+        error: BaseException | None = None
+        seconds = 0.0
+        if not step.failed:
+            effective_none_ttl = self.none_ttl if none_ttl is MISSING else none_ttl
+            if step.value is None and effective_none_ttl is None:
+                pass  # negative caching off: return None, store nothing
+            else:
+                lifetime = ttl if step.value is not None else float(effective_none_ttl)  # type: ignore[arg-type]
+                lifetime = self._jittered(lifetime)
+                seconds = lifetime
+                try:
+                    data = pack_entry(
+                        self.codec,
+                        step.value,
+                        created=self._clock(),
+                        ttl=lifetime,
+                        version=int(step.begin.version),
+                        load_duration=step.load_seconds,
+                    )
+                except SerializationError as exc:
+                    error = SerializationError(f"cannot cache {name!r}: {exc}", key=name)
+                    error.__cause__ = exc
+                if len(data) > self.max_value_bytes:
+                    self._stats.count("values_too_large", name)
+                    log.warning(
+                        "value of %r is %d bytes, over max_value_bytes=%d: returned, not cached",
+                        name,
+                        len(data),
+                        self.max_value_bytes,
+                    )
+                    data = b""
+        px = max(1, int((seconds + self.stale_ttl) * 1000))
+        stored = self._redis(
+            name,
+            FILL_END,
+            self.client,
+            [keys.value, keys.lock, keys.version],
+            [
+                owner,
+                step.begin.epoch,
+                step.begin.version,
+                step.begin.begun_ms,
+                self.version_ttl_ms,
+                data,
+                px,
+                keys.released_channel,
+                self.announce_value_bytes,
+            ],
+        )
+        if error is not None:
+            raise error
+        if data and stored != 1:
+            self._stats.count("stores_rejected", name)
+            log.info("store of %r rejected: invalidated or lease lost while loading", name)
+        return bool(stored == 1)
+
+    def _jittered(self, ttl: float) -> float:
+        if self.ttl_jitter <= 0:
+            return ttl
+        return ttl * (1 + self.ttl_jitter * (2 * self._rng() - 1))
+
+    def _message(self, name: str, payload: bytes) -> Message:
+        kind = payload[:1]
+        if kind == b"V":
+            entry = self._decode(name, payload[1:])
+            return Message("value", entry) if entry is not None else Message("stored")
+        if kind == b"S":
+            return Message("stored")
+        if kind == b"A":
+            return Message("aborted")
+        return Message("released")
+
+    def _decode(self, name: str, raw: Any) -> Entry | None:
+        try:
+            if not isinstance(raw, bytes):
+                raise ValueError(f"expected bytes from Redis, got {type(raw).__name__}")
+            return unpack_entry(self.codec, raw)
+        except ValueError as exc:
+            self._stats.count("corrupt_entries", name, error=exc)
+            log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
+            return None
+
+    # -- L1 ------------------------------------------------------------------------------
+
+    def _keep_l1(self, name: str, entry: Entry) -> None:
+        if self._l1 is not None:
+            with self._l1_mutex:
+                self._l1[name] = entry
+
+    def _drop_l1(self, names: tuple[str, ...] | list[str]) -> None:
+        if self._l1 is not None:
+            with self._l1_mutex:
+                for name in names:
+                    self._l1.pop(name, None)
+
+    def _on_l1_message(self, payload: bytes) -> None:
+        self._drop_l1([payload.decode("utf-8", "surrogateescape")])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+_guards: weakref.WeakSet[CacheGuard] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for guard in list(_guards):
+        guard._executor = None  # the parent's worker threads do not exist here
+        guard._executor_mutex = threading.Lock()
+        guard._l1_mutex = threading.Lock()
+        guard._flights = SingleFlight()
+        guard._refreshes = SingleFlight()
+
+
+on_fork_in_child(_reset_after_fork)

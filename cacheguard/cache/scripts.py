@@ -1,0 +1,125 @@
+"""Lua scripts of the read-through cache: begin a fill, end it, invalidate.
+
+A fill's read hold is an ordinary read hold on the key's lock hash (the same
+Lua helpers as the lock), plus the ``fill`` field naming the one owner that
+loads; so fills and writes exclude each other in the same script call that
+decides who loads. The store is a compare-and-set against the key's
+invalidation version, and only succeeds while the filler still holds its lease.
+"""
+
+from __future__ import annotations
+
+from cacheguard.locks.scripts import LOCK_PRELUDE, LuaScript
+
+__all__ = ["FILL_BEGIN", "FILL_END", "INVALIDATE"]
+
+FILL_BEGIN_CONTRACT = """\
+-- fill_begin: return the value, or make the caller the key's one filler, or say who is busy.
+-- KEYS[1]  value key         <ns>:{<name>}:v
+-- KEYS[2]  lock hash         <ns>:{<name>}:rw
+-- KEYS[3]  version key       <ns>:{<name>}:ver
+-- ARGV[1]  owner id
+-- ARGV[2]  lease in ms
+-- ARGV[3]  '1': fill even if a value exists (a refresh), '0': return an existing value
+-- ARGV[4]  version key lifetime in ms (refreshed here)
+-- Returns {0, value}                             a value exists
+--         {1, version, epoch, server ms}         the caller holds read + fill: load now
+--         {2, ms until worth retrying, 'fill'}   another owner is filling
+--         {2, ms until worth retrying, 'write'}  a writer holds or waits for the lock
+"""
+
+_FILL_BEGIN_BODY = """
+local vkey, key, verkey = KEYS[1], KEYS[2], KEYS[3]
+local owner, lease, refresh, verttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+if refresh ~= '1' then
+  local value = redis.call('GET', vkey)
+  if value then return {0, value} end
+end
+local now = now_ms()
+local s = load(key, now)
+local mode = current_mode(s)
+if s.fill and s.fill ~= owner then
+  local ends = s.e[s.fill] - now
+  settle(key, s, now)
+  return {2, ends, 'fill'}
+end
+if not may_read(s, owner, mode) then
+  local wait = soonest_end(s, now, owner)
+  settle(key, s, now)
+  return {2, wait, 'write'}
+end
+local epoch = grant(nil, s, owner, 'r', lease, now)
+s.fill = owner
+put(s, 'fill', owner)
+settle(key, s, now)
+local version = redis.call('GET', verkey)
+if version then redis.call('PEXPIRE', verkey, verttl) else version = '0' end
+return {1, version, epoch, now}
+"""
+
+FILL_END_CONTRACT = """\
+-- fill_end: store the loaded entry if nothing invalidated it meanwhile, release the fill.
+-- KEYS[1]  value key         <ns>:{<name>}:v
+-- KEYS[2]  lock hash         <ns>:{<name>}:rw
+-- KEYS[3]  version key       <ns>:{<name>}:ver
+-- ARGV[1]  owner id
+-- ARGV[2]  epoch of the fill's read hold
+-- ARGV[3]  version seen by fill_begin
+-- ARGV[4]  server ms at fill_begin
+-- ARGV[5]  version key lifetime in ms (an older fill cannot prove its version)
+-- ARGV[6]  entry bytes, or '' to store nothing (load failed, value not cacheable)
+-- ARGV[7]  value TTL in ms
+-- ARGV[8]  channel announcing fills and releases
+-- ARGV[9]  largest entry sent along with the announcement, in bytes
+-- Publishes 'V' .. entry (stored, small), 'S' (stored, read it) or 'A' (nothing stored).
+-- Returns 1 when stored; 0 when not (lease lost, version moved, nothing to store).
+"""
+
+_FILL_END_BODY = """
+local vkey, key, verkey = KEYS[1], KEYS[2], KEYS[3]
+local owner, epoch, seen, begun = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local verttl, entry, px, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
+local limit = tonumber(ARGV[9])
+local now = now_ms()
+local s = load(key, now)
+local ours = s.fill == owner and s.g[owner] == epoch and (s.r[owner] or 0) > 0
+local stored = 0
+if ours and entry ~= '' and now - begun < verttl then
+  if (redis.call('GET', verkey) or '0') == seen then
+    redis.call('SET', vkey, entry, 'PX', px)
+    stored = 1
+  end
+end
+if ours then
+  s.fill = false
+  forget(s, 'fill')
+  drop(s, owner, 'r')
+end
+settle(key, s, now)
+if stored == 1 and #entry <= limit then
+  redis.call('PUBLISH', channel, 'V' .. entry)
+elseif stored == 1 then
+  redis.call('PUBLISH', channel, 'S')
+else
+  redis.call('PUBLISH', channel, 'A')
+end
+return stored
+"""
+
+INVALIDATE = LuaScript("""\
+-- invalidate: bump the key's version (failing every fill in flight), drop the value.
+-- KEYS[1]  value key         <ns>:{<name>}:v
+-- KEYS[2]  version key       <ns>:{<name>}:ver
+-- ARGV[1]  version key lifetime in ms
+-- ARGV[2]  L1 invalidation channel ('' for none)
+-- ARGV[3]  the resource name, announced on that channel
+-- Returns the new version.
+local version = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[1])
+if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+return version
+""")
+
+FILL_BEGIN = LuaScript(FILL_BEGIN_CONTRACT + LOCK_PRELUDE + _FILL_BEGIN_BODY)
+FILL_END = LuaScript(FILL_END_CONTRACT + LOCK_PRELUDE + _FILL_END_BODY)
