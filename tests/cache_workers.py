@@ -1,0 +1,161 @@
+"""Child-process bodies for the cache tests (module level, so spawn can import them)."""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import threading
+import time
+from typing import Any
+
+import redis
+
+from cacheguard import CacheGuard, CacheLoader
+
+# Keeps the highest version whose write block has exited (writers may finish out of order).
+_SET_MAX = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > current then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+
+
+def stampede_worker(
+    url: str, namespace: str, threads: int, names: list[str], load_seconds: float, start_at: float
+) -> list[Any]:
+    """Threads ask for ``names`` (shuffled) at once; every load counts itself in Redis."""
+    client = _client(url)
+    guard = CacheGuard(client, namespace=namespace, lease=10, wait_timeout=30)
+
+    def load(name: str) -> dict[str, Any]:
+        client.incr(f"{namespace}:loads:{name}")
+        time.sleep(load_seconds)
+        return {"name": name, "pid": os.getpid()}
+
+    results: list[Any] = []
+    errors: list[BaseException] = []
+    mutex = threading.Lock()
+
+    def run() -> None:
+        order = list(names)
+        random.shuffle(order)
+        time.sleep(max(start_at - time.time(), 0))
+        try:
+            got = [guard.get_or_load(n, lambda n=n: load(n), ttl=60) for n in order]
+        except BaseException as exc:
+            errors.append(exc)
+            return
+        with mutex:
+            results.extend(got)
+
+    pool = [threading.Thread(target=run) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _connect_db(database: str) -> Any:
+    if database.startswith("postgresql"):
+        import psycopg
+
+        return psycopg.connect(database.replace("postgresql+psycopg", "postgresql"), autocommit=True)
+    conn = sqlite3.connect(database, timeout=30, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    return conn
+
+
+def mixed_worker(
+    url: str, namespace: str, database: str, table: str, operations: int, seed: int
+) -> dict[str, int]:
+    """Reads through the cache and ~10% writes through guard.write; count stale reads.
+
+    A read is stale if it returns a version older than one whose write block had
+    already exited before the read started.
+    """
+    client = _client(url)
+    set_max = client.register_script(_SET_MAX)
+    guard = CacheGuard(client, namespace=namespace, lease=10, wait_timeout=30, ttl_jitter=0)
+    rng = random.Random(seed)
+    local = threading.local()
+
+    def db() -> Any:
+        if not hasattr(local, "conn"):
+            local.conn = _connect_db(database)
+        return local.conn
+
+    def load_row(row_id: int) -> int:
+        cur = db().execute(f"SELECT version FROM {table} WHERE id = {int(row_id)}")
+        return int(cur.fetchone()[0])
+
+    rows = CacheLoader(guard, key="row:{row_id}", load=load_row, ttl=60)
+    counts = {"reads": 0, "writes": 0, "stale": 0}
+    mutex = threading.Lock()
+
+    def run(thread_seed: int) -> None:
+        trng = random.Random(thread_seed)
+        for _ in range(operations // 2):
+            row_id = trng.randrange(3)
+            floor_key = f"{namespace}:exited:{row_id}"
+            if trng.random() < 0.1:
+                with guard.write(f"row:{row_id}"):
+                    conn = db()
+                    if database.startswith("postgresql"):
+                        with conn.transaction():
+                            cur = conn.execute(
+                                f"UPDATE {table} SET version = version + 1 WHERE id = %s "
+                                "RETURNING version",
+                                (row_id,),
+                            )
+                            new_version = int(cur.fetchone()[0])
+                    else:
+                        conn.execute("BEGIN IMMEDIATE")
+                        conn.execute(
+                            f"UPDATE {table} SET version = version + 1 WHERE id = ?", (row_id,)
+                        )
+                        new_version = int(
+                            conn.execute(
+                                f"SELECT version FROM {table} WHERE id = ?", (row_id,)
+                            ).fetchone()[0]
+                        )
+                        conn.execute("COMMIT")
+                set_max(keys=[floor_key], args=[new_version])  # the block has exited
+                with mutex:
+                    counts["writes"] += 1
+            else:
+                floor = int(client.get(floor_key) or 0)
+                seen = rows.get(row_id=row_id)
+                with mutex:
+                    counts["reads"] += 1
+                    if seen < floor:
+                        counts["stale"] += 1
+
+    pool = [threading.Thread(target=run, args=(seed * 100 + t,)) for t in range(2)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    _ = rng
+    return counts
+
+
+def paused_filler(url: str, namespace: str, loading: Any, lease: float) -> dict[str, Any]:
+    """Fill a key with a loader the test freezes (SIGSTOP) past the lease."""
+    client = _client(url)
+    guard = CacheGuard(client, namespace=namespace, lease=lease, wait_timeout=30, ttl_jitter=0)
+
+    def load() -> str:
+        loading.set()
+        time.sleep(0.5)  # the test stops us in here
+        return "old"
+
+    value = guard.get_or_load("k", load, ttl=60)
+    return {"value": value, "rejected": guard.stats().stores_rejected}
