@@ -67,7 +67,9 @@ def _connect_db(database: str) -> Any:
     if database.startswith("postgresql"):
         import psycopg
 
-        return psycopg.connect(database.replace("postgresql+psycopg", "postgresql"), autocommit=True)
+        return psycopg.connect(
+            database.replace("postgresql+psycopg", "postgresql"), autocommit=True
+        )
     conn = sqlite3.connect(database, timeout=30, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     return conn

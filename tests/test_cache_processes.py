@@ -132,7 +132,9 @@ def _child_pid_loading() -> int:
     return pid
 
 
-def test_sigkilled_filler_is_taken_over(client: redis.Redis, redis_url: str, namespace: str) -> None:
+def test_sigkilled_filler_is_taken_over(
+    client: redis.Redis, redis_url: str, namespace: str
+) -> None:
     lease = 1.0
     loading = CTX.Event()
     child = start_process(cache_workers.paused_filler, redis_url, namespace, loading, lease)

@@ -1,0 +1,598 @@
+"""The cache in one process: read path, write path, entries, expiry, failures."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from cacheguard import (
+    MISSING,
+    BackendUnavailable,
+    CacheGuard,
+    CacheLoader,
+    FillFailed,
+    JsonCodec,
+    KeyTemplateError,
+    LockTimeout,
+    PickleCodec,
+    SerializationError,
+    cached_with_lock,
+)
+from cacheguard.cache.entry import pack_entry
+from cacheguard.testing import free_port
+
+
+def make_guard(client: redis.Redis, namespace: str, **settings: Any) -> CacheGuard:
+    settings.setdefault("ttl_jitter", 0)
+    return CacheGuard(client, namespace=namespace, **settings)
+
+
+def lock_is_free(client: redis.Redis, guard: CacheGuard, name: str) -> bool:
+    return not client.exists(guard.keys(name).lock)
+
+
+# -- API and keys -------------------------------------------------------------------------
+
+
+def test_loader_get_invalidate_refresh_peek(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+    calls: list[int] = []
+
+    def load_menu(menu_id: int) -> dict[str, Any]:
+        calls.append(menu_id)
+        return {"id": menu_id, "n": len(calls)}
+
+    menu = CacheLoader(guard, key="menu:{menu_id}", load=load_menu, ttl=60)
+    assert menu.peek(menu_id=7) is MISSING
+    assert menu.get(menu_id=7) == {"id": 7, "n": 1}
+    assert menu.get(7) == {"id": 7, "n": 1}  # positional works too, same key
+    assert menu.key(menu_id=7) == "menu:7"
+    assert menu.peek(menu_id=7) == {"id": 7, "n": 1}
+    menu.invalidate(menu_id=7)
+    assert menu.peek(menu_id=7) is MISSING
+    assert menu.refresh(menu_id=7) == {"id": 7, "n": 2}
+    assert menu.get(menu_id=7) == {"id": 7, "n": 2}
+    assert calls == [7, 7]
+    assert lock_is_free(client, guard, "menu:7")
+
+
+def test_decorator_on_functions_and_methods(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+    calls: list[str] = []
+
+    @cached_with_lock(guard, key="menu:list", ttl=60)
+    def list_menus() -> list[dict[str, int]]:
+        """All menus."""
+        calls.append("list")
+        return [{"id": 1}]
+
+    class Repo:
+        def __init__(self, prefix: str) -> None:
+            self.prefix = prefix
+
+        @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+        def get(self, menu_id: int) -> str:
+            calls.append(f"get{menu_id}")
+            return f"{self.prefix}{menu_id}"
+
+        @cached_with_lock(guard, ttl=60)
+        def untemplated(self, a: int, b: str = "x") -> str:
+            calls.append("untemplated")
+            return f"{a}{b}"
+
+    assert list_menus() == list_menus() == [{"id": 1}]
+    assert list_menus.__name__ == "list_menus"
+    assert list_menus.__doc__ == "All menus."
+    repo = Repo("m")
+    assert repo.get(3) == repo.get(menu_id=3) == "m3"
+    assert repo.untemplated(1) == repo.untemplated(a=1, b="x") == "1x"
+    assert repo.untemplated.key(1) == f"{__name__}.{Repo.untemplated.__qualname__}(a=1,b='x')"
+    repo.get.invalidate(3)
+    assert repo.get.peek(3) is MISSING
+    assert calls == ["list", "get3", "untemplated"]
+
+
+def test_key_template_errors(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+    with pytest.raises(KeyTemplateError, match="not a parameter"):
+        CacheLoader(guard, key="menu:{id}", load=lambda menu_id: menu_id, ttl=60)
+    with pytest.raises(KeyTemplateError, match="positions"):
+        CacheLoader(guard, key="menu:{0}", load=lambda menu_id: menu_id, ttl=60)
+
+    @cached_with_lock(guard, ttl=60)
+    def by_object(thing: object) -> int:
+        return 1
+
+    with pytest.raises(KeyTemplateError, match="stable key form"):
+        by_object(object())
+
+
+def test_template_values_cannot_forge_keys(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+    pair = CacheLoader(guard, key="p:{a}:{b}", load=lambda a, b: f"{a}|{b}", ttl=60)
+    assert pair.key(a="1:2", b="3") != pair.key(a="1", b="2:3")
+    assert pair.get(a="1:2", b="3") == "1:2|3"
+    assert pair.get(a="1", b="2:3") == "1|2:3"
+
+
+def test_long_keys_are_hashed(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+
+    def length(x: str) -> int:
+        return len(x)
+
+    loader = CacheLoader(guard, key="k:{x}", load=length, ttl=60)
+    name = loader.key(x="y" * 5000)
+    assert len(name) == guard.max_key_length
+    assert loader.get(x="y" * 5000) == 5000
+    assert loader.key(x="y" * 4999) != name
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"lease": 0}, "lease"),
+        ({"wait_timeout": -1}, "wait_timeout"),
+        ({"on_timeout": "maybe"}, "on_timeout"),
+        ({"on_backend_error": "ignore"}, "on_backend_error"),
+        ({"ttl_jitter": 1.5}, "ttl_jitter"),
+        ({"none_ttl": 0}, "none_ttl"),
+        ({"stale_ttl": -1}, "stale_ttl"),
+        ({"l1_maxsize": -1}, "l1_maxsize"),
+        ({"namespace": "a{b"}, "namespace"),
+    ],
+)
+def test_bad_settings(
+    client: redis.Redis, namespace: str, settings: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        CacheGuard(client, **{"namespace": namespace, **settings})
+
+
+def test_bad_ttl(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+    with pytest.raises(ValueError, match="ttl"):
+        CacheLoader(guard, key="k", load=lambda: 1, ttl=0)
+    with pytest.raises(ValueError, match="ttl"):
+        guard.get_or_load("k", lambda: 1, ttl=-5)
+
+
+# -- entries and codecs ------------------------------------------------------------------
+
+
+def test_msgpack_round_trips_rich_types(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+    value = {
+        "when": dt.datetime(2026, 11, 21, 5, 4, tzinfo=dt.timezone.utc),
+        "day": dt.date(2026, 11, 21),
+        "price": decimal.Decimal("12.30"),
+        "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        "nested": [1, 2.5, None, True, "x", b"raw"],
+    }
+    guard.get_or_load("rich", lambda: value, ttl=60)
+    assert guard.peek("rich") == value
+
+
+def test_json_and_signed_pickle_codecs(client: redis.Redis, namespace: str) -> None:
+    as_json = make_guard(client, namespace, codec=JsonCodec())
+    as_json.get_or_load("j", lambda: {"d": decimal.Decimal("1.5")}, ttl=60)
+    assert as_json.peek("j") == {"d": decimal.Decimal("1.5")}
+
+    key = b"k" * 32
+    pickled = make_guard(client, namespace + "p", codec=PickleCodec(key))
+    pickled.get_or_load("p", lambda: {1, 2, 3}, ttl=60)
+    assert pickled.peek("p") == {1, 2, 3}
+    # Tampered or foreign-keyed bytes are refused (a miss), never unpickled.
+    other = make_guard(client, namespace + "p", codec=PickleCodec(b"x" * 32))
+    assert other.peek("p") is MISSING
+    assert other.stats().corrupt_entries == 1
+    with pytest.raises(SerializationError, match="HMAC"):
+        PickleCodec(b"short")
+
+
+def test_unserialisable_value_raises_and_leaves_nothing(
+    client: redis.Redis, namespace: str
+) -> None:
+    guard = make_guard(client, namespace)
+    with pytest.raises(SerializationError) as info:
+        guard.get_or_load("bad", lambda: {"x": object()}, ttl=60)
+    assert info.value.key == "bad"
+    assert guard.peek("bad") is MISSING
+    assert lock_is_free(client, guard, "bad")
+    assert guard.get_or_load("bad", lambda: "fine", ttl=60) == "fine"  # proceeds at once
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"",
+        b"\x00",
+        b"not ours at all",
+        b"\xcb\x01\x01" + b"\x00" * 10,
+        b"\xcb\x01\x09" + b"\x00" * 40,
+    ],
+)
+def test_corrupt_entries_are_misses(client: redis.Redis, namespace: str, garbage: bytes) -> None:
+    guard = make_guard(client, namespace)
+    client.set(guard.keys("c").value, garbage)
+    assert guard.peek("c") is MISSING
+    assert guard.get_or_load("c", lambda: "reloaded", ttl=60) == "reloaded"
+    assert guard.peek("c") == "reloaded"
+    assert guard.stats().corrupt_entries >= 1
+
+
+def test_value_too_large_is_returned_not_cached(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace, max_value_bytes=1000)
+    assert guard.get_or_load("big", lambda: "x" * 5000, ttl=60) == "x" * 5000
+    assert guard.peek("big") is MISSING
+    assert guard.stats().values_too_large == 1
+    assert lock_is_free(client, guard, "big")
+
+
+# -- expiry ------------------------------------------------------------------------------
+
+
+def test_negative_caching(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace, none_ttl=0.3)
+    calls: list[int] = []
+
+    def missing() -> None:
+        calls.append(1)
+
+    assert guard.get_or_load("none", missing, ttl=60) is None
+    assert guard.get_or_load("none", missing, ttl=60) is None
+    assert calls == [1]  # the None was cached
+    assert 0 < client.pttl(guard.keys("none").value) <= 300
+    off = make_guard(client, namespace + "off", none_ttl=None)
+    off.get_or_load("none", missing, ttl=60)
+    off.get_or_load("none", missing, ttl=60)
+    assert calls == [1, 1, 1]  # not cached with none_ttl=None
+
+
+def test_ttl_jitter_spreads_expiry(client: redis.Redis, namespace: str) -> None:
+    guard = CacheGuard(client, namespace=namespace, ttl_jitter=0.1)
+    ttls = []
+    for i in range(40):
+        guard.get_or_load(f"j{i}", lambda: 1, ttl=100)
+        ttls.append(client.pttl(guard.keys(f"j{i}").value))
+    assert all(89_000 <= t <= 110_000 for t in ttls)
+    assert max(ttls) - min(ttls) > 5_000  # really spread, not one value
+
+
+def test_early_refresh_reloads_in_background(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace, early_refresh_beta=1.0, rng=lambda: 1e-300)
+    versions = iter(range(100))
+
+    def load() -> int:
+        time.sleep(0.01)  # a load duration, so XFetch has a delta to work with
+        return next(versions)
+
+    assert guard.get_or_load("x", load, ttl=2) == 0
+    # draw 1e-300: -log(draw) * 10 ms load = 6.9 s > the 2 s TTL, so the next hit
+    # refreshes early (a draw of 1.0 never would).
+    assert guard.get_or_load("x", load, ttl=2) == 0  # the caller still gets the current value
+    deadline = time.monotonic() + 5
+    while guard.peek("x") == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert guard.peek("x") >= 1
+    assert guard.stats().early_refreshes >= 1
+    assert lock_is_free(client, guard, "x") or guard.peek("x") >= 1
+
+
+def test_stale_while_revalidate(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace, stale_ttl=30, early_refresh_beta=0)
+    versions = iter(range(100))
+    release = threading.Event()
+
+    def load() -> int:
+        value = next(versions)
+        if value == 1:
+            release.wait(5)  # hold the background reload until we checked
+        return value
+
+    assert guard.get_or_load("s", load, ttl=0.2) == 0
+    time.sleep(0.3)  # logically expired, still inside the stale window
+    assert guard.get_or_load("s", load, ttl=0.2) == 0  # served stale, at once
+    assert guard.stats().stale_served == 1
+    release.set()
+    deadline = time.monotonic() + 5
+    while (guard.peek_entry("s") or 0) and guard.peek_entry("s").value == 0:  # type: ignore[union-attr]
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert guard.peek_entry("s").value == 1  # type: ignore[union-attr]
+
+
+# -- failures --------------------------------------------------------------------------------
+
+
+def test_loader_exception_reaches_caller_and_waiters(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+    started = threading.Event()
+
+    def failing() -> str:
+        started.set()
+        time.sleep(0.2)
+        raise KeyError("db down")
+
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            guard.get_or_load("f", failing, ttl=60)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 5
+    assert all(isinstance(e, KeyError) for e in errors)
+    assert guard.peek("f") is MISSING
+    assert lock_is_free(client, guard, "f")
+    assert guard.get_or_load("f", lambda: "ok", ttl=60) == "ok"
+    assert guard.stats().load_errors == 1
+
+
+def test_write_waits_for_fill_and_fill_waits_for_write(client: redis.Redis, namespace: str) -> None:
+    filler = make_guard(client, namespace)
+    writer = make_guard(client, namespace)  # another "process": separate two-tier owners
+    marks: dict[str, float] = {}
+    loading = threading.Event()
+
+    def slow_load() -> str:
+        loading.set()
+        time.sleep(0.4)
+        marks["fill_end"] = time.monotonic()
+        return "v1"
+
+    t = threading.Thread(target=lambda: filler.get_or_load("k", slow_load, ttl=60))
+    t.start()
+    assert loading.wait(5)
+    with writer.write("k"):
+        marks["write_start"] = time.monotonic()
+    t.join(5)
+    assert marks["write_start"] >= marks["fill_end"]  # the write waited for the fill
+
+    holding = threading.Event()
+    leave = threading.Event()
+
+    def write_body() -> None:
+        with writer.write("k"):
+            holding.set()
+            leave.wait(5)
+            marks["write_end"] = time.monotonic()
+
+    w = threading.Thread(target=write_body)
+    w.start()
+    assert holding.wait(5)
+
+    def load_after_write() -> str:
+        marks["load_start"] = time.monotonic()
+        return "v2"
+
+    r = threading.Thread(target=lambda: filler.get_or_load("k", load_after_write, ttl=60))
+    r.start()
+    time.sleep(0.2)
+    leave.set()
+    w.join(5)
+    r.join(5)
+    assert marks["load_start"] >= marks["write_end"]  # the fill waited for the write
+    assert filler.peek("k") == "v2"
+
+
+def test_overlapping_writers_do_not_deadlock(client: redis.Redis, namespace: str) -> None:
+    a = make_guard(client, namespace)
+    b = make_guard(client, namespace)
+    done: list[int] = []
+
+    def writer(guard: CacheGuard, keys: tuple[str, ...]) -> None:
+        for _ in range(20):
+            with guard.write(*keys, timeout=10):
+                pass
+        done.append(1)
+
+    threads = [
+        threading.Thread(target=writer, args=(a, ("x", "y", "z"))),
+        threading.Thread(target=writer, args=(b, ("z", "y", "x"))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert done == [1, 1]
+
+
+def test_write_body_exception_still_invalidates_and_releases(
+    client: redis.Redis, namespace: str
+) -> None:
+    guard = make_guard(client, namespace)
+    guard.get_or_load("k", lambda: "cached", ttl=60)
+    with pytest.raises(RuntimeError, match="rollback"), guard.write("k"):
+        raise RuntimeError("rollback")
+    assert guard.peek("k") is MISSING
+    assert lock_is_free(client, guard, "k")
+
+
+def test_invalidation_during_fill_rejects_the_store(client: redis.Redis, namespace: str) -> None:
+    """The version check alone (no write lock): a lock-free invalidation mid-load."""
+    guard = make_guard(client, namespace)
+    loading = threading.Event()
+    proceed = threading.Event()
+
+    def load() -> str:
+        loading.set()
+        proceed.wait(5)
+        return "loaded before the invalidation"
+
+    t = threading.Thread(target=lambda: guard.get_or_load("k", load, ttl=60))
+    t.start()
+    assert loading.wait(5)
+    guard.invalidate("k")
+    proceed.set()
+    t.join(5)
+    assert guard.peek("k") is MISSING
+    assert guard.stats().stores_rejected == 1
+
+
+def test_wait_timeout_policies(client: redis.Redis, namespace: str) -> None:
+    blocker = make_guard(client, namespace)
+    entered = threading.Event()
+    leave = threading.Event()
+
+    def hold_write() -> None:
+        with blocker.write("k"):
+            entered.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=hold_write)
+    t.start()
+    assert entered.wait(5)
+    try:
+        raising = make_guard(client, namespace, wait_timeout=0.3, on_timeout="raise")
+        with pytest.raises(LockTimeout):
+            raising.get_or_load("k", lambda: "x", ttl=60)
+        loading = make_guard(client, namespace, wait_timeout=0.3)  # default: "load"
+        assert loading.get_or_load("k", lambda: "unlocked", ttl=60) == "unlocked"
+        assert loading.peek("k") is MISSING  # loaded without the lock: not stored
+        assert loading.stats().wait_timeouts == 1
+    finally:
+        leave.set()
+        t.join(5)
+
+
+def test_stale_window_serves_the_old_entry_while_a_writer_blocks(
+    client: redis.Redis, namespace: str
+) -> None:
+    guard = make_guard(client, namespace, stale_ttl=30, wait_timeout=0.3, on_timeout="stale")
+    guard.get_or_load("k", lambda: "old", ttl=0.1)
+    time.sleep(0.2)
+    other = make_guard(client, namespace)
+    entered = threading.Event()
+    leave = threading.Event()
+
+    def hold_write_keep_value() -> None:
+        lock = other.rwlock("k")
+        with lock.write():  # a writer (not invalidating) blocks the fill
+            entered.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=hold_write_keep_value)
+    t.start()
+    assert entered.wait(5)
+    try:
+        # Stale window: served at once without waiting (stale-while-revalidate).
+        assert guard.get_or_load("k", lambda: "new", ttl=60) == "old"
+    finally:
+        leave.set()
+        t.join(5)
+
+
+def test_fill_failed_after_repeated_aborts(client: redis.Redis, namespace: str) -> None:
+    """Waiters in other processes retry a bounded number of times."""
+    failing = make_guard(client, namespace)
+    waiting = make_guard(client, namespace, max_fill_retries=0)
+    loading = threading.Event()
+
+    def slow_failure() -> str:
+        loading.set()
+        time.sleep(0.3)
+        raise ValueError("no")
+
+    def fill_and_fail() -> None:
+        with pytest.raises(ValueError, match="no"):
+            failing.get_or_load("k", slow_failure, ttl=60)
+
+    t = threading.Thread(target=fill_and_fail)
+    t.start()
+    assert loading.wait(5)
+    with pytest.raises(FillFailed) as info:
+        waiting.get_or_load("k", lambda: "should not run", ttl=60)
+    assert info.value.key == "k"
+    t.join(5)
+
+
+def test_bypass_when_redis_is_down() -> None:
+    guard = CacheGuard.from_url(f"redis://127.0.0.1:{free_port()}/0", breaker_failures=2)
+    calls: list[int] = []
+
+    def load() -> str:
+        calls.append(1)
+        return "from the database"
+
+    for _ in range(4):
+        assert guard.get_or_load("k", load, ttl=60) == "from the database"
+    assert len(calls) == 4
+    stats = guard.stats()
+    assert stats.backend_errors == 2  # then the circuit opened: no more connect attempts
+    assert guard._breaker.state in ("open", "half-open")
+    assert guard.peek("k") is MISSING
+
+    raising = CacheGuard.from_url(f"redis://127.0.0.1:{free_port()}/0", on_backend_error="raise")
+    with pytest.raises(BackendUnavailable):
+        raising.get_or_load("k", load, ttl=60)
+
+
+def test_breaker_recovers_when_redis_returns(client: redis.Redis, namespace: str) -> None:
+    now = [0.0]
+    guard = make_guard(
+        client, namespace, breaker_failures=1, breaker_cooldown=5, timer=lambda: now[0]
+    )
+    guard._breaker.failure()  # as if Redis had just failed
+    assert guard._breaker.state == "open"
+    assert guard.get_or_load("k", lambda: "bypassed", ttl=60) == "bypassed"
+    assert guard.peek("k") is MISSING  # the open circuit skipped Redis
+    now[0] = 6.0  # cooldown over: the next call probes, succeeds, closes the circuit
+    assert guard.get_or_load("k", lambda: "cached", ttl=60) == "cached"
+    assert guard._breaker.state == "closed"
+    assert guard.peek("k") == "cached"
+
+
+def test_l1_hits_and_cross_guard_invalidation(client: redis.Redis, namespace: str) -> None:
+    first = make_guard(client, namespace, l1_maxsize=100, l1_ttl=60)
+    second = make_guard(
+        redis.Redis(connection_pool=redis.ConnectionPool.from_url(_url(client))),
+        namespace,
+        l1_maxsize=100,
+        l1_ttl=60,
+    )
+    assert first.get_or_load("k", lambda: "v1", ttl=60) == "v1"
+    assert second.get_or_load("k", lambda: "unused", ttl=60) == "v1"
+    assert second.get_or_load("k", lambda: "unused", ttl=60) == "v1"
+    assert second.stats().l1_hits == 1
+    with first.write("k"):
+        pass
+    deadline = time.monotonic() + 5
+    while "k" in second._l1 and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.01)
+    assert second.get_or_load("k", lambda: "v2", ttl=60) == "v2"  # the broadcast reached it
+    first.close()
+    second.close()
+
+
+def _url(client: redis.Redis) -> str:
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
+
+
+def test_envelope_fields(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+    guard.get_or_load("e", lambda: [1, 2], ttl=60)
+    entry = guard.peek_entry("e")
+    assert entry is not None
+    assert entry.value == [1, 2]
+    assert entry.ttl == 60
+    assert entry.version == 0
+    assert entry.load_duration >= 0
+    assert abs(entry.created - time.time()) < 60
+    raw = pack_entry(guard.codec, "x", created=1.0, ttl=2.0, version=3, load_duration=0.5)
+    assert raw[:2] == b"\xcb\x01"
