@@ -35,16 +35,12 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cacheguard
+from bench._common import interleaved_us, percentile, write_section
 from cacheguard import RedisRWLock
 from cacheguard.testing import RedisEndpoint, redis_server, spawn_redis_server
 
 CTX = mp.get_context("spawn")
-MARK_BEGIN, MARK_END = "<!-- bench/locks.py:begin -->", "<!-- bench/locks.py:end -->"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+MARK = "bench/locks.py"
 
 
 def command_counts(client: redis.Redis) -> tuple[int, int]:
@@ -63,22 +59,6 @@ def commands_per_cycle(
         body()
     sent, total = command_counts(client)
     return sent / cycles, total / cycles
-
-
-def interleaved_us(bodies: dict[str, Callable[[], None]], cycles: int) -> dict[str, float]:
-    """Median µs per cycle of each body, batches interleaved so noise hits all alike."""
-    batch = 100
-    samples: dict[str, list[float]] = {label: [] for label in bodies}
-    for round_no in range(max(cycles // batch, 1)):
-        labels = list(bodies)
-        rotation = round_no % len(labels)
-        for label in labels[rotation:] + labels[:rotation]:
-            body = bodies[label]
-            start = time.perf_counter()
-            for _ in range(batch):
-                body()
-            samples[label].append((time.perf_counter() - start) / batch * 1e6)
-    return {label: statistics.median(values) for label, values in samples.items()}
 
 
 def uncontended(url: str, cycles: int) -> dict[str, dict[str, float]]:
@@ -225,18 +205,6 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    content = path.read_text() if path.exists() else ""
-    block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
-    if MARK_BEGIN in content and MARK_END in content:
-        head, rest = content.split(MARK_BEGIN, 1)
-        tail = rest.split(MARK_END, 1)[1]
-        content = head + block + tail
-    else:
-        content = content.rstrip() + "\n\n" + block + "\n"
-    path.write_text(content)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="Redis URL (default: a throwaway redis-server)")
@@ -259,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 text = report(endpoint, args)
     print(text)
     if args.write:
-        write_section(args.write, text)
+        write_section(args.write, text, MARK)
         print(f"\nwritten to {args.write}")
     return 0
 

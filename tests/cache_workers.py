@@ -95,8 +95,10 @@ def mixed_worker(
         return local.conn
 
     def load_row(row_id: int) -> int:
-        cur = db().execute(f"SELECT version FROM {table} WHERE id = {int(row_id)}")
-        return int(cur.fetchone()[0])
+        # fetchall finishes the statement: an unfinished SQLite statement would keep
+        # its read snapshot open (the snapshot-age race the SQLAlchemy hooks close).
+        rows = db().execute(f"SELECT version FROM {table} WHERE id = {int(row_id)}").fetchall()
+        return int(rows[0][0])
 
     rows = CacheLoader(guard, key="row:{row_id}", load=load_row, ttl=60)
     counts = {"reads": 0, "writes": 0, "stale": 0}
@@ -126,7 +128,7 @@ def mixed_worker(
                         new_version = int(
                             conn.execute(
                                 f"SELECT version FROM {table} WHERE id = ?", (row_id,)
-                            ).fetchone()[0]
+                            ).fetchall()[0][0]
                         )
                         conn.execute("COMMIT")
                 set_max(keys=[floor_key], args=[new_version])  # the block has exited

@@ -37,7 +37,7 @@ class Codec(Protocol):
 
     def encode(self, value: Any) -> bytes: ...
 
-    def decode(self, data: bytes) -> Any: ...
+    def decode(self, data: bytes | memoryview) -> Any: ...
 
 
 # msgpack extension type codes
@@ -80,7 +80,7 @@ class MsgpackCodec:
             raise SerializationError(f"msgpack cannot encode the value: {exc}") from exc
         return data
 
-    def decode(self, data: bytes) -> Any:
+    def decode(self, data: bytes | memoryview) -> Any:
         try:
             return msgpack.unpackb(data, ext_hook=_msgpack_ext, raw=False, strict_map_key=False)
         except (msgpack.UnpackException, ValueError, TypeError) as exc:
@@ -129,9 +129,9 @@ class JsonCodec:
         except (TypeError, ValueError) as exc:
             raise SerializationError(f"JSON cannot encode the value: {exc}") from exc
 
-    def decode(self, data: bytes) -> Any:
+    def decode(self, data: bytes | memoryview) -> Any:
         try:
-            return json.loads(data, object_hook=_json_object_hook)
+            return json.loads(bytes(data), object_hook=_json_object_hook)
         except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
             raise ValueError(f"not a JSON payload: {exc}") from exc
 
@@ -161,7 +161,8 @@ class PickleCodec:
             raise SerializationError(f"pickle cannot encode the value: {exc}") from exc
         return self._sign(payload) + payload
 
-    def decode(self, data: bytes) -> Any:
+    def decode(self, data: bytes | memoryview) -> Any:
+        data = bytes(data)
         signature, payload = data[: self._DIGEST], data[self._DIGEST :]
         if len(signature) != self._DIGEST or not hmac.compare_digest(
             signature, self._sign(payload)

@@ -17,8 +17,7 @@ another codec) raise ``ValueError``; the cache treats that as a miss.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cacheguard.cache.codec import Codec
 
@@ -29,8 +28,9 @@ _HEADER = struct.Struct("<2sBddqd")
 HEADER_SIZE = _HEADER.size
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """A decoded cache entry (a tuple: built on every hit, so it must be cheap)."""
+
     value: Any
     created: float
     ttl: float
@@ -65,5 +65,5 @@ def unpack_entry(codec: Codec, data: bytes) -> Entry:
         raise ValueError("not a cacheguard entry (bad magic)")
     if codec_id != codec.codec_id:
         raise ValueError(f"entry written by codec {codec_id}, this guard uses {codec.codec_id}")
-    value = codec.decode(data[HEADER_SIZE:])
+    value = codec.decode(memoryview(data)[HEADER_SIZE:])  # no copy of the payload
     return Entry(value, created, ttl, version, load_duration)

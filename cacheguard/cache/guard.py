@@ -11,6 +11,7 @@ their versions and delete them, run the body, delete again, release.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -47,7 +48,7 @@ from cacheguard.cache.flow import (
     fill_flow,
 )
 from cacheguard.cache.scripts import FILL_BEGIN, FILL_END, INVALIDATE
-from cacheguard.cache.singleflight import SingleFlight
+from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight, SingleFlight
 from cacheguard.cache.stats import Stats, StatsRecorder
 from cacheguard.exceptions import BackendUnavailable, LockTimeout, SerializationError
 from cacheguard.keys import ResourceKeys, check_namespace, invalidation_channel
@@ -63,6 +64,11 @@ T = TypeVar("T")
 BackendPolicy = Literal["bypass", "raise"]
 
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+# The safety-net timer of a waiting fill. The filler's announcement wakes waiters;
+# a dead filler is retried when its lease ends (the begin script says when). The
+# timer only covers a lost announcement, so it need not fire during a normal load.
+_WAIT_BACKOFF = functools.partial(Backoff, initial=0.5, cap=1.0)
 
 
 class _Missing:
@@ -236,6 +242,10 @@ class CacheGuard:
     def keys(self, name: str) -> ResourceKeys:
         return ResourceKeys(self.namespace, name)
 
+    def _value_key(self, name: str) -> str:
+        # The hit path's only key: built once per name (bounded LRU), not per call.
+        return _value_key(self.namespace, name)
+
     def get_or_load(
         self,
         name: str,
@@ -245,22 +255,41 @@ class CacheGuard:
         none_ttl: float | _Missing | None = MISSING,
     ) -> T:
         """The cached value of ``name``, loaded by ``load()`` once if missing."""
-        ttl = check_positive("ttl", ttl)
+        return self._get(name, load, check_positive("ttl", ttl), none_ttl)
+
+    def _get(
+        self, name: str, load: Callable[[], T], ttl: float, none_ttl: float | _Missing | None
+    ) -> T:
+        """``get_or_load`` with ``ttl`` already validated (loaders validate it once)."""
         l1 = self._l1
         if l1 is not None:
             entry = l1.get(name)
             if entry is not None:
                 self._stats.count("l1_hits", name)
                 return entry.value  # type: ignore[no-any-return]
-        flight, leader = self._flights.join(name)
-        if not leader:
-            return self._follow(name, flight, load)  # type: ignore[no-any-return]
+        start = self._timer()
+        while True:  # bounded: every pass waits on a leader that was already running
+            flight, leader, joined = self._flights.join(name)
+            if leader:
+                break
+            if not flight.wait(self.wait_timeout - (self._timer() - start)):
+                return self._follower_timed_out(name, load, start)  # type: ignore[no-any-return]
+            if flight.serves(joined):
+                if flight.error is not None:
+                    raise flight.error
+                return flight.result  # type: ignore[no-any-return]
+            # We joined after the leader's read was sent: it may predate a write that
+            # ended before we started. Read again (with the others who joined late).
         try:
-            value = self._lead(name, load, ttl, none_ttl)
+            value, valid_below = self._lead(name, flight, load, ttl, none_ttl)
+            if flight.has_followers_from(valid_below):
+                value, valid_below = self._reread_for_late_followers(
+                    name, flight, value, valid_below
+                )
         except BaseException as exc:
             self._flights.finish(name, flight, error=exc)
             raise
-        self._flights.finish(name, flight, value)
+        self._flights.finish(name, flight, value, valid_below=valid_below)
         return value
 
     def peek(self, name: str) -> Any:
@@ -291,7 +320,7 @@ class CacheGuard:
     ) -> T:
         """Load ``name`` now (under its locks, once across processes) and store it."""
         ttl = check_positive("ttl", ttl)
-        outcome = self._fill(name, load, ttl, none_ttl, refresh=True, stale=None, wait=True)
+        outcome, _ = self._fill(name, load, ttl, none_ttl, refresh=True, stale=None, wait=True)
         return outcome.value  # type: ignore[no-any-return]
 
     def invalidate(self, *names: str) -> None:
@@ -372,13 +401,27 @@ class CacheGuard:
 
     # -- the read path -----------------------------------------------------------------
 
-    def _follow(self, name: str, flight: Any, load: Callable[[], Any]) -> Any:
-        """Wait for the process's leader of ``name``; on timeout apply the policy."""
-        start = self._timer()
-        if flight.wait(self.wait_timeout):
-            if flight.error is not None:
-                raise flight.error
-            return flight.result
+    def _reread_for_late_followers(
+        self, name: str, flight: Flight, value: Any, valid_below: int
+    ) -> tuple[Any, int]:
+        """Some followers joined after our read was sent; one more shared GET serves
+        them all (instead of each re-reading). Bounded; stragglers read themselves."""
+        for _ in range(2):
+            sealed = self._flights.seal(flight)
+            try:
+                raw = self.client.get(self._value_key(name))
+            except _REDIS_DOWN:
+                break
+            entry = self._decode(name, raw) if raw is not None else None
+            if entry is None or self._clock() >= entry.expires_at:
+                break  # invalidated again: late followers must load it themselves
+            value, valid_below = entry.value, sealed
+            if not flight.has_followers_from(sealed):
+                break
+        return value, valid_below
+
+    def _follower_timed_out(self, name: str, load: Callable[[], Any], start: float) -> Any:
+        """The process's leader of ``name`` took too long: apply the timeout policy."""
         self._stats.count("wait_timeouts", name, self._timer() - start)
         if self.on_timeout == "raise":
             raise LockTimeout(name=name, mode="read", waited=self._timer() - start)
@@ -398,14 +441,22 @@ class CacheGuard:
         return self._decode(name, raw) if raw is not None else None
 
     def _lead(
-        self, name: str, load: Callable[[], T], ttl: float, none_ttl: float | _Missing | None
-    ) -> T:
+        self,
+        name: str,
+        flight: Flight,
+        load: Callable[[], T],
+        ttl: float,
+        none_ttl: float | _Missing | None,
+    ) -> tuple[T, int]:
+        """Get ``name`` for the flight; returns the value and the generation below
+        which followers may take it (see :mod:`cacheguard.cache.singleflight`)."""
         if not self._breaker.allow():
-            return self._bypass(name, load, None)
+            return self._bypass(name, load, None), VALID_FOR_ALL
+        sealed = self._flights.seal(flight)
         try:
-            raw = self.client.get(self.keys(name).value)
+            raw = self.client.get(self._value_key(name))
         except _REDIS_DOWN as exc:
-            return self._bypass(name, load, exc)
+            return self._bypass(name, load, exc), VALID_FOR_ALL
         self._breaker.success()
         stale: Entry | None = None
         if raw is not None:
@@ -417,20 +468,29 @@ class CacheGuard:
                     if self._should_refresh_early(entry, now):
                         self._refresh_in_background(name, load, ttl, none_ttl)
                     self._keep_l1(name, entry)
-                    return entry.value  # type: ignore[no-any-return]
+                    return entry.value, sealed
                 stale = entry  # inside the stale window: serve it, reload in the background
                 if self.stale_ttl > 0:
                     self._stats.count("stale_served", name)
                     self._refresh_in_background(name, load, ttl, none_ttl)
-                    return entry.value  # type: ignore[no-any-return]
+                    return entry.value, sealed
         self._stats.count("misses", name)
         try:
-            outcome = self._fill(name, load, ttl, none_ttl, refresh=False, stale=stale, wait=True)
+            outcome, valid_below = self._fill(
+                name,
+                load,
+                ttl,
+                none_ttl,
+                refresh=False,
+                stale=stale,
+                wait=True,
+                seal=lambda: self._flights.seal(flight),
+            )
         except BackendUnavailable as exc:
-            return self._bypass(name, load, exc)
+            return self._bypass(name, load, exc), VALID_FOR_ALL
         if self._l1 is not None and outcome.source in ("l2", "loaded", "peer"):
             self._keep_l1(name, Entry(outcome.value, self._clock(), ttl, 0, 0.0))
-        return outcome.value  # type: ignore[no-any-return]
+        return outcome.value, valid_below
 
     def _bypass(self, name: str, load: Callable[[], T], exc: BaseException | None) -> T:
         """Redis is down (or the breaker is open): load directly, or raise."""
@@ -472,13 +532,13 @@ class CacheGuard:
     def _refresh_in_background(
         self, name: str, load: Callable[[], Any], ttl: float, none_ttl: float | _Missing | None
     ) -> None:
-        flight, leader = self._refreshes.join(name)
+        flight, leader, _ = self._refreshes.join(name)
         if not leader:
             return  # this process already refreshes it
 
         def run() -> None:
             try:
-                outcome = self._fill(
+                outcome, _ = self._fill(
                     name, load, ttl, none_ttl, refresh=True, stale=None, wait=False
                 )
                 if outcome.source == "loaded":
@@ -513,8 +573,14 @@ class CacheGuard:
         refresh: bool,
         stale: Entry | None,
         wait: bool,
-    ) -> Outcome:
-        """Run the fill flow for ``name`` under its local read lock."""
+        seal: Callable[[], int] | None = None,
+    ) -> tuple[Outcome, int]:
+        """Run the fill flow for ``name`` under its local read lock.
+
+        Returns the outcome and the flight generation below which followers may
+        share it: a value we loaded ourselves (under the read hold) serves all;
+        one read from Redis serves those who joined before the last begin script.
+        """
         lock = self.rwlock(name)
         keys = self.keys(name)
         owner = lock.owner
@@ -529,17 +595,20 @@ class CacheGuard:
                 stale=stale,
                 max_aborts=self.max_fill_retries,
                 timer=self._timer,
-                backoff=Backoff,
+                backoff=_WAIT_BACKOFF,
             )
             subscription: Subscription | None = None
             fill_handle = None
             waited_from: float | None = None
+            sealed = VALID_FOR_ALL
             try:
                 step: Any = next(flow)
                 while True:
                     reply: Any = None
                     try:
                         if isinstance(step, BeginFill):
+                            if seal is not None:
+                                sealed = seal()
                             reply = self._begin(name, keys, owner, step.refresh)
                             if reply.kind == "fill":
                                 fill_handle = lock.remote.adopt("read", owner, int(reply.epoch))
@@ -580,7 +649,9 @@ class CacheGuard:
                 outcome: Outcome = done.value
                 if outcome.source == "stale":
                     self._stats.count("stale_served", name)
-                return outcome
+                if outcome.source in ("l2", "peer"):
+                    return outcome, sealed
+                return outcome, VALID_FOR_ALL
             finally:
                 if subscription is not None:
                     subscription.close()
@@ -723,6 +794,11 @@ class CacheGuard:
 
     def _on_l1_message(self, payload: bytes) -> None:
         self._drop_l1([payload.decode("utf-8", "surrogateescape")])
+
+
+@functools.lru_cache(maxsize=4096)
+def _value_key(namespace: str, name: str) -> str:
+    return ResourceKeys(namespace, name).value
 
 
 def _text(value: Any) -> str:

@@ -66,9 +66,7 @@ class CacheLoader(Generic[P, R]):
     def get(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """The cached value, loaded once across all processes if missing."""
         name = self._keys.build(args, kwargs)
-        return self.guard.get_or_load(
-            name, lambda: self.load(*args, **kwargs), ttl=self.ttl, none_ttl=self.none_ttl
-        )
+        return self.guard._get(name, lambda: self.load(*args, **kwargs), self.ttl, self.none_ttl)
 
     def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Load now and store (under the key's locks, once across processes)."""

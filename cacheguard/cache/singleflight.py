@@ -1,34 +1,60 @@
 """In-process single flight: one thread per key does the work, the others wait.
 
 Followers wait for the leader's result or exception, each up to its own
-deadline. A flight is a pre-acquired lock that the leader releases once; each
-follower re-releases it after waking, so all wake in a chain. That costs far
-less than an Event on the hot path, where a flight is made for every lookup.
+deadline, and all wake at once when it finishes. A flight's Event is made only
+when a first follower joins, so a lone caller (a cache hit) allocates none.
+
+Generations keep coalescing linearizable. Before the leader sends a Redis read
+whose answer it will share, it *seals* the flight (a new generation). That answer
+is valid only for followers that joined before the seal; a follower that joined
+after it may have started after a write that the read did not see, so it must
+read again (as a new flight: one shared round trip per wave of late joiners,
+not one per thread). A value the leader loaded itself under the key's read lock
+is valid for every follower (``VALID_FOR_ALL``).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["Flight", "SingleFlight"]
+__all__ = ["VALID_FOR_ALL", "Flight", "SingleFlight"]
+
+VALID_FOR_ALL: Final = 1 << 62
 
 
 class Flight:
-    __slots__ = ("_done", "error", "result")
+    __slots__ = (
+        "done",
+        "error",
+        "event",
+        "generation",
+        "newest_follower",
+        "result",
+        "valid_below",
+    )
 
     def __init__(self) -> None:
-        self._done = threading.Lock()
-        self._done.acquire()
+        self.done = False
+        self.event: threading.Event | None = None
+        self.generation = 0
+        self.newest_follower = -1  # generation the latest follower joined at
         self.result: Any = None
         self.error: BaseException | None = None
+        self.valid_below = 0
 
     def wait(self, timeout: float) -> bool:
-        """``True`` once the leader finished, ``False`` at the timeout."""
-        if self._done.acquire(timeout=max(timeout, 0.0)):
-            self._done.release()  # wake the next follower
-            return True
-        return False
+        """``True`` once the leader finished, ``False`` at the timeout (followers only)."""
+        assert self.event is not None, "only followers wait, and joining made the event"
+        return self.event.wait(max(timeout, 0.0))
+
+    def has_followers_from(self, generation: int) -> bool:
+        """Did anyone join at ``generation`` or later (after that seal)?"""
+        return self.newest_follower >= generation
+
+    def serves(self, joined_generation: int) -> bool:
+        """Is the finished flight's outcome valid for a follower of that generation?"""
+        return self.error is not None or joined_generation < self.valid_below
 
 
 class SingleFlight:
@@ -38,23 +64,42 @@ class SingleFlight:
         self._flights: dict[str, Flight] = {}
         self._mutex = threading.Lock()
 
-    def join(self, key: str) -> tuple[Flight, bool]:
-        """The key's flight, and whether the caller leads it (and must finish it)."""
+    def join(self, key: str) -> tuple[Flight, bool, int]:
+        """The key's flight, whether the caller leads it (and must finish it), and
+        the generation the caller joined at."""
         with self._mutex:
             flight = self._flights.get(key)
-            if flight is not None:
-                return flight, False
-            flight = self._flights[key] = Flight()
-            return flight, True
+            if flight is None:
+                flight = self._flights[key] = Flight()
+                return flight, True, 0
+            if flight.event is None:
+                flight.event = threading.Event()
+            flight.newest_follower = flight.generation
+            return flight, False, flight.generation
+
+    def seal(self, flight: Flight) -> int:
+        """Start a new generation; returns it (answers of the read about to be sent
+        are valid for followers that joined below it)."""
+        with self._mutex:
+            flight.generation += 1
+            return flight.generation
 
     def finish(
-        self, key: str, flight: Flight, result: Any = None, error: BaseException | None = None
+        self,
+        key: str,
+        flight: Flight,
+        result: Any = None,
+        error: BaseException | None = None,
+        valid_below: int = VALID_FOR_ALL,
     ) -> None:
-        flight.result, flight.error = result, error
+        flight.result, flight.error, flight.valid_below = result, error, valid_below
         with self._mutex:
+            flight.done = True
             if self._flights.get(key) is flight:
                 del self._flights[key]
-        flight._done.release()
+            event = flight.event
+        if event is not None:
+            event.set()
 
     def __len__(self) -> int:
         return len(self._flights)

@@ -1,0 +1,43 @@
+"""Helpers shared by the benchmarks: percentiles, interleaved timing, Markdown output."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def interleaved_us(bodies: dict[str, Callable[[], None]], cycles: int) -> dict[str, float]:
+    """Median µs per cycle of each body, batches interleaved so noise hits all alike."""
+    batch = 100
+    samples: dict[str, list[float]] = {label: [] for label in bodies}
+    for round_no in range(max(cycles // batch, 1)):
+        labels = list(bodies)
+        rotation = round_no % len(labels)
+        for label in labels[rotation:] + labels[:rotation]:
+            body = bodies[label]
+            start = time.perf_counter()
+            for _ in range(batch):
+                body()
+            samples[label].append((time.perf_counter() - start) / batch * 1e6)
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
+def write_section(path: Path, text: str, mark: str) -> None:
+    """Replace the block between ``<!-- mark:begin -->`` and ``<!-- mark:end -->``."""
+    begin, end = f"<!-- {mark}:begin -->", f"<!-- {mark}:end -->"
+    content = path.read_text() if path.exists() else ""
+    block = f"{begin}\n{text}\n{end}"
+    if begin in content and end in content:
+        head, rest = content.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+        content = head + block + tail
+    else:
+        content = content.rstrip() + "\n\n" + block + "\n"
+    path.write_text(content)

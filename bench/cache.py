@@ -1,0 +1,281 @@
+"""Cache benchmark: the cold-key stampede and the hit path, side by side in one run.
+
+    python bench/cache.py [--url redis://...] [--processes 4] [--threads 25]
+                          [--load-ms 50] [--rounds 3] [--write docs/benchmarks.md]
+
+Without ``--url`` it starts its own throwaway ``redis-server`` (so command counts
+are not mixed with other traffic), or falls back like the tests do.
+
+Stampede: P processes x T threads ask for one cold key at once; the loader
+sleeps ``--load-ms`` then returns. Measured per round (median of rounds shown):
+loader calls; waiter lag (from the moment the loader returned to the moment each
+other caller got the value); caller latency; and the Redis commands the whole
+stampede cost (``total_commands_processed``, which counts the calls made inside
+Lua too). Connections and scripts are warmed up first, as in a running service;
+the channel's UNSUBSCRIBE (10 s after the last waiter) falls outside the window.
+The same stampede through naive cache-aside (GET, load, SET) runs beside it.
+
+Hit path: one warm key, one thread: µs per ``get_or_load`` next to a raw GET +
+``msgpack.unpackb`` of the same payload (batches interleaved), and with L1 on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cacheguard
+from bench._common import interleaved_us, percentile, write_section
+from cacheguard import CacheGuard
+from cacheguard.locks.notifier import notifier_for
+from cacheguard.testing import RedisEndpoint, redis_server, spawn_redis_server
+
+CTX = mp.get_context("spawn")
+MARK = "bench/cache.py"
+
+
+def _worker(
+    url: str, kind: str, name: str, threads: int, load_s: float, ready: Any, go: Any, out: Any
+) -> None:
+    client = redis.Redis.from_url(url)
+    guard = CacheGuard(client, namespace="bench", ttl_jitter=0, early_refresh_beta=0)
+    # Warm up as a running service would be: pool connection, scripts, subscriber.
+    guard.get_or_load(f"warm-{os.getpid()}", lambda: 1, ttl=60)
+    with notifier_for(client).subscription("bench:warm") as sub:
+        sub.open(5)
+    client.ping()
+    results: list[tuple[float, bool]] = []
+    mutex = threading.Lock()
+
+    def load() -> str:
+        time.sleep(load_s)
+        client_side_end = time.time()
+        with mutex:
+            results.append((client_side_end, True))
+        return "value"
+
+    def naive() -> str:
+        raw = client.get(f"bench:naive:{name}")
+        if raw is not None:
+            return str(msgpack.unpackb(raw))
+        value = load()
+        client.set(f"bench:naive:{name}", msgpack.packb(value), ex=60)
+        return value
+
+    def call() -> None:
+        go.wait()
+        started = time.time()
+        if kind == "cacheguard":
+            guard.get_or_load(name, load, ttl=60)
+        else:
+            naive()
+        ended = time.time()
+        with mutex:
+            results.append((ended, False))
+            results.append((ended - started, None))  # type: ignore[arg-type]
+
+    pool = [threading.Thread(target=call) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    ready.put(True)
+    for t in pool:
+        t.join()
+    out.put(results)
+
+
+def stampede(
+    url: str, kind: str, processes: int, threads: int, load_s: float, rnd: int
+) -> dict[str, float]:
+    name = f"stampede-{kind}-{rnd}-{time.time_ns()}"
+    ready, out, go = CTX.Queue(), CTX.Queue(), CTX.Event()
+    procs = [
+        CTX.Process(target=_worker, args=(url, kind, name, threads, load_s, ready, go, out))
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=60)
+    time.sleep(0.2)  # every thread is parked on the go signal
+    admin = redis.Redis.from_url(url)
+    calls_before = _calls(admin)
+    before = int(admin.info("stats")["total_commands_processed"])
+    go.set()
+    rows: list[tuple[float, Any]] = []
+    for _ in procs:
+        rows.extend(out.get(timeout=120))
+    after = int(admin.info("stats")["total_commands_processed"])
+    calls_after = _calls(admin)
+    breakdown = {
+        k: calls_after.get(k, 0) - calls_before.get(k, 0)
+        for k in calls_after
+        if calls_after.get(k, 0) - calls_before.get(k, 0) and k != "info"
+    }
+    for p in procs:
+        p.join(10)
+    fill_ends = [t for t, is_load in rows if is_load is True]
+    returns = [t for t, is_load in rows if is_load is False]
+    latencies = [t * 1000 for t, is_load in rows if is_load is None]
+    loads = len(fill_ends)
+    # Waiter lag: each caller that did not load, from the (first) load's end.
+    first_end = min(fill_ends)
+    lags = sorted((r - first_end) * 1000 for r in returns)[loads:]
+    return {
+        "loads": loads,
+        "commands": after - before - 1,  # minus the first INFO, counted by the second
+        "lag_p50": statistics.median(lags) if lags else 0.0,
+        "lag_max": max(lags) if lags else 0.0,
+        "lat_p50": statistics.median(latencies),
+        "lat_p99": percentile(latencies, 0.99),
+        "breakdown": breakdown,  # type: ignore[dict-item]
+    }
+
+
+def _calls(admin: redis.Redis) -> dict[str, int]:
+    return {k[8:]: int(v["calls"]) for k, v in admin.info("commandstats").items()}
+
+
+def hit_path(url: str, cycles: int) -> dict[str, float]:
+    client = redis.Redis.from_url(url)
+    guard = CacheGuard(client, namespace="bench-hit", ttl_jitter=0, early_refresh_beta=0)
+    value = [
+        {"id": i, "name": f"menu {i}", "parent_id": i // 10, "sort": i, "url": f"/m/{i}"}
+        for i in range(20)
+    ]
+    guard.invalidate("hot")
+    guard.get_or_load("hot", lambda: value, ttl=3600)
+    raw_key = "bench-hit:raw"
+    client.set(raw_key, msgpack.packb(value))
+    l1_guard = CacheGuard(
+        client,
+        namespace="bench-hit",
+        ttl_jitter=0,
+        early_refresh_beta=0,
+        l1_maxsize=1000,
+        l1_ttl=3600,
+    )
+    l1_guard.get_or_load("hot", lambda: value, ttl=3600)
+
+    def raw() -> None:
+        msgpack.unpackb(client.get(raw_key))
+
+    def ours() -> None:
+        guard.get_or_load("hot", lambda: value, ttl=3600)
+
+    bodies: dict[str, Callable[[], None]] = {"raw GET + unpackb": raw, "CacheGuard L2 hit": ours}
+    for body in bodies.values():
+        for _ in range(200):
+            body()
+    micros = interleaved_us(bodies, cycles)
+
+    n = 20000
+    start = time.perf_counter()
+    for _ in range(n):
+        l1_guard.get_or_load("hot", lambda: value, ttl=3600)
+    micros["CacheGuard L1 hit"] = (time.perf_counter() - start) / n * 1e6
+    l1_guard.close()
+    return micros
+
+
+def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
+    server = redis.Redis.from_url(endpoint.url).info("server")
+    load_s = args.load_ms / 1000
+    runs: dict[str, list[dict[str, Any]]] = {"cacheguard": [], "naive cache-aside": []}
+    for rnd in range(args.rounds):
+        runs["cacheguard"].append(
+            stampede(endpoint.url, "cacheguard", args.processes, args.threads, load_s, rnd)
+        )
+        runs["naive cache-aside"].append(
+            stampede(endpoint.url, "naive", args.processes, args.threads, load_s, rnd)
+        )
+    hits = hit_path(endpoint.url, args.cycles)
+
+    def med(kind: str, field: str) -> float:
+        return statistics.median(r[field] for r in runs[kind])
+
+    lines = [
+        f"Run {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'host'} "
+        f"({os.cpu_count()} cores, {platform.system()} {platform.release()}), Python "
+        f"{platform.python_version()}, redis-py {redis.__version__}, cacheguard "
+        f"{cacheguard.__version__}, Redis {server.get('redis_version')} "
+        f"({endpoint.kind}, loopback).",
+        "",
+        f"Command: `python bench/cache.py --processes {args.processes} --threads {args.threads} "
+        f"--load-ms {args.load_ms} --rounds {args.rounds} --cycles {args.cycles}`",
+        "",
+        f"Cold-key stampede, {args.processes} processes x {args.threads} threads, "
+        f"{args.load_ms} ms loader, median of {args.rounds} rounds (every round's figures "
+        "in the last column):",
+        "",
+        "| system | loads | waiter lag p50 ms | waiter lag max ms | latency p50 ms "
+        "| latency p99 ms | Redis commands | rounds (loads / lag max / commands) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for kind, rounds in runs.items():
+        per_round = "; ".join(
+            f"{int(r['loads'])} / {r['lag_max']:.1f} / {int(r['commands'])}" for r in rounds
+        )
+        lines.append(
+            f"| {kind} | {med(kind, 'loads'):.0f} | {med(kind, 'lag_p50'):.2f} "
+            f"| {med(kind, 'lag_max'):.2f} | {med(kind, 'lat_p50'):.1f} "
+            f"| {med(kind, 'lat_p99'):.1f} | {med(kind, 'commands'):.0f} | {per_round} |"
+        )
+    base = hits["raw GET + unpackb"]
+    lines += [
+        "",
+        "Hit path, one warm key (a 20-row menu list), one thread:",
+        "",
+        "| operation | µs / op | vs raw GET + unpackb |",
+        "|---|---:|---:|",
+    ]
+    for label, us in hits.items():
+        lines.append(f"| {label} | {us:.1f} | {us / base:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="Redis URL (default: a throwaway redis-server)")
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=25)
+    parser.add_argument("--load-ms", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cycles", type=int, default=3000, help="hit-path cycles per row")
+    parser.add_argument("--write", type=Path, help="also write the tables into this Markdown file")
+    args = parser.parse_args(argv)
+    if min(args.processes, args.threads, args.rounds) < 1 or args.load_ms < 0 or args.cycles < 100:
+        parser.error("processes, threads and rounds must be >= 1, load-ms >= 0, cycles >= 100")
+    if args.url:
+        with redis_server(args.url) as endpoint:
+            text = report(endpoint, args)
+    else:
+        try:
+            with spawn_redis_server() as (url, _proc):
+                text = report(RedisEndpoint(url, "redis-server"), args)
+        except FileNotFoundError:
+            with redis_server() as endpoint:
+                text = report(endpoint, args)
+    print(text)
+    if args.write:
+        write_section(args.write, text, MARK)
+        print(f"\nwritten to {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
