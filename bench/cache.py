@@ -150,6 +150,43 @@ def _calls(admin: redis.Redis) -> dict[str, int]:
     return {k[8:]: int(v["calls"]) for k, v in admin.info("commandstats").items()}
 
 
+def _floor_worker(threads: int, at: float, out: Any) -> None:
+    event = threading.Event()
+    woke: list[float] = []
+    mutex = threading.Lock()
+
+    def wait() -> None:
+        event.wait()
+        now = time.time()
+        with mutex:
+            woke.append(now)
+
+    pool = [threading.Thread(target=wait) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    time.sleep(max(at - time.time() - 0.002, 0))
+    while time.time() < at:
+        pass
+    event.set()
+    for t in pool:
+        t.join()
+    out.put([(w - at) * 1000 for w in woke])
+
+
+def wake_floor(processes: int, threads: int) -> dict[str, float]:
+    """The machine's floor for waiter lag: P x T threads parked on an Event that is
+    set at a known instant, no Redis at all."""
+    out = CTX.Queue()
+    at = time.time() + 2.0
+    procs = [CTX.Process(target=_floor_worker, args=(threads, at, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    lags = sorted(x for _ in procs for x in out.get(timeout=60))
+    for p in procs:
+        p.join(10)
+    return {"lag_p50": statistics.median(lags), "lag_max": max(lags)}
+
+
 def hit_path(url: str, cycles: int) -> dict[str, float]:
     client = redis.Redis.from_url(url)
     guard = CacheGuard(client, namespace="bench-hit", ttl_jitter=0, early_refresh_beta=0)
@@ -203,6 +240,7 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
         runs["naive cache-aside"].append(
             stampede(endpoint.url, "naive", args.processes, args.threads, load_s, rnd)
         )
+    floors = [wake_floor(args.processes, args.threads) for _ in range(args.rounds)]
     hits = hit_path(endpoint.url, args.cycles)
 
     def med(kind: str, field: str) -> float:
@@ -235,6 +273,14 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
             f"| {med(kind, 'lag_max'):.2f} | {med(kind, 'lat_p50'):.1f} "
             f"| {med(kind, 'lat_p99'):.1f} | {med(kind, 'commands'):.0f} | {per_round} |"
         )
+    floor_p50 = statistics.median(f["lag_p50"] for f in floors)
+    floor_max = statistics.median(f["lag_max"] for f in floors)
+    lines.append(
+        f"| floor: the same threads woken by an Event, no Redis | | {floor_p50:.2f} "
+        f"| {floor_max:.2f} | | | | "
+        + "; ".join(f"- / {f['lag_max']:.1f} / -" for f in floors)
+        + " |"
+    )
     base = hits["raw GET + unpackb"]
     lines += [
         "",

@@ -452,7 +452,7 @@ class CacheGuard:
         which followers may take it (see :mod:`cacheguard.cache.singleflight`)."""
         if not self._breaker.allow():
             return self._bypass(name, load, None), VALID_FOR_ALL
-        sealed = self._flights.seal(flight)
+        sealed = flight.generation  # flights are born sealed for this first GET
         try:
             raw = self.client.get(self._value_key(name))
         except _REDIS_DOWN as exc:

@@ -70,7 +70,10 @@ class SingleFlight:
         with self._mutex:
             flight = self._flights.get(key)
             if flight is None:
+                # Born sealed: the leader's first read follows at once, so anyone
+                # joining from now on is after it (one mutex round less per hit).
                 flight = self._flights[key] = Flight()
+                flight.generation = 1
                 return flight, True, 0
             if flight.event is None:
                 flight.event = threading.Event()
