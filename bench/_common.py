@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cacheguard.testing import RedisEndpoint, redis_server, spawn_redis_server
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -41,3 +43,25 @@ def write_section(path: Path, text: str, mark: str) -> None:
     else:
         content = content.rstrip() + "\n\n" + block + "\n"
     path.write_text(content)
+
+
+def run_report(
+    url: str | None, write: Path | None, mark: str, report: Callable[[RedisEndpoint], str]
+) -> int:
+    """Run ``report`` on ``url``, else on a throwaway redis-server (so command counts
+    are not mixed with other traffic), else on the test fallback; print and write it."""
+    if url:
+        with redis_server(url) as endpoint:
+            text = report(endpoint)
+    else:
+        try:
+            with spawn_redis_server() as (spawned_url, _proc):
+                text = report(RedisEndpoint(spawned_url, "redis-server"))
+        except FileNotFoundError:
+            with redis_server() as endpoint:
+                text = report(endpoint)
+    print(text)
+    if write:
+        write_section(write, text, mark)
+        print(f"\nwritten to {write}")
+    return 0

@@ -40,10 +40,10 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cacheguard
-from bench._common import interleaved_us, percentile, write_section
+from bench._common import interleaved_us, percentile, run_report
 from cacheguard import CacheGuard
 from cacheguard.locks.notifier import notifier_for
-from cacheguard.testing import RedisEndpoint, redis_server, spawn_redis_server
+from cacheguard.testing import RedisEndpoint
 
 CTX = mp.get_context("spawn")
 MARK = "bench/cache.py"
@@ -324,21 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.processes, args.threads, args.rounds) < 1 or args.load_ms < 0 or args.cycles < 100:
         parser.error("processes, threads and rounds must be >= 1, load-ms >= 0, cycles >= 100")
-    if args.url:
-        with redis_server(args.url) as endpoint:
-            text = report(endpoint, args)
-    else:
-        try:
-            with spawn_redis_server() as (url, _proc):
-                text = report(RedisEndpoint(url, "redis-server"), args)
-        except FileNotFoundError:
-            with redis_server() as endpoint:
-                text = report(endpoint, args)
-    print(text)
-    if args.write:
-        write_section(args.write, text, MARK)
-        print(f"\nwritten to {args.write}")
-    return 0
+    return run_report(args.url, args.write, MARK, lambda endpoint: report(endpoint, args))
 
 
 if __name__ == "__main__":

@@ -35,9 +35,9 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cacheguard
-from bench._common import interleaved_us, percentile, write_section
+from bench._common import interleaved_us, percentile, run_report
 from cacheguard import RedisRWLock
-from cacheguard.testing import RedisEndpoint, redis_server, spawn_redis_server
+from cacheguard.testing import RedisEndpoint
 
 CTX = mp.get_context("spawn")
 MARK = "bench/locks.py"
@@ -215,21 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cycles < 100 or args.handoffs < 1:
         parser.error("--cycles must be >= 100 and --handoffs >= 1")
 
-    if args.url:
-        with redis_server(args.url) as endpoint:
-            text = report(endpoint, args)
-    else:
-        try:
-            with spawn_redis_server() as (url, _proc):
-                text = report(RedisEndpoint(url, "redis-server"), args)
-        except FileNotFoundError:
-            with redis_server() as endpoint:
-                text = report(endpoint, args)
-    print(text)
-    if args.write:
-        write_section(args.write, text, MARK)
-        print(f"\nwritten to {args.write}")
-    return 0
+    return run_report(args.url, args.write, MARK, lambda endpoint: report(endpoint, args))
 
 
 if __name__ == "__main__":

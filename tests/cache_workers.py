@@ -9,9 +9,8 @@ import threading
 import time
 from typing import Any
 
-import redis
-
 from cacheguard import CacheGuard, CacheLoader
+from tests.helpers import client_for
 
 # Keeps the highest version whose write block has exited (writers may finish out of order).
 _SET_MAX = """
@@ -21,15 +20,11 @@ return 1
 """
 
 
-def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
-
-
 def stampede_worker(
     url: str, namespace: str, threads: int, names: list[str], load_seconds: float, start_at: float
 ) -> list[Any]:
     """Threads ask for ``names`` (shuffled) at once; every load counts itself in Redis."""
-    client = _client(url)
+    client = client_for(url)
     guard = CacheGuard(client, namespace=namespace, lease=10, wait_timeout=30)
 
     def load(name: str) -> dict[str, Any]:
@@ -83,7 +78,7 @@ def mixed_worker(
     A read is stale if it returns a version older than one whose write block had
     already exited before the read started.
     """
-    client = _client(url)
+    client = client_for(url)
     set_max = client.register_script(_SET_MAX)
     guard = CacheGuard(client, namespace=namespace, lease=10, wait_timeout=30, ttl_jitter=0)
     rng = random.Random(seed)
@@ -153,7 +148,7 @@ def mixed_worker(
 
 def paused_filler(url: str, namespace: str, loading: Any, lease: float) -> dict[str, Any]:
     """Fill a key with a loader the test freezes (SIGSTOP) past the lease."""
-    client = _client(url)
+    client = client_for(url)
     guard = CacheGuard(client, namespace=namespace, lease=lease, wait_timeout=30, ttl_jitter=0)
 
     def load() -> str:

@@ -14,15 +14,7 @@ from cacheguard import BackendUnavailable, LockFactory, RedisRWLock, Watchdog
 from cacheguard.locks import watchdog as watchdog_module
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.testing import RedisEndpoint
-
-
-def wait_until(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return bool(predicate())
+from tests.helpers import wait_until
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")

@@ -21,6 +21,7 @@ from cacheguard import (
     Watchdog,
 )
 from cacheguard.testing import free_port
+from tests.helpers import wait_until
 
 
 def make(client: redis.Redis, namespace: str, name: str = "res", **kw: object) -> RedisRWLock:
@@ -29,15 +30,6 @@ def make(client: redis.Redis, namespace: str, name: str = "res", **kw: object) -
 
 def fields(client: redis.Redis, lock: RedisRWLock) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in client.hgetall(lock.keys.lock).items()}
-
-
-def wait_until(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return bool(predicate())
 
 
 @pytest.mark.parametrize(

@@ -6,20 +6,15 @@ import threading
 import time
 from typing import Any
 
-import redis
-
 from cacheguard import LockFactory, RedisRWLock
-
-
-def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+from tests.helpers import client_for
 
 
 def canary_worker(
     url: str, namespace: str, name: str, threads: int, rounds: int, two_tier: bool
 ) -> dict[str, int]:
     """Writers do a non-atomic read-modify-write; readers check no writer is inside."""
-    client = _client(url)
+    client = client_for(url)
     counter, canary = f"{namespace}:canary:count", f"{namespace}:canary:inside"
     factory = LockFactory(client, namespace=namespace, lease=5, timeout=60)
     violations = 0
@@ -67,7 +62,7 @@ def canary_worker(
 
 def hold_write_until_killed(url: str, namespace: str, name: str, lease: float, ready: Any) -> None:
     """Take the write lock (watchdog on), announce it, then sleep until SIGKILLed."""
-    lock = RedisRWLock(_client(url), name, namespace=namespace, lease=lease)
+    lock = RedisRWLock(client_for(url), name, namespace=namespace, lease=lease)
     lock.acquire_write(timeout=10)
     ready.set()
     time.sleep(120)
@@ -75,7 +70,7 @@ def hold_write_until_killed(url: str, namespace: str, name: str, lease: float, r
 
 def fencing_worker(url: str, namespace: str, name: str, rounds: int) -> list[int]:
     """Take the write lock repeatedly; log each token to a shared list inside the lock."""
-    client = _client(url)
+    client = client_for(url)
     lock = RedisRWLock(client, name, namespace=namespace, lease=5, timeout=60)
     tokens = []
     for _ in range(rounds):
@@ -87,7 +82,7 @@ def fencing_worker(url: str, namespace: str, name: str, rounds: int) -> list[int
 
 def stream_of_readers(url: str, namespace: str, name: str, stop_after: float) -> int:
     """Overlapping readers: each re-acquires before the others leave, for a while."""
-    client = _client(url)
+    client = client_for(url)
     held = 0
     deadline = time.monotonic() + stop_after
 
@@ -112,7 +107,7 @@ def stream_of_readers(url: str, namespace: str, name: str, stop_after: float) ->
 
 def wait_for_write_after_release(url: str, namespace: str, name: str, ready: Any) -> float:
     """Block on the write lock; return time.time() when acquired (for hand-off figures)."""
-    lock = RedisRWLock(_client(url), name, namespace=namespace, lease=5, timeout=30)
+    lock = RedisRWLock(client_for(url), name, namespace=namespace, lease=5, timeout=30)
     ready.set()
     with lock.write():
         return time.time()
