@@ -114,6 +114,24 @@ def test_key_template_errors(client: redis.Redis, namespace: str) -> None:
         by_object(object())
 
 
+def test_explicit_refresh_waits_for_a_fill_in_progress(client: redis.Redis, namespace: str) -> None:
+    filler = make_guard(client, namespace)
+    other = make_guard(client, namespace)  # another "process"
+    loading = threading.Event()
+
+    def slow() -> str:
+        loading.set()
+        time.sleep(0.3)
+        return "filled"
+
+    t = threading.Thread(target=lambda: filler.get_or_load("k", slow, ttl=60))
+    t.start()
+    assert loading.wait(5)
+    # Busy elsewhere: refresh waits for that fill and returns its value, never None.
+    assert other.refresh("k", lambda: "refreshed", ttl=60) in ("filled", "refreshed")
+    t.join(5)
+
+
 def test_template_values_cannot_forge_keys(client: redis.Redis, namespace: str) -> None:
     guard = make_guard(client, namespace)
     pair = CacheLoader(guard, key="p:{a}:{b}", load=lambda a, b: f"{a}|{b}", ttl=60)

@@ -130,6 +130,7 @@ def fill_flow(
     *,
     name: str,
     refresh: bool,
+    background: bool,
     wait_timeout: float,
     on_timeout: TimeoutPolicy,
     stale: Entry | None,
@@ -137,7 +138,12 @@ def fill_flow(
     timer: Callable[[], float],
     backoff: Callable[[], Backoff],
 ) -> Generator[Step, Any, Outcome]:
-    """Yield steps until the key has a value for the caller; return it."""
+    """Yield steps until the key has a value for the caller; return it.
+
+    ``refresh`` fills even when a value exists. ``background`` gives up at once
+    when someone else is filling (a background refresh is best effort); otherwise
+    a busy key is waited for, also by an explicit refresh.
+    """
     start = timer()
     deadline = start + wait_timeout
     subscribed = False
@@ -163,8 +169,8 @@ def fill_flow(
             return Outcome(value, "loaded", waited=subscribed)
 
         # Busy: someone else is filling, or a writer is at work.
-        if refresh:
-            return Outcome(None, "skipped")  # a background refresh is best effort
+        if background:
+            return Outcome(None, "skipped")
         if not subscribed:
             yield Subscribe()
             subscribed = True

@@ -589,7 +589,8 @@ class CacheGuard:
         try:
             flow = fill_flow(
                 name=name,
-                refresh=refresh or not wait,
+                refresh=refresh,
+                background=not wait,
                 wait_timeout=max(self.wait_timeout - (self._timer() - start), 1e-3),
                 on_timeout=self.on_timeout,
                 stale=stale,
