@@ -76,14 +76,14 @@ class MsgpackCodec:
     def encode(self, value: Any) -> bytes:
         try:
             data: bytes = msgpack.packb(value, default=_msgpack_default, use_bin_type=True)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise SerializationError(f"msgpack cannot encode the value: {exc}") from exc
         return data
 
     def decode(self, data: bytes | memoryview) -> Any:
         try:
             return msgpack.unpackb(data, ext_hook=_msgpack_ext, raw=False, strict_map_key=False)
-        except (msgpack.UnpackException, ValueError, TypeError) as exc:
+        except Exception as exc:  # any malformed payload (bad ext data too) is a miss
             raise ValueError(f"not a msgpack payload: {exc}") from exc
 
 
@@ -126,13 +126,13 @@ class JsonCodec:
     def encode(self, value: Any) -> bytes:
         try:
             return json.dumps(value, default=_json_default, separators=(",", ":")).encode()
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise SerializationError(f"JSON cannot encode the value: {exc}") from exc
 
     def decode(self, data: bytes | memoryview) -> Any:
         try:
             return json.loads(bytes(data), object_hook=_json_object_hook)
-        except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        except Exception as exc:  # any malformed payload (bad tagged values too) is a miss
             raise ValueError(f"not a JSON payload: {exc}") from exc
 
 
@@ -168,4 +168,7 @@ class PickleCodec:
             signature, self._sign(payload)
         ):
             raise ValueError("pickle payload is unsigned or its signature does not match")
-        return pickle.loads(payload)
+        try:
+            return pickle.loads(payload)  # signed by a key we hold
+        except Exception as exc:
+            raise ValueError(f"signed pickle payload does not load: {exc}") from exc

@@ -68,7 +68,7 @@ class Begin:
 class Message:
     """A decoded announcement on the key's channel."""
 
-    kind: Literal["value", "stored", "aborted", "released"]
+    kind: Literal["value", "stored", "not_stored", "aborted", "released"]
     entry: Entry | None = None
 
 
@@ -140,9 +140,10 @@ def fill_flow(
 ) -> Generator[Step, Any, Outcome]:
     """Yield steps until the key has a value for the caller; return it.
 
-    ``refresh`` fills even when a value exists. ``background`` gives up at once
-    when someone else is filling (a background refresh is best effort); otherwise
-    a busy key is waited for, also by an explicit refresh.
+    ``refresh`` fills even when a value exists, and does not settle for another
+    fill's value: it waits for that fill to end, then loads itself (a refresh
+    means "load now"). ``background`` gives up at once when someone else is
+    filling (a background refresh is best effort).
     """
     start = timer()
     deadline = start + wait_timeout
@@ -174,9 +175,10 @@ def fill_flow(
         if not subscribed:
             yield Subscribe()
             subscribed = True
-            entry: Entry | None = yield Lookup()
-            if entry is not None:
-                return Outcome(entry.value, "peer", waited=True)
+            if not refresh:
+                entry: Entry | None = yield Lookup()
+                if entry is not None:
+                    return Outcome(entry.value, "peer", waited=True)
         remaining = deadline - timer()
         if remaining <= 0:
             return (yield from _timed_out(name, on_timeout, stale, timer() - start))
@@ -186,7 +188,7 @@ def fill_flow(
         if begin.wait > 0:
             delay = min(delay, begin.wait + RETRY_MARGIN)
         messages: list[Message] = yield Wait(delay)
-        for message in messages:
+        for message in messages if not refresh else ():
             if message.kind == "value" and message.entry is not None:
                 return Outcome(message.entry.value, "peer", waited=True)
             if message.kind == "stored":
@@ -196,7 +198,7 @@ def fill_flow(
         aborts += sum(1 for m in messages if m.kind == "aborted")
         if aborts > max_aborts:
             raise FillFailed(key=name, attempts=aborts)
-        force = False
+        force = refresh
 
 
 def _timed_out(

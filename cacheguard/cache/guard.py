@@ -198,6 +198,7 @@ class CacheGuard:
         )
         self._executor: ThreadPoolExecutor | None = None
         self._executor_mutex = threading.Lock()
+        self._closed = False
         self._l1: cachetools.TTLCache[str, Entry] | None = None
         self._l1_mutex = threading.Lock()
         self._l1_listener: Subscription | None = None
@@ -390,7 +391,11 @@ class CacheGuard:
                     log.exception("releasing the write lock of %r failed", lock.name)
 
     def close(self) -> None:
-        """Stop background work (L1 listener, refresh threads); the client stays open."""
+        """Stop background work (L1 listener, refresh threads); the client stays open.
+
+        The guard still serves reads afterwards, without background refreshes or L1
+        invalidation broadcasts."""
+        self._closed = True
         if self._l1_listener is not None:
             self._l1_listener.close()
             self._l1_listener = None
@@ -450,13 +455,18 @@ class CacheGuard:
     ) -> tuple[T, int]:
         """Get ``name`` for the flight; returns the value and the generation below
         which followers may take it (see :mod:`cacheguard.cache.singleflight`)."""
+        started = self._timer()
         if not self._breaker.allow():
-            return self._bypass(name, load, None), VALID_FOR_ALL
+            return self._bypass(name, load, None), self._flights.seal(flight)
         sealed = flight.generation  # flights are born sealed for this first GET
         try:
             raw = self.client.get(self._value_key(name))
         except _REDIS_DOWN as exc:
-            return self._bypass(name, load, exc), VALID_FOR_ALL
+            return self._bypass(name, load, exc), self._flights.seal(flight)
+        except redis.ResponseError as exc:  # e.g. WRONGTYPE: someone else's key: a miss
+            self._stats.count("corrupt_entries", name, error=exc)
+            log.warning("cache key of %r is not ours, treated as a miss: %s", name, exc)
+            raw = None
         self._breaker.success()
         stale: Entry | None = None
         if raw is not None:
@@ -485,9 +495,10 @@ class CacheGuard:
                 stale=stale,
                 wait=True,
                 seal=lambda: self._flights.seal(flight),
+                budget=self.wait_timeout - (self._timer() - started),
             )
-        except BackendUnavailable as exc:
-            return self._bypass(name, load, exc), VALID_FOR_ALL
+        except BackendUnavailable as exc:  # raised before any load ran (see _fill)
+            return self._bypass(name, load, exc), self._flights.seal(flight)
         if self._l1 is not None and outcome.source in ("l2", "loaded", "peer"):
             self._keep_l1(name, Entry(outcome.value, self._clock(), ttl, 0, 0.0))
         return outcome.value, valid_below
@@ -532,6 +543,8 @@ class CacheGuard:
     def _refresh_in_background(
         self, name: str, load: Callable[[], Any], ttl: float, none_ttl: float | _Missing | None
     ) -> None:
+        if self._closed:
+            return
         flight, leader, _ = self._refreshes.join(name)
         if not leader:
             return  # this process already refreshes it
@@ -574,6 +587,7 @@ class CacheGuard:
         stale: Entry | None,
         wait: bool,
         seal: Callable[[], int] | None = None,
+        budget: float | None = None,
     ) -> tuple[Outcome, int]:
         """Run the fill flow for ``name`` under its local read lock.
 
@@ -585,13 +599,22 @@ class CacheGuard:
         keys = self.keys(name)
         owner = lock.owner
         start = self._timer()
-        lock.local.acquire_read(self.wait_timeout)  # local writers and fills exclude
+        limit = max(self.wait_timeout if budget is None else budget, 1e-3)
+        no_seal = seal if seal is not None else (lambda: VALID_FOR_ALL)
+        try:
+            lock.local.acquire_read(limit)  # local writers and fills exclude
+        except LockTimeout:  # a writer of this process holds the key: same policy
+            if self.on_timeout == "raise" or not wait:
+                raise
+            self._stats.count("wait_timeouts", name, self._timer() - start)
+            sealed = no_seal()
+            return Outcome(self._load_counted(name, load)[0], "unlocked", True), sealed
         try:
             flow = fill_flow(
                 name=name,
                 refresh=refresh,
                 background=not wait,
-                wait_timeout=max(self.wait_timeout - (self._timer() - start), 1e-3),
+                wait_timeout=max(limit - (self._timer() - start), 1e-3),
                 on_timeout=self.on_timeout,
                 stale=stale,
                 max_aborts=self.max_fill_retries,
@@ -608,20 +631,30 @@ class CacheGuard:
                     reply: Any = None
                     try:
                         if isinstance(step, BeginFill):
-                            if seal is not None:
-                                sealed = seal()
+                            sealed = no_seal()
+                            if subscription is not None:
+                                subscription.drain()  # announcements before this begin are moot
                             reply = self._begin(name, keys, owner, step.refresh)
                             if reply.kind == "fill":
                                 fill_handle = lock.remote.adopt("read", owner, int(reply.epoch))
                         elif isinstance(step, Load):
                             reply = self._load_counted(name, load)
                         elif isinstance(step, EndFill):
+                            # Our load serves followers that joined before our hold ends.
+                            sealed = no_seal()
                             last_renewed = None
                             if fill_handle is not None:  # the script releases it
                                 last_renewed = lock.remote.disown(fill_handle)
                             try:
                                 reply = self._end(name, keys, owner, step, ttl, none_ttl)
-                            except BackendUnavailable:
+                            except BackendUnavailable as exc:
+                                # The load is done: keep its value (or its error), do not
+                                # load again; the hold is released in the background.
+                                if fill_handle is not None:
+                                    lock.remote.release_in_background(fill_handle, last_renewed)
+                                self._backend_failed(name, exc)
+                                reply = False
+                            except BaseException:
                                 if fill_handle is not None:
                                     lock.remote.release_in_background(fill_handle, last_renewed)
                                 raise
@@ -641,6 +674,7 @@ class CacheGuard:
                             ]
                         elif isinstance(step, LoadUnlocked):
                             self._stats.count("wait_timeouts", name, self._timer() - start)
+                            sealed = no_seal()  # serves only followers that joined before
                             reply = self._load_counted(name, load)[0]
                     except BaseException as exc:  # hand the failure to the flow
                         step = flow.throw(exc)
@@ -650,9 +684,7 @@ class CacheGuard:
                 outcome: Outcome = done.value
                 if outcome.source == "stale":
                     self._stats.count("stale_served", name)
-                if outcome.source in ("l2", "peer"):
-                    return outcome, sealed
-                return outcome, VALID_FOR_ALL
+                return outcome, sealed
             finally:
                 if subscription is not None:
                     subscription.close()
@@ -700,35 +732,11 @@ class CacheGuard:
         data = b""
         error: BaseException | None = None
         seconds = 0.0
-        if not step.failed:
-            effective_none_ttl = self.none_ttl if none_ttl is MISSING else none_ttl
-            if step.value is None and effective_none_ttl is None:
-                pass  # negative caching off: return None, store nothing
-            else:
-                lifetime = ttl if step.value is not None else float(effective_none_ttl)  # type: ignore[arg-type]
-                lifetime = self._jittered(lifetime)
-                seconds = lifetime
-                try:
-                    data = pack_entry(
-                        self.codec,
-                        step.value,
-                        created=self._clock(),
-                        ttl=lifetime,
-                        version=int(step.begin.version),
-                        load_duration=step.load_seconds,
-                    )
-                except SerializationError as exc:
-                    error = SerializationError(f"cannot cache {name!r}: {exc}", key=name)
-                    error.__cause__ = exc
-                if len(data) > self.max_value_bytes:
-                    self._stats.count("values_too_large", name)
-                    log.warning(
-                        "value of %r is %d bytes, over max_value_bytes=%d: returned, not cached",
-                        name,
-                        len(data),
-                        self.max_value_bytes,
-                    )
-                    data = b""
+        try:
+            if not step.failed:
+                data, seconds = self._encode(name, step, ttl, none_ttl)
+        except BaseException as exc:  # the fill still ends (no store) before it raises
+            error, data = exc, b""
         px = max(1, int((seconds + self.stale_ttl) * 1000))
         stored = self._redis(
             name,
@@ -745,6 +753,7 @@ class CacheGuard:
                 px,
                 keys.released_channel,
                 self.announce_value_bytes,
+                "1" if step.failed or error is not None else "0",
             ],
         )
         if error is not None:
@@ -753,6 +762,37 @@ class CacheGuard:
             self._stats.count("stores_rejected", name)
             log.info("store of %r rejected: invalidated or lease lost while loading", name)
         return bool(stored == 1)
+
+    def _encode(
+        self, name: str, step: EndFill, ttl: float, none_ttl: float | _Missing | None
+    ) -> tuple[bytes, float]:
+        """The entry to store for a successful load (b"" for none) and its TTL."""
+        effective_none_ttl = self.none_ttl if none_ttl is MISSING else none_ttl
+        if step.value is None and effective_none_ttl is None:
+            return b"", 0.0  # negative caching off: return None, store nothing
+        lifetime = ttl if step.value is not None else float(effective_none_ttl)  # type: ignore[arg-type]
+        lifetime = self._jittered(lifetime)
+        try:
+            data = pack_entry(
+                self.codec,
+                step.value,
+                created=self._clock(),
+                ttl=lifetime,
+                version=int(step.begin.version),
+                load_duration=step.load_seconds,
+            )
+        except SerializationError as exc:
+            raise SerializationError(f"cannot cache {name!r}: {exc}", key=name) from exc
+        if len(data) > self.max_value_bytes:
+            self._stats.count("values_too_large", name)
+            log.warning(
+                "value of %r is %d bytes, over max_value_bytes=%d: returned, not cached",
+                name,
+                len(data),
+                self.max_value_bytes,
+            )
+            return b"", 0.0
+        return data, lifetime
 
     def _jittered(self, ttl: float) -> float:
         if self.ttl_jitter <= 0:
@@ -768,6 +808,8 @@ class CacheGuard:
             return Message("stored")
         if kind == b"A":
             return Message("aborted")
+        if kind == b"N":
+            return Message("not_stored")
         return Message("released")
 
     def _decode(self, name: str, raw: Any) -> Entry | None:

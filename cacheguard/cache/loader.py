@@ -89,6 +89,13 @@ class CachedFunction(CacheLoader[P, R]):
     """A function whose calls are read through the cache (see :func:`cached_with_lock`)."""
 
     def __init__(self, guard: CacheGuard, func: Callable[P, R], **settings: Any) -> None:
+        # Placed above @staticmethod / @classmethod: cache the function beneath and
+        # bind like the descriptor it replaces.
+        self._binding = "instance"
+        if isinstance(func, staticmethod):
+            func, self._binding = func.__func__, "static"
+        elif isinstance(func, classmethod):
+            func, self._binding = func.__func__, "class"
         super().__init__(guard, load=func, **settings)
         functools.update_wrapper(self, func)
 
@@ -104,6 +111,10 @@ class CachedFunction(CacheLoader[P, R]):
     def __get__(
         self, instance: object | None, owner: type[Any]
     ) -> CachedFunction[P, R] | _BoundCachedFunction[R]:
+        if self._binding == "static":
+            return self
+        if self._binding == "class":
+            return _BoundCachedFunction(self, owner)
         if instance is None:
             return self
         return _BoundCachedFunction(self, instance)

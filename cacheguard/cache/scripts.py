@@ -24,7 +24,7 @@ FILL_BEGIN_CONTRACT = """\
 -- ARGV[4]  version key lifetime in ms (refreshed here)
 -- Returns {0, value}                             a value exists
 --         {1, version, epoch, server ms}         the caller holds read + fill: load now
---         {2, ms until worth retrying, 'fill'}   another owner is filling
+--         {2, ms until worth retrying, 'fill'}   a fill is under way (any owner)
 --         {2, ms until worth retrying, 'write'}  a writer holds or waits for the lock
 """
 
@@ -32,13 +32,16 @@ _FILL_BEGIN_BODY = """
 local vkey, key, verkey = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease, refresh, verttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 if refresh ~= '1' then
-  local value = redis.call('GET', vkey)
-  if value then return {0, value} end
+  -- pcall: a key of another type (not ours) is no value; the fill overwrites it.
+  local value = redis.pcall('GET', vkey)
+  if type(value) == 'string' then return {0, value} end
 end
 local now = now_ms()
 local s = load(key, now)
 local mode = current_mode(s)
-if s.fill and s.fill ~= owner then
+if s.fill then
+  -- One fill at a time, also within one owner (a process): a second one would
+  -- take a second read hold that only the first fill's end could drop.
   local ends = s.e[s.fill] - now
   settle(key, s, now)
   return {2, ends, 'fill'}
@@ -71,7 +74,9 @@ FILL_END_CONTRACT = """\
 -- ARGV[7]  value TTL in ms
 -- ARGV[8]  channel announcing fills and releases
 -- ARGV[9]  largest entry sent along with the announcement, in bytes
--- Publishes 'V' .. entry (stored, small), 'S' (stored, read it) or 'A' (nothing stored).
+-- ARGV[10] '1' when the load failed
+-- Publishes 'V' .. entry (stored, small), 'S' (stored, read it), 'N' (loaded but
+-- not stored: not cacheable or invalidated) or 'A' (the load failed).
 -- Returns 1 when stored; 0 when not (lease lost, version moved, nothing to store).
 """
 
@@ -79,7 +84,7 @@ _FILL_END_BODY = """
 local vkey, key, verkey = KEYS[1], KEYS[2], KEYS[3]
 local owner, epoch, seen, begun = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local verttl, entry, px, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
-local limit = tonumber(ARGV[9])
+local limit, failed = tonumber(ARGV[9]), ARGV[10] == '1'
 local now = now_ms()
 local s = load(key, now)
 local ours = s.fill == owner and s.g[owner] == epoch and (s.r[owner] or 0) > 0
@@ -100,8 +105,10 @@ if stored == 1 and #entry <= limit then
   redis.call('PUBLISH', channel, 'V' .. entry)
 elseif stored == 1 then
   redis.call('PUBLISH', channel, 'S')
-else
+elseif failed then
   redis.call('PUBLISH', channel, 'A')
+else
+  redis.call('PUBLISH', channel, 'N')
 end
 return stored
 """

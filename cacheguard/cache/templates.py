@@ -1,7 +1,7 @@
 """Cache key names from function arguments.
 
 ``key="menu:{menu_id}"`` names the function's parameters. Each substituted value
-is escaped (``%`` and ``:`` percent-encoded), so arguments can never forge a key:
+is escaped (``%``, ``:`` and ``#`` percent-encoded), so arguments can never forge a key:
 ``a="1:2", b="3"`` and ``a="1", b="2:3"`` give different names for
 ``"{a}:{b}"``. Without a template the name is the function's qualified name plus
 a canonical rendering of its arguments (``self``/``cls`` left out).
@@ -22,7 +22,8 @@ from cacheguard.exceptions import KeyTemplateError
 
 __all__ = ["KeyBuilder", "shorten"]
 
-_VALUE_ESCAPES = str.maketrans({"%": "%25", ":": "%3A"})
+# '#' too: it marks shortened names, which arguments must not be able to spell.
+_VALUE_ESCAPES = str.maketrans({"%": "%25", ":": "%3A", "#": "%23"})
 _PLAIN = (str, int, float, bool, type(None))
 
 
@@ -116,6 +117,8 @@ class KeyBuilder:
             items = list(arguments.items())
             if self._skip_first:
                 items = items[1:]
-            rendered = ",".join(f"{k}={_canonical(v, k)}" for k, v in items)
+            rendered = ",".join(
+                f"{k}={_canonical(v, k).translate(_VALUE_ESCAPES)}" for k, v in items
+            )
             name = f"{self._prefix}({rendered})"
         return shorten(name, self.max_length)

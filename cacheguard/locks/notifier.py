@@ -85,6 +85,11 @@ class Subscription:
             messages.append(self._inbox.popleft())
         return messages
 
+    def drain(self) -> None:
+        """Forget messages received so far (they are about a state now re-read)."""
+        self._woken.clear()
+        self._inbox.clear()
+
     def _deliver(self, payload: bytes | None) -> None:
         """Called by the listener (payload ``None``: wake up, no message)."""
         if payload is not None:
