@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import redis
+
+import cacheguard
 from cacheguard.testing import RedisEndpoint, redis_server, spawn_redis_server
 
 
@@ -65,3 +71,13 @@ def run_report(
         write_section(write, text, mark)
         print(f"\nwritten to {write}")
     return 0
+
+
+def run_line(redis_version: str, endpoint_kind: str) -> str:
+    """When, where and with what versions a run was made."""
+    return (
+        f"Run {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'host'} "
+        f"({os.cpu_count()} cores, {platform.system()} {platform.release()}), Python "
+        f"{platform.python_version()}, redis-py {redis.__version__}, cacheguard "
+        f"{cacheguard.__version__}, Redis {redis_version} ({endpoint_kind}, loopback)."
+    )

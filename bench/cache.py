@@ -22,10 +22,8 @@ Hit path: one warm key, one thread: µs per ``get_or_load`` next to a raw GET +
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -39,8 +37,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import cacheguard
-from bench._common import interleaved_us, percentile, run_report
+from bench._common import interleaved_us, percentile, run_line, run_report
 from cacheguard import CacheGuard
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.testing import RedisEndpoint
@@ -261,11 +258,7 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
         return statistics.median(r[field] for r in runs[kind])
 
     lines = [
-        f"Run {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'host'} "
-        f"({os.cpu_count()} cores, {platform.system()} {platform.release()}), Python "
-        f"{platform.python_version()}, redis-py {redis.__version__}, cacheguard "
-        f"{cacheguard.__version__}, Redis {server.get('redis_version')} "
-        f"({endpoint.kind}, loopback).",
+        run_line(str(server.get("redis_version")), endpoint.kind),
         "",
         f"Command: `python bench/cache.py --processes {args.processes} --threads {args.threads} "
         f"--load-ms {args.load_ms} --rounds {args.rounds} --cycles {args.cycles}`",

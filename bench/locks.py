@@ -18,10 +18,7 @@ Every figure of one run is measured on the same server, one after the other:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import multiprocessing as mp
-import os
-import platform
 import random
 import statistics
 import sys
@@ -34,8 +31,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import cacheguard
-from bench._common import interleaved_us, percentile, run_report
+from bench._common import interleaved_us, percentile, run_line, run_report
 from cacheguard import RedisRWLock
 from cacheguard.testing import RedisEndpoint
 
@@ -165,11 +161,7 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
     base = costs["two raw GETs"]["us"]
 
     lines = [
-        f"Run {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'host'} "
-        f"({os.cpu_count()} cores, {platform.system()} {platform.release()}), Python "
-        f"{platform.python_version()}, redis-py {redis.__version__}, cacheguard "
-        f"{cacheguard.__version__}, Redis {server.get('redis_version')} "
-        f"({endpoint.kind}, loopback).",
+        run_line(str(server.get("redis_version")), endpoint.kind),
         "",
         f"Command: `python bench/locks.py --cycles {args.cycles} --handoffs {args.handoffs}`",
         "",

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from cacheguard import CacheGuard, CacheLoader
-from tests.helpers import client_for
+from tests.helpers import client_for, run_threads
 
 # Keeps the highest version whose write block has exited (writers may finish out of order).
 _SET_MAX = """
@@ -33,28 +33,17 @@ def stampede_worker(
         return {"name": name, "pid": os.getpid()}
 
     results: list[Any] = []
-    errors: list[BaseException] = []
     mutex = threading.Lock()
 
-    def run() -> None:
+    def run(_: int) -> None:
         order = list(names)
         random.shuffle(order)
         time.sleep(max(start_at - time.time(), 0))
-        try:
-            got = [guard.get_or_load(n, lambda n=n: load(n), ttl=60) for n in order]
-        except BaseException as exc:
-            errors.append(exc)
-            return
+        got = [guard.get_or_load(n, lambda n=n: load(n), ttl=60) for n in order]
         with mutex:
             results.extend(got)
 
-    pool = [threading.Thread(target=run) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_threads(threads, run)
     return results
 
 

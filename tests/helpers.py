@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
+
+from cacheguard import CacheGuard
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
@@ -21,3 +25,28 @@ def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
 def client_for(url: str) -> redis.Redis:
     """The client a test child process uses."""
     return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+
+
+def make_guard(client: redis.Redis, namespace: str, **settings: Any) -> CacheGuard:
+    """A guard for tests: no TTL jitter unless asked for, so TTLs are exact."""
+    settings.setdefault("ttl_jitter", 0)
+    return CacheGuard(client, namespace=namespace, **settings)
+
+
+def run_threads(count: int, target: Callable[[int], None]) -> None:
+    """Run ``target(i)`` in ``count`` threads; re-raise the first error any raised."""
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            target(index)
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -27,11 +27,7 @@ from cacheguard import (
 )
 from cacheguard.cache.entry import pack_entry
 from cacheguard.testing import free_port
-
-
-def make_guard(client: redis.Redis, namespace: str, **settings: Any) -> CacheGuard:
-    settings.setdefault("ttl_jitter", 0)
-    return CacheGuard(client, namespace=namespace, **settings)
+from tests.helpers import make_guard
 
 
 def lock_is_free(client: redis.Redis, guard: CacheGuard, name: str) -> bool:

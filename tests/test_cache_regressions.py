@@ -14,12 +14,7 @@ import redis
 
 from cacheguard import MISSING, BackendUnavailable, CacheGuard, CacheLoader, cached_with_lock
 from cacheguard.cache.codec import Codec, MsgpackCodec
-from tests.helpers import wait_until
-
-
-def make_guard(client: redis.Redis, namespace: str, **settings: Any) -> CacheGuard:
-    settings.setdefault("ttl_jitter", 0)
-    return CacheGuard(client, namespace=namespace, **settings)
+from tests.helpers import make_guard, wait_until
 
 
 def test_two_fills_in_one_process_leave_no_hold(client: redis.Redis, namespace: str) -> None:

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from cacheguard import LockFactory, RedisRWLock
-from tests.helpers import client_for
+from tests.helpers import client_for, run_threads
 
 
 def canary_worker(
@@ -19,7 +19,6 @@ def canary_worker(
     factory = LockFactory(client, namespace=namespace, lease=5, timeout=60)
     violations = 0
     reads = 0
-    errors: list[BaseException] = []
     mutex = threading.Lock()
 
     def run(index: int) -> None:
@@ -29,34 +28,25 @@ def canary_worker(
             if two_tier
             else RedisRWLock(client, name, namespace=namespace, lease=5, timeout=60)
         )
-        try:
-            for i in range(rounds):
-                if (i + index) % 2 == 0:
-                    with lock.write():
-                        if client.getset(canary, 1) not in (None, b"0"):
-                            with mutex:
-                                violations += 1
-                        value = int(client.get(counter) or 0)
-                        time.sleep(0.0005)  # widen the race window
-                        client.set(counter, value + 1)
-                        client.set(canary, 0)
-                else:
-                    with lock.read():
-                        if client.get(canary) == b"1":
-                            with mutex:
-                                violations += 1
+        for i in range(rounds):
+            if (i + index) % 2 == 0:
+                with lock.write():
+                    if client.getset(canary, 1) not in (None, b"0"):
                         with mutex:
-                            reads += 1
-        except BaseException as exc:
-            errors.append(exc)
+                            violations += 1
+                    value = int(client.get(counter) or 0)
+                    time.sleep(0.0005)  # widen the race window
+                    client.set(counter, value + 1)
+                    client.set(canary, 0)
+            else:
+                with lock.read():
+                    if client.get(canary) == b"1":
+                        with mutex:
+                            violations += 1
+                    with mutex:
+                        reads += 1
 
-    pool = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_threads(threads, run)
     return {"violations": violations, "reads": reads}
 
 
