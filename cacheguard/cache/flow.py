@@ -76,7 +76,6 @@ class Message:
 class Outcome:
     value: Any
     source: Source
-    waited: bool = False  # did this caller wait for someone else?
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +155,7 @@ def fill_flow(
         begin: Begin = yield BeginFill(force)
         if begin.kind == "hit":
             assert begin.entry is not None
-            return Outcome(begin.entry.value, "l2", waited=subscribed)
+            return Outcome(begin.entry.value, "l2")
         if begin.kind == "corrupt":  # undecodable bytes in the key: overwrite them
             force = True
             continue
@@ -167,7 +166,7 @@ def fill_flow(
                 yield EndFill(begin, None, 0.0, failed=True)
                 raise
             yield EndFill(begin, value, seconds, failed=False)
-            return Outcome(value, "loaded", waited=subscribed)
+            return Outcome(value, "loaded")
 
         # Busy: someone else is filling, or a writer is at work.
         if background:
@@ -178,7 +177,7 @@ def fill_flow(
             if not refresh:
                 entry: Entry | None = yield Lookup()
                 if entry is not None:
-                    return Outcome(entry.value, "peer", waited=True)
+                    return Outcome(entry.value, "peer")
         remaining = deadline - timer()
         if remaining <= 0:
             return (yield from _timed_out(name, on_timeout, stale, timer() - start))
@@ -190,11 +189,11 @@ def fill_flow(
         messages: list[Message] = yield Wait(delay)
         for message in messages if not refresh else ():
             if message.kind == "value" and message.entry is not None:
-                return Outcome(message.entry.value, "peer", waited=True)
+                return Outcome(message.entry.value, "peer")
             if message.kind == "stored":
                 entry = yield Lookup()
                 if entry is not None:
-                    return Outcome(entry.value, "peer", waited=True)
+                    return Outcome(entry.value, "peer")
         aborts += sum(1 for m in messages if m.kind == "aborted")
         if aborts > max_aborts:
             raise FillFailed(key=name, attempts=aborts)
@@ -207,6 +206,6 @@ def _timed_out(
     if policy == "raise":
         raise LockTimeout(name=name, mode="read", waited=waited)
     if policy == "stale" and stale is not None:
-        return Outcome(stale.value, "stale", waited=True)
+        return Outcome(stale.value, "stale")
     value = yield LoadUnlocked()
-    return Outcome(value, "unlocked", waited=True)
+    return Outcome(value, "unlocked")

@@ -53,7 +53,8 @@ from cacheguard.cache.stats import Stats, StatsRecorder
 from cacheguard.exceptions import BackendUnavailable, LockTimeout, SerializationError
 from cacheguard.keys import ResourceKeys, check_namespace, invalidation_channel
 from cacheguard.locks.notifier import Subscription, notifier_for
-from cacheguard.locks.redis_rwlock import check_positive
+from cacheguard.locks.redis_rwlock import LockHandle, check_positive
+from cacheguard.locks.scripts import ScriptCall, run_pipelined
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 
 __all__ = ["MISSING", "BackendPolicy", "CacheGuard"]
@@ -166,7 +167,6 @@ class CacheGuard:
         for what, number in (
             ("max_value_bytes", max_value_bytes),
             ("announce_value_bytes", announce_value_bytes),
-            ("max_key_length", max_key_length),
         ):
             if not isinstance(number, int) or number < 1:
                 raise ValueError(f"{what} must be an int >= 1")
@@ -274,7 +274,7 @@ class CacheGuard:
             if leader:
                 break
             if not flight.wait(self.wait_timeout - (self._timer() - start)):
-                return self._follower_timed_out(name, load, start)  # type: ignore[no-any-return]
+                return self._timed_out(name, load, start)  # type: ignore[no-any-return]
             if flight.serves(joined):
                 if flight.error is not None:
                     raise flight.error
@@ -282,7 +282,7 @@ class CacheGuard:
             # We joined after the leader's read was sent: it may predate a write that
             # ended before we started. Read again (with the others who joined late).
         try:
-            value, valid_below = self._lead(name, flight, load, ttl, none_ttl)
+            value, valid_below = self._lead(name, flight, load, ttl, none_ttl, start)
             if flight.has_followers_from(valid_below):
                 value, valid_below = self._reread_for_late_followers(
                     name, flight, value, valid_below
@@ -300,13 +300,12 @@ class CacheGuard:
             if entry is not None:
                 return entry.value
         try:
-            raw = self.client.get(self.keys(name).value)
+            entry = self._fetch(name)
         except _REDIS_DOWN as exc:
             self._backend_failed(name, exc)
             if self.on_backend_error == "raise":
                 raise BackendUnavailable(f"Redis unreachable reading {name!r}: {exc}") from exc
             return MISSING
-        entry = self._decode(name, raw) if raw is not None else None
         if entry is None or self._clock() >= entry.expires_at:
             return MISSING
         return entry.value
@@ -321,7 +320,7 @@ class CacheGuard:
     ) -> T:
         """Load ``name`` now (under its locks, once across processes) and store it."""
         ttl = check_positive("ttl", ttl)
-        outcome, _ = self._fill(name, load, ttl, none_ttl, refresh=True, stale=None, wait=True)
+        outcome, _ = self._fill(name, load, ttl, none_ttl, refresh=True, stale=None)
         return outcome.value  # type: ignore[no-any-return]
 
     def invalidate(self, *names: str) -> None:
@@ -333,33 +332,26 @@ class CacheGuard:
         if not names:
             return
         self._drop_l1(names)
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for name in names:
-                keys = self.keys(name)
-                INVALIDATE.queue(
-                    pipe,
+        calls: list[ScriptCall] = []
+        for name in names:
+            keys = self.keys(name)
+            calls.append(
+                (
+                    INVALIDATE,
                     [keys.value, keys.version],
                     [self.version_ttl_ms, self._channel_l1, name],
                 )
-            results = pipe.execute(raise_on_error=False)
-            if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
-                for name in names:
-                    keys = self.keys(name)
-                    INVALIDATE(
-                        self.client,
-                        [keys.value, keys.version],
-                        [self.version_ttl_ms, self._channel_l1, name],
-                    )
-            else:
-                for r in results:
-                    if isinstance(r, Exception):
-                        raise r
+            )
+        try:
+            results = run_pipelined(self.client, calls)
         except _REDIS_DOWN as exc:
             self._backend_failed(names[0], exc)
             raise BackendUnavailable(
                 f"Redis unreachable invalidating {', '.join(map(repr, names))}: {exc}"
             ) from exc
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
 
     @contextmanager
     def write(self, *names: str, timeout: float | None = None) -> Iterator[None]:
@@ -414,10 +406,9 @@ class CacheGuard:
         for _ in range(2):
             sealed = self._flights.seal(flight)
             try:
-                raw = self.client.get(self._value_key(name))
+                entry = self._fetch(name)
             except _REDIS_DOWN:
                 break
-            entry = self._decode(name, raw) if raw is not None else None
             if entry is None or self._clock() >= entry.expires_at:
                 break  # invalidated again: late followers must load it themselves
             value, valid_below = entry.value, sealed
@@ -425,8 +416,9 @@ class CacheGuard:
                 break
         return value, valid_below
 
-    def _follower_timed_out(self, name: str, load: Callable[[], Any], start: float) -> Any:
-        """The process's leader of ``name`` took too long: apply the timeout policy."""
+    def _timed_out(self, name: str, load: Callable[[], Any], start: float) -> Any:
+        """A wait in this process (for its leader of ``name``, or for a writer of it)
+        took too long: apply the ``on_timeout`` policy."""
         self._stats.count("wait_timeouts", name, self._timer() - start)
         if self.on_timeout == "raise":
             raise LockTimeout(name=name, mode="read", waited=self._timer() - start)
@@ -440,8 +432,18 @@ class CacheGuard:
     def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
         try:
-            raw = self.client.get(self.keys(name).value)
+            return self._fetch(name)
         except _REDIS_DOWN:
+            return None
+
+    def _fetch(self, name: str) -> Entry | None:
+        """GET and decode the entry of ``name``; corrupt or foreign data is a miss.
+        A lost connection raises (callers apply their own policy)."""
+        try:
+            raw = self.client.get(self._value_key(name))
+        except redis.ResponseError as exc:  # e.g. WRONGTYPE: someone else's key
+            self._stats.count("corrupt_entries", name, error=exc)
+            log.warning("cache key of %r is not ours, treated as a miss: %s", name, exc)
             return None
         return self._decode(name, raw) if raw is not None else None
 
@@ -452,38 +454,31 @@ class CacheGuard:
         load: Callable[[], T],
         ttl: float,
         none_ttl: float | _Missing | None,
+        start: float,
     ) -> tuple[T, int]:
-        """Get ``name`` for the flight; returns the value and the generation below
-        which followers may take it (see :mod:`cacheguard.cache.singleflight`)."""
-        started = self._timer()
+        """Get ``name`` for the flight (the call began at ``start``); returns the value
+        and the generation below which followers may take it (see
+        :mod:`cacheguard.cache.singleflight`)."""
         if not self._breaker.allow():
             return self._bypass(name, load, None), self._flights.seal(flight)
         sealed = flight.generation  # flights are born sealed for this first GET
         try:
-            raw = self.client.get(self._value_key(name))
+            entry = self._fetch(name)
         except _REDIS_DOWN as exc:
             return self._bypass(name, load, exc), self._flights.seal(flight)
-        except redis.ResponseError as exc:  # e.g. WRONGTYPE: someone else's key: a miss
-            self._stats.count("corrupt_entries", name, error=exc)
-            log.warning("cache key of %r is not ours, treated as a miss: %s", name, exc)
-            raw = None
         self._breaker.success()
-        stale: Entry | None = None
-        if raw is not None:
-            entry = self._decode(name, raw)
-            if entry is not None:
-                now = self._clock()
-                if now < entry.expires_at:
-                    self._stats.count("l2_hits", name)
-                    if self._should_refresh_early(entry, now):
-                        self._refresh_in_background(name, load, ttl, none_ttl)
-                    self._keep_l1(name, entry)
-                    return entry.value, sealed
-                stale = entry  # inside the stale window: serve it, reload in the background
-                if self.stale_ttl > 0:
-                    self._stats.count("stale_served", name)
+        if entry is not None:
+            now = self._clock()
+            if now < entry.expires_at:
+                self._stats.count("l2_hits", name)
+                if self._should_refresh_early(entry, now):
                     self._refresh_in_background(name, load, ttl, none_ttl)
-                    return entry.value, sealed
+                self._keep_l1(name, entry)
+                return entry.value, sealed
+            if self.stale_ttl > 0:  # inside the stale window: serve, reload in background
+                self._stats.count("stale_served", name)
+                self._refresh_in_background(name, load, ttl, none_ttl)
+                return entry.value, sealed
         self._stats.count("misses", name)
         try:
             outcome, valid_below = self._fill(
@@ -492,10 +487,9 @@ class CacheGuard:
                 ttl,
                 none_ttl,
                 refresh=False,
-                stale=stale,
-                wait=True,
+                stale=entry,
                 seal=lambda: self._flights.seal(flight),
-                budget=self.wait_timeout - (self._timer() - started),
+                budget=self.wait_timeout - (self._timer() - start),
             )
         except BackendUnavailable as exc:  # raised before any load ran (see _fill)
             return self._bypass(name, load, exc), self._flights.seal(flight)
@@ -552,7 +546,7 @@ class CacheGuard:
         def run() -> None:
             try:
                 outcome, _ = self._fill(
-                    name, load, ttl, none_ttl, refresh=True, stale=None, wait=False
+                    name, load, ttl, none_ttl, refresh=True, stale=None, background=True
                 )
                 if outcome.source == "loaded":
                     self._stats.count("early_refreshes", name)
@@ -585,113 +579,114 @@ class CacheGuard:
         *,
         refresh: bool,
         stale: Entry | None,
-        wait: bool,
+        background: bool = False,
         seal: Callable[[], int] | None = None,
         budget: float | None = None,
     ) -> tuple[Outcome, int]:
         """Run the fill flow for ``name`` under its local read lock.
 
         Returns the outcome and the flight generation below which followers may
-        share it: a value we loaded ourselves (under the read hold) serves all;
-        one read from Redis serves those who joined before the last begin script.
+        share it: ``seal`` is called before every step whose answer may be shared
+        (begin, end of our own fill, an unlocked load), and the last seal bounds it.
         """
         lock = self.rwlock(name)
         keys = self.keys(name)
         owner = lock.owner
         start = self._timer()
         limit = max(self.wait_timeout if budget is None else budget, 1e-3)
-        no_seal = seal if seal is not None else (lambda: VALID_FOR_ALL)
+        seal_now = seal if seal is not None else (lambda: VALID_FOR_ALL)
         try:
             lock.local.acquire_read(limit)  # local writers and fills exclude
         except LockTimeout:  # a writer of this process holds the key: same policy
-            if self.on_timeout == "raise" or not wait:
+            if background:
                 raise
-            self._stats.count("wait_timeouts", name, self._timer() - start)
-            sealed = no_seal()
-            return Outcome(self._load_counted(name, load)[0], "unlocked", True), sealed
+            sealed = seal_now()
+            return Outcome(self._timed_out(name, load, start), "unlocked"), sealed
+        flow = fill_flow(
+            name=name,
+            refresh=refresh,
+            background=background,
+            wait_timeout=max(limit - (self._timer() - start), 1e-3),
+            on_timeout=self.on_timeout,
+            stale=stale,
+            max_aborts=self.max_fill_retries,
+            timer=self._timer,
+            backoff=_WAIT_BACKOFF,
+        )
+        subscription: Subscription | None = None
+        fill_handle = None
+        waited_from: float | None = None
+        sealed = VALID_FOR_ALL
         try:
-            flow = fill_flow(
-                name=name,
-                refresh=refresh,
-                background=not wait,
-                wait_timeout=max(limit - (self._timer() - start), 1e-3),
-                on_timeout=self.on_timeout,
-                stale=stale,
-                max_aborts=self.max_fill_retries,
-                timer=self._timer,
-                backoff=_WAIT_BACKOFF,
-            )
-            subscription: Subscription | None = None
-            fill_handle = None
-            waited_from: float | None = None
-            sealed = VALID_FOR_ALL
-            try:
-                step: Any = next(flow)
-                while True:
-                    reply: Any = None
-                    try:
-                        if isinstance(step, BeginFill):
-                            sealed = no_seal()
-                            if subscription is not None:
-                                subscription.drain()  # announcements before this begin are moot
-                            reply = self._begin(name, keys, owner, step.refresh)
-                            if reply.kind == "fill":
-                                fill_handle = lock.remote.adopt("read", owner, int(reply.epoch))
-                        elif isinstance(step, Load):
-                            reply = self._load_counted(name, load)
-                        elif isinstance(step, EndFill):
-                            # Our load serves followers that joined before our hold ends.
-                            sealed = no_seal()
-                            last_renewed = None
-                            if fill_handle is not None:  # the script releases it
-                                last_renewed = lock.remote.disown(fill_handle)
-                            try:
-                                reply = self._end(name, keys, owner, step, ttl, none_ttl)
-                            except BackendUnavailable as exc:
-                                # The load is done: keep its value (or its error), do not
-                                # load again; the hold is released in the background.
-                                if fill_handle is not None:
-                                    lock.remote.release_in_background(fill_handle, last_renewed)
-                                self._backend_failed(name, exc)
-                                reply = False
-                            except BaseException:
-                                if fill_handle is not None:
-                                    lock.remote.release_in_background(fill_handle, last_renewed)
-                                raise
-                        elif isinstance(step, Subscribe):
-                            waited_from = self._timer()
-                            subscription = notifier_for(self.client).subscription(
-                                keys.released_channel
-                            )
-                            reply = subscription.open(min(self.wait_timeout, 1.0))
-                        elif isinstance(step, Lookup):
-                            raw = self._redis(name, self.client.get, keys.value)
-                            reply = self._decode(name, raw) if raw is not None else None
-                        elif isinstance(step, Wait):
-                            assert subscription is not None
-                            reply = [
-                                self._message(name, m) for m in subscription.wait(step.seconds)
-                            ]
-                        elif isinstance(step, LoadUnlocked):
-                            self._stats.count("wait_timeouts", name, self._timer() - start)
-                            sealed = no_seal()  # serves only followers that joined before
-                            reply = self._load_counted(name, load)[0]
-                    except BaseException as exc:  # hand the failure to the flow
-                        step = flow.throw(exc)
-                        continue
-                    step = flow.send(reply)
-            except StopIteration as done:
-                outcome: Outcome = done.value
-                if outcome.source == "stale":
-                    self._stats.count("stale_served", name)
-                return outcome, sealed
-            finally:
-                if subscription is not None:
-                    subscription.close()
-                if waited_from is not None:
-                    self._stats.count("lock_waits", name, self._timer() - waited_from)
+            step: Any = next(flow)
+            while True:
+                reply: Any = None
+                try:
+                    if isinstance(step, BeginFill):
+                        sealed = seal_now()
+                        if subscription is not None:
+                            subscription.drain()  # announcements before this begin are moot
+                        reply = self._begin(name, keys, owner, step.refresh)
+                        if reply.kind == "fill":
+                            fill_handle = lock.remote.adopt("read", owner, int(reply.epoch))
+                    elif isinstance(step, Load):
+                        reply = self._load_counted(name, load)
+                    elif isinstance(step, EndFill):
+                        # Our load serves followers that joined before our hold ends.
+                        sealed = seal_now()
+                        reply = self._end_fill(name, keys, lock, fill_handle, step, ttl, none_ttl)
+                    elif isinstance(step, Subscribe):
+                        waited_from = self._timer()
+                        subscription = notifier_for(self.client).subscription(keys.released_channel)
+                        reply = subscription.open(min(self.wait_timeout, 1.0))
+                    elif isinstance(step, Lookup):
+                        reply = self._redis(name, self._fetch, name)
+                    elif isinstance(step, Wait):
+                        assert subscription is not None
+                        reply = [self._message(name, m) for m in subscription.wait(step.seconds)]
+                    elif isinstance(step, LoadUnlocked):
+                        self._stats.count("wait_timeouts", name, self._timer() - start)
+                        sealed = seal_now()  # serves only followers that joined before
+                        reply = self._load_counted(name, load)[0]
+                except BaseException as exc:  # hand the failure to the flow
+                    step = flow.throw(exc)
+                    continue
+                step = flow.send(reply)
+        except StopIteration as done:
+            outcome: Outcome = done.value
+            if outcome.source == "stale":
+                self._stats.count("stale_served", name)
+            return outcome, sealed
         finally:
+            if subscription is not None:
+                subscription.close()
+            if waited_from is not None:
+                self._stats.count("lock_waits", name, self._timer() - waited_from)
             lock.local.release_read()
+
+    def _end_fill(
+        self,
+        name: str,
+        keys: ResourceKeys,
+        lock: TwoTierRWLock,
+        fill_handle: LockHandle | None,
+        step: EndFill,
+        ttl: float,
+        none_ttl: float | _Missing | None,
+    ) -> bool:
+        """End our fill (store or not); the end script releases its read hold, or,
+        if that script fails, the watchdog releases it in the background."""
+        last_renewed = lock.remote.disown(fill_handle) if fill_handle is not None else None
+        try:
+            return self._end(name, keys, lock.owner, step, ttl, none_ttl)
+        except BaseException as exc:
+            if fill_handle is not None:
+                lock.remote.release_in_background(fill_handle, last_renewed)
+            if not isinstance(exc, BackendUnavailable):
+                raise
+            # The load is done: keep its value (or its error); never load again.
+            self._backend_failed(name, exc)
+            return False
 
     def _redis(self, name: str, call: Callable[..., Any], *args: Any) -> Any:
         try:

@@ -25,7 +25,6 @@ VALID_FOR_ALL: Final = 1 << 62
 
 class Flight:
     __slots__ = (
-        "done",
         "error",
         "event",
         "generation",
@@ -35,7 +34,6 @@ class Flight:
     )
 
     def __init__(self) -> None:
-        self.done = False
         self.event: threading.Event | None = None
         self.generation = 0
         self.newest_follower = -1  # generation the latest follower joined at
@@ -97,7 +95,6 @@ class SingleFlight:
     ) -> None:
         flight.result, flight.error, flight.valid_below = result, error, valid_below
         with self._mutex:
-            flight.done = True
             if self._flights.get(key) is flight:
                 del self._flights[key]
             event = flight.event

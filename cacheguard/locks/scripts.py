@@ -36,7 +36,16 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-__all__ = ["ACQUIRE", "LOCK_PRELUDE", "RELEASE", "RENEW", "WITHDRAW", "LuaScript"]
+__all__ = [
+    "ACQUIRE",
+    "LOCK_PRELUDE",
+    "RELEASE",
+    "RENEW",
+    "WITHDRAW",
+    "LuaScript",
+    "ScriptCall",
+    "run_pipelined",
+]
 
 # Shared helpers, pasted after each script's contract comment. A script reads
 # the hash once (load), changes the state in memory (grant, drop, put, forget)
@@ -384,9 +393,32 @@ class LuaScript:
             client.script_load(self.source)
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
-    def queue(self, pipe: Any, keys: list[str], args: list[Any]) -> None:
-        """Add the call to a pipeline (see :func:`run_pipeline`)."""
-        pipe.evalsha(self.sha, len(keys), *keys, *args)
+
+ScriptCall = tuple[LuaScript, list[str], list[Any]]
+
+
+def run_pipelined(client: redis.Redis, calls: list[ScriptCall]) -> list[Any]:
+    """Run script calls in one pipelined round trip (EVALSHA, one reload on NOSCRIPT).
+
+    Returns one result per call; an error reply comes back as the exception
+    object (the caller decides), while a lost connection raises.
+    """
+
+    def execute() -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        return list(pipe.execute(raise_on_error=False))
+
+    results = execute()
+    if any(isinstance(r, NoScriptError) for r in results):
+        for script in {script for script, _, _ in calls}:  # server restarted or flushed
+            client.script_load(script.source)
+        results = execute()
+    for r in results:
+        if isinstance(r, (redis.ConnectionError, redis.TimeoutError)):
+            raise r
+    return results
 
 
 ACQUIRE = LuaScript(ACQUIRE_CONTRACT + LOCK_PRELUDE + _ACQUIRE_BODY)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from cacheguard._identity import on_fork_in_child
-from cacheguard.locks.scripts import RELEASE, RENEW
+from cacheguard.locks.scripts import RELEASE, RENEW, ScriptCall, run_pipelined
 
 if TYPE_CHECKING:
     from cacheguard.locks.redis_rwlock import LockHandle
@@ -199,30 +199,16 @@ class Watchdog:
 
 def _run_batch(client: redis.Redis, entries: list[_Entry]) -> list[Any]:
     """Renew (or finish releasing) ``entries``, all on ``client``, in one round trip."""
-
-    def queue_all(pipe: Any) -> None:
-        for e in entries:
-            h = e.handle
-            if e.releasing:
-                RELEASE.queue(
-                    pipe, [h.keys.lock], [h.owner, h.mode, h.token, h.keys.released_channel]
-                )
-            else:
-                RENEW.queue(pipe, [h.keys.lock], [h.owner, h.token, h.lease_ms])
-
-    pipe = client.pipeline(transaction=False)
-    queue_all(pipe)
-    results = pipe.execute(raise_on_error=False)
-    if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
-        client.script_load(RENEW.source)  # server restarted or flushed scripts
-        client.script_load(RELEASE.source)
-        pipe = client.pipeline(transaction=False)
-        queue_all(pipe)
-        results = pipe.execute(raise_on_error=False)
-    for r in results:
-        if isinstance(r, (redis.ConnectionError, redis.TimeoutError)):
-            raise r
-    return list(results)
+    calls: list[ScriptCall] = []
+    for e in entries:
+        h = e.handle
+        if e.releasing:
+            calls.append(
+                (RELEASE, [h.keys.lock], [h.owner, h.mode, h.token, h.keys.released_channel])
+            )
+        else:
+            calls.append((RENEW, [h.keys.lock], [h.owner, h.token, h.lease_ms]))
+    return run_pipelined(client, calls)
 
 
 _default: Watchdog | None = None
