@@ -8,7 +8,8 @@ A resource (a cache key, a lock) named ``menu:list`` in namespace ``cg`` owns::
     cg:{menu:list}:fence    the fencing counter (never expires)
     cg:{menu:list}:rel      the pub/sub channel announcing releases and fills
 
-The ``{...}`` hash tag makes Redis Cluster place them in the same slot, so one
+A namespace also owns ``cg:wm``, its invalidation sequence (never expires; see
+cache/watermark.py). The ``{...}`` hash tag makes Redis Cluster place them in the same slot, so one
 Lua script may touch them all. Braces and ``%`` inside a name are
 percent-encoded so the tag always ends where we put it: otherwise a name such
 as ``}x`` would end the tag early and scatter one resource over several slots.
@@ -18,7 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ResourceKeys", "check_namespace", "hash_tag", "invalidation_channel"]
+__all__ = [
+    "ResourceKeys",
+    "check_namespace",
+    "hash_tag",
+    "invalidation_channel",
+    "name_from_tag",
+    "watermark_key",
+]
 
 _TAG_ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 
@@ -26,6 +34,11 @@ _TAG_ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 def hash_tag(name: str) -> str:
     """The hash-tag body for ``name``: the name with ``% { }`` percent-encoded."""
     return name.translate(_TAG_ESCAPES)
+
+
+def name_from_tag(tag_body: str) -> str:
+    """The resource name whose :func:`hash_tag` is ``tag_body``."""
+    return tag_body.replace("%7B", "{").replace("%7D", "}").replace("%25", "%")
 
 
 def check_namespace(namespace: str) -> str:
@@ -74,3 +87,8 @@ class ResourceKeys:
 def invalidation_channel(namespace: str) -> str:
     """The namespace-wide channel on which L1 invalidations are broadcast."""
     return f"{namespace}:l1"
+
+
+def watermark_key(namespace: str) -> str:
+    """The namespace's invalidation sequence counter (see cache/watermark.py)."""
+    return f"{namespace}:wm"

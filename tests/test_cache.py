@@ -426,6 +426,33 @@ def test_overlapping_writers_do_not_deadlock(client: redis.Redis, namespace: str
     assert done == [1, 1]
 
 
+def test_reads_inside_a_write_are_served_but_never_stored(
+    client: redis.Redis, namespace: str
+) -> None:
+    """The writing thread may read what it has not committed; nobody else may."""
+    guard = make_guard(client, namespace)
+    with guard.write("k"):
+        assert guard.get_or_load("k", lambda: "uncommitted", ttl=60) == "uncommitted"
+        assert guard.refresh("k", lambda: "uncommitted", ttl=60) == "uncommitted"
+        assert guard.peek("k") is MISSING
+    assert guard.peek("k") is MISSING
+    assert guard.get_or_load("k", lambda: "committed", ttl=60) == "committed"
+
+
+def test_invalidation_stamps_rise_and_never_go_down(client: redis.Redis, namespace: str) -> None:
+    guard = make_guard(client, namespace)
+    before = guard.watermark()
+    guard.invalidate("a", "b")
+    stamp = guard.watermark()
+    assert stamp == before + 1
+    assert int(client.get(guard.keys("a").version)) == stamp
+    # An invalidation whose number arrives late (a slower writer) keeps the higher one.
+    from cacheguard.cache.scripts import INVALIDATE
+
+    keys = guard.keys("a")
+    assert INVALIDATE(client, [keys.value, keys.version], [60_000, "", "a", stamp - 1]) == stamp
+
+
 def test_write_body_exception_still_invalidates_and_releases(
     client: redis.Redis, namespace: str
 ) -> None:

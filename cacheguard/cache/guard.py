@@ -50,8 +50,16 @@ from cacheguard.cache.flow import (
 from cacheguard.cache.scripts import FILL_BEGIN, FILL_END, INVALIDATE
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight, SingleFlight
 from cacheguard.cache.stats import Stats, StatsRecorder
+from cacheguard.cache.watermark import collecting
 from cacheguard.exceptions import BackendUnavailable, LockTimeout, SerializationError
-from cacheguard.keys import ResourceKeys, check_namespace, invalidation_channel
+from cacheguard.keys import (
+    ResourceKeys,
+    check_namespace,
+    hash_tag,
+    invalidation_channel,
+    name_from_tag,
+    watermark_key,
+)
 from cacheguard.locks.notifier import Subscription, notifier_for
 from cacheguard.locks.redis_rwlock import LockHandle, check_positive
 from cacheguard.locks.scripts import ScriptCall, run_pipelined
@@ -203,6 +211,7 @@ class CacheGuard:
         self._l1_mutex = threading.Lock()
         self._l1_listener: Subscription | None = None
         self._channel_l1 = invalidation_channel(self.namespace)
+        self._watermark_key = watermark_key(self.namespace)
         if l1_maxsize:
             self._l1 = cachetools.TTLCache(maxsize=l1_maxsize, ttl=self.l1_ttl, timer=timer)
             self._l1_listener = notifier_for(client).listen(self._channel_l1, self._on_l1_message)
@@ -323,26 +332,44 @@ class CacheGuard:
         outcome, _ = self._fill(name, load, ttl, none_ttl, refresh=True, stale=None)
         return outcome.value  # type: ignore[no-any-return]
 
-    def invalidate(self, *names: str) -> None:
-        """Bump the versions of ``names`` and delete them, without taking locks.
+    def watermark(self) -> int:
+        """The namespace's invalidation sequence now: read it *before* a database
+        snapshot is taken and a fill from that snapshot cannot store a value that
+        a later invalidation replaced (see ``cache/watermark.py``). Raises
+        :class:`BackendUnavailable` when Redis is unreachable."""
+        try:
+            raw = self.client.get(self._watermark_key)
+        except _REDIS_DOWN as exc:
+            self._backend_failed(self._watermark_key, exc)
+            raise BackendUnavailable(f"Redis unreachable reading the watermark: {exc}") from exc
+        return int(raw or 0)
 
-        Every fill in flight for them fails its store; L1 copies everywhere are
-        dropped (here at once, in other processes through pub/sub).
+    def invalidate(self, *names: str) -> None:
+        """Stamp ``names`` with the next invalidation number and delete them,
+        without taking locks.
+
+        Every fill in flight for them fails its store, and so does every later
+        fill whose database snapshot is older than this call (when the loader's
+        snapshot watermark is known); L1 copies everywhere are dropped (here at
+        once, in other processes through pub/sub).
         """
         if not names:
             return
         self._drop_l1(names)
-        calls: list[ScriptCall] = []
-        for name in names:
-            keys = self.keys(name)
-            calls.append(
-                (
-                    INVALIDATE,
-                    [keys.value, keys.version],
-                    [self.version_ttl_ms, self._channel_l1, name],
-                )
-            )
         try:
+            # One number for the whole call, taken first: the keys' scripts then run
+            # in their own slots (cluster-safe), and a version never goes down.
+            stamp = int(self.client.incr(self._watermark_key))
+            calls: list[ScriptCall] = []
+            for name in names:
+                keys = self.keys(name)
+                calls.append(
+                    (
+                        INVALIDATE,
+                        [keys.value, keys.version],
+                        [self.version_ttl_ms, self._channel_l1, name, stamp],
+                    )
+                )
             results = run_pipelined(self.client, calls)
         except _REDIS_DOWN as exc:
             self._backend_failed(names[0], exc)
@@ -352,6 +379,30 @@ class CacheGuard:
         for result in results:
             if isinstance(result, Exception):
                 raise result
+
+    def invalidate_prefix(self, prefix: str) -> int:
+        """Invalidate every key whose name starts with ``prefix``: values and fills
+        in flight. Walks the keyspace with SCAN (cost grows with the whole keyspace),
+        so it is the fallback for changes whose keys cannot be listed; the number of
+        keys invalidated is returned."""
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        head = f"{self.namespace}:{{"
+        pattern = _glob_escape(head + hash_tag(prefix)) + "*"
+        names: set[str] = set()
+        try:
+            for raw in self.client.scan_iter(match=pattern, count=1000):
+                key = raw.decode("utf-8", "surrogateescape")
+                for suffix in ("}:v", "}:rw"):  # a value, or a lock hash (a fill under way)
+                    if key.endswith(suffix):
+                        names.add(name_from_tag(key[len(head) : -len(suffix)]))
+        except _REDIS_DOWN as exc:
+            self._backend_failed(prefix, exc)
+            raise BackendUnavailable(f"Redis unreachable scanning {prefix!r}*: {exc}") from exc
+        ordered = sorted(names)
+        for start in range(0, len(ordered), 500):
+            self.invalidate(*ordered[start : start + 500])
+        return len(ordered)
 
     @contextmanager
     def write(self, *names: str, timeout: float | None = None) -> Iterator[None]:
@@ -595,6 +646,11 @@ class CacheGuard:
         start = self._timer()
         limit = max(self.wait_timeout if budget is None else budget, 1e-3)
         seal_now = seal if seal is not None else (lambda: VALID_FOR_ALL)
+        if lock.local.is_write_held_by_me():
+            # This thread is writing the key (guard.write or a tracked transaction):
+            # what it loads may be uncommitted. Serve it to this caller only (valid
+            # below generation 0: followers read again) and store nothing.
+            return Outcome(self._load_counted(name, load)[0], "unlocked"), 0
         try:
             lock.local.acquire_read(limit)  # local writers and fills exclude
         except LockTimeout:  # a writer of this process holds the key: same policy
@@ -617,6 +673,7 @@ class CacheGuard:
         fill_handle = None
         waited_from: float | None = None
         sealed = VALID_FOR_ALL
+        snapshot: int | None = None  # watermark of the oldest snapshot our load read
         try:
             step: Any = next(flow)
             while True:
@@ -630,11 +687,15 @@ class CacheGuard:
                         if reply.kind == "fill":
                             fill_handle = lock.remote.adopt("read", owner, int(reply.epoch))
                     elif isinstance(step, Load):
-                        reply = self._load_counted(name, load)
+                        with collecting() as snapshots:
+                            reply = self._load_counted(name, load)
+                        snapshot = min(snapshots, default=None)
                     elif isinstance(step, EndFill):
                         # Our load serves followers that joined before our hold ends.
                         sealed = seal_now()
-                        reply = self._end_fill(name, keys, lock, fill_handle, step, ttl, none_ttl)
+                        reply = self._end_fill(
+                            name, keys, lock, fill_handle, step, ttl, none_ttl, snapshot
+                        )
                     elif isinstance(step, Subscribe):
                         waited_from = self._timer()
                         subscription = notifier_for(self.client).subscription(keys.released_channel)
@@ -673,12 +734,13 @@ class CacheGuard:
         step: EndFill,
         ttl: float,
         none_ttl: float | _Missing | None,
+        snapshot: int | None,
     ) -> bool:
         """End our fill (store or not); the end script releases its read hold, or,
         if that script fails, the watchdog releases it in the background."""
         last_renewed = lock.remote.disown(fill_handle) if fill_handle is not None else None
         try:
-            return self._end(name, keys, lock.owner, step, ttl, none_ttl)
+            return self._end(name, keys, lock.owner, step, ttl, none_ttl, snapshot)
         except BaseException as exc:
             if fill_handle is not None:
                 lock.remote.release_in_background(fill_handle, last_renewed)
@@ -723,6 +785,7 @@ class CacheGuard:
         step: EndFill,
         ttl: float,
         none_ttl: float | _Missing | None,
+        snapshot: int | None,
     ) -> bool:
         data = b""
         error: BaseException | None = None
@@ -749,13 +812,18 @@ class CacheGuard:
                 keys.released_channel,
                 self.announce_value_bytes,
                 "1" if step.failed or error is not None else "0",
+                "" if snapshot is None else snapshot,
             ],
         )
         if error is not None:
             raise error
         if data and stored != 1:
             self._stats.count("stores_rejected", name)
-            log.info("store of %r rejected: invalidated or lease lost while loading", name)
+            log.info(
+                "store of %r rejected: invalidated while loading, loaded from a snapshot "
+                "older than the last invalidation, or lease lost",
+                name,
+            )
         return bool(stored == 1)
 
     def _encode(
@@ -837,6 +905,11 @@ class CacheGuard:
 @functools.lru_cache(maxsize=4096)
 def _value_key(namespace: str, name: str) -> str:
     return ResourceKeys(namespace, name).value
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _text(value: Any) -> str:

@@ -75,6 +75,8 @@ FILL_END_CONTRACT = """\
 -- ARGV[8]  channel announcing fills and releases
 -- ARGV[9]  largest entry sent along with the announcement, in bytes
 -- ARGV[10] '1' when the load failed
+-- ARGV[11] watermark of the oldest database snapshot the load read, or '' if unknown:
+--          a version above it means the snapshot predates the last invalidation
 -- Publishes 'V' .. entry (stored, small), 'S' (stored, read it), 'N' (loaded but
 -- not stored: not cacheable or invalidated) or 'A' (the load failed).
 -- Returns 1 when stored; 0 when not (lease lost, version moved, nothing to store).
@@ -84,13 +86,14 @@ _FILL_END_BODY = """
 local vkey, key, verkey = KEYS[1], KEYS[2], KEYS[3]
 local owner, epoch, seen, begun = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local verttl, entry, px, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
-local limit, failed = tonumber(ARGV[9]), ARGV[10] == '1'
+local limit, failed, watermark = tonumber(ARGV[9]), ARGV[10] == '1', tonumber(ARGV[11])
 local now = now_ms()
 local s = load(key, now)
 local ours = s.fill == owner and s.g[owner] == epoch and (s.r[owner] or 0) > 0
 local stored = 0
 if ours and entry ~= '' and now - begun < verttl then
-  if (redis.call('GET', verkey) or '0') == seen then
+  local fresh = watermark == nil or tonumber(seen) <= watermark
+  if fresh and (redis.call('GET', verkey) or '0') == seen then
     redis.call('SET', vkey, entry, 'PX', px)
     stored = 1
   end
@@ -114,15 +117,20 @@ return stored
 """
 
 INVALIDATE = LuaScript("""\
--- invalidate: bump the key's version (failing every fill in flight), drop the value.
+-- invalidate: stamp the key's version with an invalidation number (failing every
+-- fill in flight and every fill from an older snapshot), drop the value.
 -- KEYS[1]  value key         <ns>:{<name>}:v
 -- KEYS[2]  version key       <ns>:{<name>}:ver
 -- ARGV[1]  version key lifetime in ms
 -- ARGV[2]  L1 invalidation channel ('' for none)
 -- ARGV[3]  the resource name, announced on that channel
--- Returns the new version.
-local version = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
+-- ARGV[4]  this invalidation's number (INCR of <ns>:wm, sent just before)
+-- Returns the key's new version. It never goes down: two invalidations whose
+-- numbers arrive out of order keep the higher one.
+local version = tonumber(redis.call('GET', KEYS[2]) or '0')
+local stamp = tonumber(ARGV[4])
+if stamp > version then version = stamp end
+redis.call('SET', KEYS[2], string.format('%d', version), 'PX', ARGV[1])
 redis.call('DEL', KEYS[1])
 if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return version

@@ -20,7 +20,7 @@ from typing import Any
 
 from cacheguard.exceptions import KeyTemplateError
 
-__all__ = ["KeyBuilder", "shorten"]
+__all__ = ["KeyBuilder", "render_key", "shorten", "template_fields"]
 
 # '#' too: it marks shortened names, which arguments must not be able to spell.
 _VALUE_ESCAPES = str.maketrans({"%": "%25", ":": "%3A", "#": "%23"})
@@ -39,6 +39,38 @@ def shorten(name: str, max_length: int) -> str:
 class _EscapingFormatter(string.Formatter):
     def format_field(self, value: Any, format_spec: str) -> str:
         return str(super().format_field(value, format_spec)).translate(_VALUE_ESCAPES)
+
+
+_FORMATTER = _EscapingFormatter()
+
+
+def template_fields(template: str) -> list[str]:
+    """The root names a key template substitutes (``"menu:{m.id}"`` -> ``["m"]``)."""
+    if not isinstance(template, str) or not template:
+        raise KeyTemplateError("a key template must be a non-empty string")
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise KeyTemplateError(f"bad key template {template!r}: {exc}") from exc
+    roots = []
+    for field in fields:
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise KeyTemplateError(f"key template {template!r} must name fields, not positions")
+        roots.append(root)
+    return roots
+
+
+def render_key(template: str, values: Mapping[str, Any], *, max_length: int = 200) -> str:
+    """The key name ``template`` gives for ``values``: substituted values escaped,
+    long names shortened. Decorators and the SQLAlchemy hooks both build names
+    here, so ``"menu:{menu_id}"`` with ``menu_id=3`` and ``"menu:{id}"`` with a
+    row whose ``id`` is 3 name the same key."""
+    try:
+        name = _FORMATTER.vformat(template, (), values)
+    except (AttributeError, KeyError, IndexError, ValueError) as exc:
+        raise KeyTemplateError(f"cannot fill key template {template!r}: {exc}") from exc
+    return shorten(name, max_length)
 
 
 def _canonical(value: Any, where: str) -> str:
@@ -72,24 +104,12 @@ class KeyBuilder:
         params = list(self._signature.parameters)
         self._skip_first = bool(params) and params[0] in ("self", "cls")
         self._prefix = f"{func.__module__}.{func.__qualname__}"
-        self._formatter = _EscapingFormatter()
         if template is not None:
             self._check_template(template, set(params))
 
     @staticmethod
     def _check_template(template: str, params: set[str]) -> None:
-        if not isinstance(template, str) or not template:
-            raise KeyTemplateError("a key template must be a non-empty string")
-        try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-        except ValueError as exc:
-            raise KeyTemplateError(f"bad key template {template!r}: {exc}") from exc
-        for field in fields:
-            root = field.split(".", 1)[0].split("[", 1)[0]
-            if not root or root.isdigit():
-                raise KeyTemplateError(
-                    f"key template {template!r} must name parameters, not positions"
-                )
+        for root in template_fields(template):
             if root not in params:
                 raise KeyTemplateError(
                     f"key template {template!r} names {root!r}, which is not a parameter "
@@ -107,18 +127,9 @@ class KeyBuilder:
     def build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         arguments = self.arguments(args, kwargs)
         if self.template is not None:
-            try:
-                name = self._formatter.vformat(self.template, (), arguments)
-            except (AttributeError, KeyError, IndexError, ValueError) as exc:
-                raise KeyTemplateError(
-                    f"cannot fill key template {self.template!r}: {exc}"
-                ) from exc
-        else:
-            items = list(arguments.items())
-            if self._skip_first:
-                items = items[1:]
-            rendered = ",".join(
-                f"{k}={_canonical(v, k).translate(_VALUE_ESCAPES)}" for k, v in items
-            )
-            name = f"{self._prefix}({rendered})"
-        return shorten(name, self.max_length)
+            return render_key(self.template, arguments, max_length=self.max_length)
+        items = list(arguments.items())
+        if self._skip_first:
+            items = items[1:]
+        rendered = ",".join(f"{k}={_canonical(v, k).translate(_VALUE_ESCAPES)}" for k, v in items)
+        return shorten(f"{self._prefix}({rendered})", self.max_length)

@@ -109,9 +109,12 @@ class LocalRWLock:
             self._writer = me
             self._write_depth = 1
 
-    def release_write(self) -> None:
+    def release_write(self, *, holder: int | None = None) -> None:
+        """Release one write hold of this thread, or of thread ``holder`` (a thread
+        ident): for work that ends elsewhere, e.g. a database session committed
+        from another thread than the one that flushed it."""
         with self._cond:
-            if self._writer != threading.get_ident():
+            if self._writer != (threading.get_ident() if holder is None else holder):
                 raise LockNotHeldError(
                     f"this thread does not hold the write lock {self.name!r}",
                     name=self.name,
@@ -123,6 +126,11 @@ class LocalRWLock:
                 self._cond.notify_all()
 
     # -- introspection -----------------------------------------------------------
+
+    @property
+    def writer(self) -> int | None:
+        """The ident of the thread holding the write lock, if any."""
+        return self._writer
 
     def is_write_held_by_me(self) -> bool:
         return self._writer == threading.get_ident()

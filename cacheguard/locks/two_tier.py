@@ -179,8 +179,10 @@ class TwoTierRWLock:
         self._count_hold(+1)
         return self._write_handle
 
-    def release_write(self) -> None:
-        if not self._local.is_write_held_by_me():
+    def release_write(self, *, holder: int | None = None) -> None:
+        """Release one write hold of this thread, or of thread ``holder``."""
+        held = self._local.is_write_held_by_me() if holder is None else self._local.writer == holder
+        if not held:
             raise LockNotHeldError(
                 f"this thread does not hold the write lock {self.name!r}",
                 name=self.name,
@@ -193,7 +195,7 @@ class TwoTierRWLock:
                 if handle is not None:
                     handle.release()
         finally:
-            self._local.release_write()
+            self._local.release_write(holder=holder)
             self._count_hold(-1)
 
     # -- context managers -----------------------------------------------------------------

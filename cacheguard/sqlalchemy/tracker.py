@@ -1,0 +1,517 @@
+"""The session hooks behind :func:`track_models`.
+
+One transaction of a tracked session, from begin to end:
+
+1. ``after_begin``: read the namespace's invalidation watermark before the
+   database takes the snapshot, and register it as open in this thread (fills
+   in this thread then cannot store from an older snapshot).
+2. ``before_flush`` / ``after_flush``: the keys of every new, changed or deleted
+   tracked object (old and new values of the template columns; new objects
+   again after the INSERT, when their ids exist), write-locked in sorted order
+   and invalidated before the first statement that touches them is committed.
+3. ``do_orm_execute``: ORM ``update()`` / ``delete()`` / ``insert()``
+   statements: the rows they touch are selected first (and again after an
+   update, for the new values), then locked and invalidated like a flush.
+   Statements touching more than ``max_rows`` rows, or whose rows cannot be
+   selected, invalidate every key of the model's templates by prefix.
+4. end of a savepoint: committed, its keys move to the enclosing transaction;
+   rolled back, the keys only it touched are invalidated and released.
+5. end of the outermost transaction (commit, rollback or close): invalidate
+   every key again (after a commit this removes anything filled from the old
+   rows; after a rollback it is harmless), then release the locks.
+
+Locks are held by the watchdog's renewals for as long as the transaction is
+open; a process that dies mid-transaction frees them when its lease ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import string
+import threading
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.orm import Mapper, ORMExecuteState, Session, SessionTransaction
+
+from cacheguard.cache.guard import CacheGuard
+from cacheguard.cache.templates import render_key, template_fields
+from cacheguard.cache.watermark import note_snapshot, snapshot_opened
+from cacheguard.exceptions import BackendUnavailable, KeyTemplateError
+from cacheguard.locks.two_tier import TwoTierRWLock
+
+__all__ = ["CACHE_KEYS_ATTRIBUTE", "ModelTracker", "track_models"]
+
+log = logging.getLogger("cacheguard.sqlalchemy")
+
+CACHE_KEYS_ATTRIBUTE = "__cache_keys__"
+"""A model may declare its key templates as a class attribute of this name."""
+
+_SESSION_EVENTS = (
+    "after_begin",
+    "before_flush",
+    "after_flush",
+    "after_commit",
+    "after_transaction_end",
+    "do_orm_execute",
+)
+
+
+@dataclass(frozen=True)
+class _ModelKeys:
+    """The key templates of one model, checked against its columns."""
+
+    model: type[Any]
+    templates: tuple[str, ...]
+    fields: dict[str, tuple[str, ...]]  # template -> the attributes it substitutes
+    primary_key: tuple[str, ...]  # attribute names of the primary key columns
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        names = {f for fs in self.fields.values() for f in fs} | set(self.primary_key)
+        return tuple(sorted(names))
+
+
+@dataclass
+class _TransactionLocks:
+    """What one session holds for its current outermost transaction."""
+
+    snapshot_watermark: int | None = None
+    locks: dict[str, tuple[TwoTierRWLock, int]] = field(default_factory=dict)
+    # Keyed by id(): holding the transactions would keep the session alive, and a
+    # dropped session must be collected to release its locks. Entries end with them.
+    by_transaction: dict[int, set[str]] = field(default_factory=dict)
+    committed: set[int] = field(default_factory=set)
+    prefixes: set[str] = field(default_factory=set)  # invalidated by prefix at the end
+    finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
+
+    def __hash__(self) -> int:  # held in a WeakSet (see cache/watermark.py)
+        return id(self)
+
+
+class ModelTracker:
+    """The hooks :func:`track_models` installed; ``remove()`` uninstalls them."""
+
+    def __init__(
+        self,
+        guard: CacheGuard,
+        session_factory: Any,
+        models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
+        *,
+        lock_timeout: float | None = None,
+        max_rows: int = 1000,
+    ) -> None:
+        if not isinstance(guard, CacheGuard):
+            raise TypeError(f"guard must be a CacheGuard, not {type(guard).__name__}")
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError("max_rows must be an int >= 1")
+        self.guard = guard
+        self.session_factory = session_factory
+        self.lock_timeout = lock_timeout
+        self.max_rows = max_rows
+        self._models = _check_models(models)
+        self._by_class: dict[type[Any], _ModelKeys | None] = {}
+        self._info_key = f"cacheguard.tracker.{id(self)}"
+        self._history_listeners: list[tuple[Any, str, Any]] = []
+        for spec in self._models.values():
+            for name in spec.columns:
+                attribute = getattr(spec.model, name)
+                # Loads the old value when a template column is set without being
+                # loaded, so the key named by the old value can be invalidated too.
+                event.listen(attribute, "set", _keep_old_value, active_history=True, propagate=True)
+                self._history_listeners.append((attribute, "set", _keep_old_value))
+        for name in _SESSION_EVENTS:
+            event.listen(session_factory, name, getattr(self, f"_on_{name}"))
+
+    def remove(self) -> None:
+        """Uninstall the hooks (transactions already open keep what they hold)."""
+        for name in _SESSION_EVENTS:
+            if event.contains(self.session_factory, name, getattr(self, f"_on_{name}")):
+                event.remove(self.session_factory, name, getattr(self, f"_on_{name}"))
+        for target, name, listener in self._history_listeners:
+            if event.contains(target, name, listener):
+                event.remove(target, name, listener)
+        self._history_listeners.clear()
+
+    # -- introspection ---------------------------------------------------------------
+
+    def keys_of(self, obj: Any) -> set[str]:
+        """The key names ``obj``'s current column values give (empty if untracked)."""
+        spec = self._spec_for(type(obj))
+        if spec is None:
+            return set()
+        return self._render(spec, _current_values(obj, spec))
+
+    def held_keys(self, session: Session) -> frozenset[str]:
+        """The keys ``session``'s transaction holds write locks on."""
+        state = session.info.get(self._info_key)
+        return frozenset(state.locks) if state is not None else frozenset()
+
+    # -- transaction begin -------------------------------------------------------------
+
+    def _on_after_begin(
+        self, session: Session, transaction: SessionTransaction, connection: Any
+    ) -> None:
+        state = self._state(session)
+        if state.snapshot_watermark is not None:
+            return  # a second connection or a savepoint of the same transaction
+        try:
+            state.snapshot_watermark = self.guard.watermark()
+        except BackendUnavailable as exc:
+            # Unknown: no fill from this snapshot may store (-1 is below every version).
+            state.snapshot_watermark = -1
+            log.warning("no snapshot watermark (Redis unreachable): %s", exc)
+        snapshot_opened(state)
+
+    # -- flushes -----------------------------------------------------------------------
+
+    def _on_before_flush(self, session: Session, flush_context: Any, instances: Any) -> None:
+        self._lock(session, self._changed_keys(session, before_flush=True))
+
+    def _on_after_flush(self, session: Session, flush_context: Any) -> None:
+        # New objects have their ids now, and relationship-set foreign keys their values.
+        self._lock(session, self._changed_keys(session, before_flush=False))
+
+    def _changed_keys(self, session: Session, *, before_flush: bool) -> set[str]:
+        names: set[str] = set()
+        with session.no_autoflush:
+            for obj in session.new:
+                spec = self._spec_for(type(obj))
+                if spec is not None:
+                    names |= self._render(spec, _current_values(obj, spec), skip_none=before_flush)
+            for obj in session.dirty:
+                spec = self._spec_for(type(obj))
+                if spec is not None and session.is_modified(obj, include_collections=False):
+                    names |= self._render(spec, _current_values(obj, spec))
+                    names |= self._render(spec, _old_values(obj, spec))
+            for obj in session.deleted:
+                spec = self._spec_for(type(obj))
+                if spec is not None:
+                    names |= self._render(spec, _current_values(obj, spec))
+                    names |= self._render(spec, _old_values(obj, spec))
+        return names
+
+    # -- ORM statements ----------------------------------------------------------------------
+
+    def _on_do_orm_execute(self, orm_state: ORMExecuteState) -> Any:
+        session = orm_state.session
+        state = session.info.get(self._info_key)
+        if state is not None and state.snapshot_watermark is not None:
+            note_snapshot(state.snapshot_watermark)  # a loader using this session
+        if not (orm_state.is_update or orm_state.is_delete or orm_state.is_insert):
+            return None
+        mapper: Mapper[Any] | None = orm_state.bind_mapper
+        spec = self._spec_for(mapper.class_) if mapper is not None else None
+        if spec is None:
+            return None
+        if orm_state.is_insert:
+            self._lock(session, self._inserted_keys(session, spec, orm_state))
+            return None
+        rows = self._touched_rows(session, spec, orm_state)
+        if rows is None:
+            self._lock_by_prefix(session, spec)
+            return None
+        names = set().union(*(self._render(spec, row) for row in rows)) if rows else set()
+        names |= self._fixed(spec)
+        self._lock(session, names)
+        result = orm_state.invoke_statement()
+        if orm_state.is_update and rows:
+            # New values (an update may move a row to another key); this also buffers
+            # nothing of ``result``, which the caller consumes as usual.
+            keys = [tuple(row[k] for k in spec.primary_key) for row in rows]
+            after = self._select_rows(session, spec, _primary_key_in(spec, keys))
+            self._lock(session, set().union(*(self._render(spec, r) for r in after or [])))
+        return result
+
+    def _inserted_keys(
+        self, session: Session, spec: _ModelKeys, orm_state: ORMExecuteState
+    ) -> set[str]:
+        names = self._fixed(spec)
+        params: Any = orm_state.parameters
+        rows: list[Any] = params if isinstance(params, list) else [params] if params else []
+        for template, fields in spec.fields.items():
+            if not fields:
+                continue
+            if rows and all(isinstance(r, Mapping) and set(fields) <= set(r) for r in rows):
+                names |= {
+                    render_key(template, r, max_length=self.guard.max_key_length) for r in rows
+                }
+            else:  # e.g. ids the database generates: invalidate the template by prefix
+                self._invalidate_prefix(session, template)
+        return names
+
+    def _touched_rows(
+        self, session: Session, spec: _ModelKeys, orm_state: ORMExecuteState
+    ) -> list[dict[str, Any]] | None:
+        """The template and key column values of the rows the statement touches, or
+        None when they cannot be listed (too many, or no usable criteria)."""
+        params = orm_state.parameters
+        if isinstance(params, list):  # ORM bulk UPDATE by primary key: one row per dict
+            try:
+                keys = [tuple(p[k] for k in spec.primary_key) for p in params]
+            except (KeyError, TypeError):
+                return None
+            if len(keys) > self.max_rows:
+                return None
+            return self._select_rows(session, spec, _primary_key_in(spec, keys))
+        where = getattr(orm_state.statement, "whereclause", None)
+        return self._select_rows(session, spec, where)
+
+    def _select_rows(
+        self, session: Session, spec: _ModelKeys, where: Any
+    ) -> list[dict[str, Any]] | None:
+        query = sa.select(*(getattr(spec.model, c) for c in spec.columns))
+        if where is not None:
+            query = query.where(where)
+        query = query.limit(self.max_rows + 1).execution_options(autoflush=False)
+        rows = [dict(r) for r in session.execute(query).mappings()]
+        return rows if len(rows) <= self.max_rows else None
+
+    def _lock_by_prefix(self, session: Session, spec: _ModelKeys) -> None:
+        self._lock(session, self._fixed(spec))
+        for template, fields in spec.fields.items():
+            if fields:
+                self._invalidate_prefix(session, template)
+
+    def _invalidate_prefix(self, session: Session, template: str) -> None:
+        """Invalidate every key ``template`` can name: now, and again when the
+        outermost transaction ends (nothing is locked; see docs/design.md)."""
+        prefix = _literal_prefix(template)
+        self._state(session).prefixes.add(prefix)
+        self.guard.invalidate_prefix(prefix)
+
+    # -- locks ---------------------------------------------------------------------------------
+
+    def _lock(self, session: Session, names: set[str]) -> None:
+        """Write-lock and invalidate ``names`` for the session's transaction."""
+        if not names:
+            return
+        state = self._state(session)
+        transaction = session.get_nested_transaction() or session.get_transaction()
+        if transaction is not None:
+            state.by_transaction.setdefault(id(transaction), set()).update(names)
+        fresh = sorted(n for n in names if n not in state.locks)
+        if not fresh:
+            return
+        if state.finalizer is None:
+            # A session dropped without close(): release when it is collected.
+            state.finalizer = weakref.finalize(session, _release_all, self.guard, state)
+        me = threading.get_ident()
+        for name in fresh:  # one global order within each batch
+            lock = self.guard.rwlock(name)
+            lock.acquire_write(self.lock_timeout)
+            state.locks[name] = (lock, me)
+        self.guard.invalidate(*fresh)
+
+    # -- transaction end -----------------------------------------------------------------------
+
+    def _on_after_commit(self, session: Session) -> None:
+        state = session.info.get(self._info_key)
+        if state is not None:
+            committed = session.get_nested_transaction() or session.get_transaction()
+            if committed is not None:
+                state.committed.add(id(committed))
+
+    def _on_after_transaction_end(self, session: Session, transaction: SessionTransaction) -> None:
+        state = session.info.get(self._info_key)
+        if state is None:
+            return
+        if transaction.parent is None:
+            _release_all(self.guard, state)
+            return
+        if not transaction.nested:
+            return  # a flush's internal subtransaction
+        own = state.by_transaction.pop(id(transaction), set())
+        if id(transaction) in state.committed:
+            state.committed.discard(id(transaction))
+            enclosing = _enclosing(transaction)
+            if enclosing is not None:
+                state.by_transaction.setdefault(id(enclosing), set()).update(own)
+            return
+        # Rolled back: what only this savepoint touched is as before; let it go.
+        still = set().union(*state.by_transaction.values()) if state.by_transaction else set()
+        _release(self.guard, state, sorted(own - still))
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _state(self, session: Session) -> _TransactionLocks:
+        state = session.info.get(self._info_key)
+        if state is None:
+            state = session.info[self._info_key] = _TransactionLocks()
+        return state
+
+    def _spec_for(self, cls: type[Any]) -> _ModelKeys | None:
+        if cls not in self._by_class:
+            self._by_class[cls] = next(
+                (self._models[base] for base in cls.__mro__ if base in self._models), None
+            )
+        return self._by_class[cls]
+
+    def _fixed(self, spec: _ModelKeys) -> set[str]:
+        return {
+            render_key(t, {}, max_length=self.guard.max_key_length)
+            for t, fields in spec.fields.items()
+            if not fields
+        }
+
+    def _render(
+        self, spec: _ModelKeys, values: Mapping[str, Any], *, skip_none: bool = False
+    ) -> set[str]:
+        names = set()
+        for template, fields in spec.fields.items():
+            if skip_none and any(values.get(f) is None for f in fields):
+                continue  # a new object's generated id: named after the INSERT
+            names.add(render_key(template, values, max_length=self.guard.max_key_length))
+        return names
+
+
+def track_models(
+    guard: CacheGuard,
+    session_factory: Any,
+    models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
+    *,
+    lock_timeout: float | None = None,
+    max_rows: int = 1000,
+) -> ModelTracker:
+    """Keep ``guard``'s keys right for every session ``session_factory`` makes.
+
+    ``models`` maps each model class to its key templates, e.g.
+    ``{Menu: ("menu:list", "menu:{id}")}``; fields name the model's column
+    attributes. A list of classes reads each one's ``__cache_keys__`` instead.
+    ``session_factory`` is a ``sessionmaker``, a ``Session`` subclass or a
+    ``scoped_session``. ``lock_timeout`` bounds each write-lock wait (default:
+    the guard's ``wait_timeout``); statements touching more than ``max_rows``
+    rows invalidate their model's templates by prefix.
+    """
+    return ModelTracker(
+        guard, session_factory, models, lock_timeout=lock_timeout, max_rows=max_rows
+    )
+
+
+# -- module helpers ---------------------------------------------------------------------------
+
+
+def _keep_old_value(target: Any, value: Any, oldvalue: Any, initiator: Any) -> Any:
+    return value
+
+
+def _check_models(
+    models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
+) -> dict[type[Any], _ModelKeys]:
+    if isinstance(models, Mapping):
+        pairs = list(models.items())
+    else:
+        pairs = []
+        for model in models:
+            templates = getattr(model, CACHE_KEYS_ATTRIBUTE, None)
+            if templates is None:
+                raise KeyTemplateError(
+                    f"{getattr(model, '__name__', model)!r} has no {CACHE_KEYS_ATTRIBUTE} "
+                    "attribute; pass {Model: (templates...)} instead"
+                )
+            pairs.append((model, templates))
+    if not pairs:
+        raise ValueError("track_models needs at least one model")
+    checked: dict[type[Any], _ModelKeys] = {}
+    for model, templates in pairs:
+        try:
+            mapper = sa.inspect(model)
+        except sa.exc.NoInspectionAvailable:
+            raise TypeError(f"{model!r} is not a mapped SQLAlchemy class") from None
+        if not isinstance(mapper, Mapper):
+            raise TypeError(f"{model!r} is not a mapped SQLAlchemy class")
+        if isinstance(templates, str) or not templates:
+            raise KeyTemplateError(
+                f"the key templates of {model.__name__} must be a non-empty sequence of "
+                f"strings, got {templates!r}"
+            )
+        columns = set(mapper.column_attrs.keys())
+        fields: dict[str, tuple[str, ...]] = {}
+        for template in templates:
+            roots = tuple(dict.fromkeys(template_fields(template)))
+            unknown = [r for r in roots if r not in columns]
+            if unknown:
+                raise KeyTemplateError(
+                    f"key template {template!r} of {model.__name__} names {unknown[0]!r}, "
+                    f"which is not a column attribute ({', '.join(sorted(columns))})"
+                )
+            fields[template] = roots
+        primary_key = tuple(mapper.get_property_by_column(c).key for c in mapper.primary_key)
+        checked[model] = _ModelKeys(model, tuple(templates), fields, primary_key)
+    return checked
+
+
+def _current_values(obj: Any, spec: _ModelKeys) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in spec.columns}
+
+
+def _old_values(obj: Any, spec: _ModelKeys) -> dict[str, Any]:
+    """Column values as last loaded from or flushed to the database."""
+    inspected = sa.inspect(obj)
+    values = {}
+    for name in spec.columns:
+        history = inspected.attrs[name].history
+        values[name] = history.deleted[0] if history.deleted else getattr(obj, name)
+    return values
+
+
+def _primary_key_in(spec: _ModelKeys, keys: list[tuple[Any, ...]]) -> Any:
+    columns = [getattr(spec.model, k) for k in spec.primary_key]
+    if len(columns) == 1:
+        return columns[0].in_([k[0] for k in keys])
+    return sa.tuple_(*columns).in_(keys)
+
+
+def _literal_prefix(template: str) -> str:
+    """The text of ``template`` before its first field."""
+    prefix = []
+    for literal, field_name, _, _ in string.Formatter().parse(template):
+        prefix.append(literal)
+        if field_name is not None:
+            break
+    return "".join(prefix)
+
+
+def _enclosing(transaction: SessionTransaction) -> SessionTransaction | None:
+    """The savepoint or outermost transaction around ``transaction``."""
+    parent = transaction.parent
+    while parent is not None and parent.parent is not None and not parent.nested:
+        parent = parent.parent
+    return parent
+
+
+def _release(guard: CacheGuard, state: _TransactionLocks, names: list[str]) -> None:
+    """Invalidate ``names`` once more, then release their write locks."""
+    if not names:
+        return
+    try:
+        guard.invalidate(*names)
+    except Exception:
+        log.exception("invalidating %d keys at the end of a transaction failed", len(names))
+    for name in reversed(names):
+        lock, holder = state.locks.pop(name)
+        try:
+            lock.release_write(holder=holder)
+        except Exception:
+            log.exception("releasing the write lock of %r failed", name)
+
+
+def _release_all(guard: CacheGuard, state: _TransactionLocks) -> None:
+    """The outermost transaction ended: invalidate everything again, release all."""
+    _release(guard, state, list(state.locks))
+    for prefix in sorted(state.prefixes):
+        try:
+            guard.invalidate_prefix(prefix)
+        except Exception:
+            log.exception("invalidating the keys of %r* failed", prefix)
+    state.prefixes.clear()
+    state.by_transaction.clear()
+    state.committed.clear()
+    state.snapshot_watermark = None  # no longer open (see cache/watermark.py)
+    if state.finalizer is not None:
+        state.finalizer.detach()
+        state.finalizer = None

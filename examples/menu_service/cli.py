@@ -1,0 +1,118 @@
+"""Command line: ``demo`` (the stampede, unprotected vs cacheguard) and ``serve``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sqlalchemy.orm import sessionmaker
+
+from cacheguard import CacheGuard
+from cacheguard.sqlalchemy import track_models
+from menu_service import demo
+from menu_service.infra import QueryLog, backends, make_engine, seed
+from menu_service.models import Menu
+from menu_service.repository import MenuRepository
+from menu_service.server import make_server
+
+
+def _positive(kind: Callable[[str], float], upper: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0 < value <= upper:
+            raise argparse.ArgumentTypeError(f"must be > 0 and <= {upper:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="menu_service",
+        description="The menu service of the cacheguard documents.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,serve}")
+    d = commands.add_parser("demo", help="run the stampede unprotected, then with cacheguard")
+    defaults = demo.Settings()
+    d.add_argument("--processes", type=_positive(int, 64), default=defaults.processes)
+    d.add_argument(
+        "--threads",
+        type=_positive(int, 256),
+        default=defaults.threads,
+        help="reader threads per process",
+    )
+    d.add_argument(
+        "--seconds", type=_positive(float, 600), default=defaults.seconds, help="length of each run"
+    )
+    d.add_argument(
+        "--write-every",
+        type=_positive(float, 60),
+        default=defaults.write_every,
+        help="seconds between writes to menu 1",
+    )
+    d.add_argument(
+        "--build-ms",
+        type=_positive(float, 10_000),
+        default=defaults.build_ms,
+        help="time to build the list after the query (the expensive part)",
+    )
+    d.add_argument("--menus", type=_positive(int, 100_000), default=defaults.menus)
+    d.add_argument(
+        "--chart", type=Path, default=defaults.chart, help="PNG to write (needs matplotlib)"
+    )
+    d.add_argument("--no-chart", action="store_true", help="print the table only")
+    d.add_argument("--only", choices=demo.MODES, help="run one of the two runs")
+    s = commands.add_parser("serve", help="serve the menus over HTTP (JSON)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=_positive(int, 65535), default=8000)
+    s.add_argument("--menus", type=_positive(int, 100_000), default=defaults.menus)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        settings = demo.Settings(
+            processes=args.processes,
+            threads=args.threads,
+            seconds=args.seconds,
+            write_every=args.write_every,
+            build_ms=args.build_ms,
+            menus=args.menus,
+            chart=None if args.no_chart else args.chart,
+            modes=(args.only,) if args.only else demo.MODES,
+        )
+        demo.run(settings)
+        return 0
+    return serve(args.host, args.port, args.menus)
+
+
+def serve(host: str, port: int, menus: int) -> int:
+    with backends() as found:
+        engine = make_engine(found.database_url)
+        seed(engine, menus)
+        queries = QueryLog(engine)
+        sessions = sessionmaker(engine, expire_on_commit=False)
+        guard = CacheGuard.from_url(found.redis_url, namespace="menu-service")
+        track_models(guard, sessions, [Menu])
+        server = make_server(MenuRepository(guard, sessions), queries, host, port)
+        print(f"serving on http://{host}:{server.server_port}/menus  (Ctrl-C stops)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+            guard.close()
+            engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Where the service's Redis and database come from, and how queries are counted.
+
+``REDIS_URL`` / ``DATABASE_URL`` point at real servers. Without them the service
+runs on a bare machine: a throwaway ``redis-server`` on a free port if the
+binary is installed, else fakeredis's TCP server, and a SQLite file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from cacheguard.sqlalchemy import sqlite_engine
+from cacheguard.testing import redis_server
+from menu_service.models import Base, Menu
+
+
+@dataclass(frozen=True)
+class Backends:
+    redis_url: str
+    redis_kind: str  # "url", "redis-server" or "fakeredis"
+    database_url: str
+
+
+@contextmanager
+def backends(database_url: str | None = None) -> Iterator[Backends]:
+    """Redis and a database for the service (embedded ones unless configured)."""
+    url = database_url or os.environ.get("DATABASE_URL")
+    with redis_server() as endpoint, tempfile.TemporaryDirectory(prefix="menu-service-") as tmp:
+        yield Backends(
+            redis_url=endpoint.url,
+            redis_kind=endpoint.kind,
+            database_url=url or f"sqlite:///{Path(tmp) / 'menu.sqlite3'}",
+        )
+
+
+def make_engine(database_url: str) -> sa.Engine:
+    if database_url.startswith("sqlite"):
+        return sqlite_engine(database_url, pool_size=20, max_overflow=20)
+    return sa.create_engine(database_url, pool_size=20, max_overflow=20)
+
+
+def seed(engine: sa.Engine, menus: int) -> None:
+    """(Re)create the menu table: ``menus`` rows, a few top-level, the rest below them."""
+    Base.metadata.drop_all(engine)
+    Base.metadata.create_all(engine)
+    with Session(engine) as session, session.begin():
+        for i in range(1, menus + 1):
+            parent = None if i <= 4 else 1 + (i % 4)
+            session.add(Menu(id=i, name=f"Menu {i} #0", parent_id=parent, sort=i, url=f"/menu/{i}"))
+
+
+class QueryLog:
+    """Counts the SELECTs an engine sends to the menu table, with their times."""
+
+    def __init__(self, engine: sa.Engine, *, timer: Any = time.monotonic) -> None:
+        self.times: list[float] = []
+        self._timer = timer
+        self._mutex = threading.Lock()
+        event.listen(engine, "before_cursor_execute", self._on_execute)
+
+    def _on_execute(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        text = statement.lstrip().upper()
+        if text.startswith("SELECT") and "MENU" in text:
+            with self._mutex:
+                self.times.append(self._timer())
+
+    @property
+    def count(self) -> int:
+        return len(self.times)

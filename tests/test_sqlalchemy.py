@@ -1,0 +1,483 @@
+"""The SQLAlchemy session hooks, on real PostgreSQL (DATABASE_URL, set in CI) and SQLite."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from cacheguard import MISSING, BackendUnavailable, KeyTemplateError, LockTimeout
+from cacheguard.sqlalchemy import track_models
+from tests import sa_support
+from tests.helpers import client_for, make_guard, wait_until
+from tests.procs import CTX, run_processes
+from tests.sa_support import Stack
+
+
+def _database_urls() -> list[object]:
+    urls: list[object] = [pytest.param("sqlite", id="sqlite")]
+    pg = os.environ.get("DATABASE_URL", "")
+    if pg.startswith("postgresql"):
+        urls.append(pytest.param(pg, id="postgresql"))
+    return urls
+
+
+@pytest.fixture(params=_database_urls())
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'menu.sqlite3'}"
+    return str(request.param)
+
+
+@pytest.fixture
+def table(db_url: str) -> Iterator[str]:
+    name = f"menu_{uuid.uuid4().hex[:10]}"
+    sa_support.create_table(db_url, name)
+    yield name
+    sa_support.drop_table(db_url, name)
+
+
+@pytest.fixture
+def stack(redis_url: str, namespace: str, db_url: str, table: str) -> Iterator[Stack]:
+    s = Stack(redis_url, namespace, db_url, table, wait_timeout=5)
+    yield s
+    s.close()
+
+
+def _lock_is_free(stack: Stack, name: str) -> bool:
+    """Another owner could take the write lock of ``name`` right now."""
+    handle = stack.guard.rwlock(name).remote.try_acquire_write(owner=f"probe-{uuid.uuid4().hex}")
+    if handle is None:
+        return False
+    handle.release()
+    return True
+
+
+# -- commit, rollback, close -----------------------------------------------------------------------
+
+
+def test_update_through_a_session_is_seen_by_every_process(
+    stack: Stack, redis_url: str, namespace: str, db_url: str, table: str
+) -> None:
+    assert stack.names() == ["menu 1", "menu 2", "menu 3"]
+    assert stack.name_of(2) == "menu 2"
+    with stack.sessions() as session:
+        session.get(stack.menu, 2).name = "soups"
+        session.flush()
+        assert stack.tracker.held_keys(session) == {
+            "menu:list",
+            "menu:2",
+            "menu:children:1",
+        }
+        session.commit()
+        assert stack.tracker.held_keys(session) == frozenset()
+    assert all(_lock_is_free(stack, n) for n in ("menu:list", "menu:2", "menu:children:1"))
+    assert stack.names() == ["menu 1", "soups", "menu 3"]
+    assert stack.name_of(2) == "soups"
+    others = run_processes(sa_support.read_names, [(redis_url, namespace, db_url, table)] * 2)
+    assert others == [["menu 1", "soups", "menu 3"]] * 2
+
+
+def test_old_and_new_values_of_template_columns_are_both_invalidated(stack: Stack) -> None:
+    with stack.sessions() as session:
+        session.get(stack.menu, 3).parent_id = 2
+        session.flush()
+        assert {"menu:children:1", "menu:children:2"} <= stack.tracker.held_keys(session)
+        session.commit()
+
+
+def test_old_value_of_an_unloaded_column_is_loaded_to_name_its_key(stack: Stack) -> None:
+    with stack.sessions() as session:
+        row = session.get(stack.menu, 3)
+        session.expire(row, ["parent_id"])
+        row.parent_id = 2  # the old value was never loaded: active history loads it
+        session.flush()
+        assert {"menu:children:1", "menu:children:2"} <= stack.tracker.held_keys(session)
+        session.rollback()
+
+
+def test_unchanged_objects_take_no_locks(stack: Stack) -> None:
+    with stack.sessions() as session:
+        row = session.get(stack.menu, 2)
+        row.name = row.name  # a set event without a change
+        session.flush()
+        assert stack.tracker.held_keys(session) == frozenset()
+        session.commit()
+
+
+def test_rollback_releases_at_once_and_caches_nothing_uncommitted(stack: Stack) -> None:
+    assert stack.names() == ["menu 1", "menu 2", "menu 3"]
+    with stack.sessions() as session:
+        session.get(stack.menu, 2).name = "phantom"
+        session.flush()
+        # The writer's own thread reads through the cache mid-transaction, with a
+        # loader on the writer's session: it sees its own change, which must not be stored.
+        seen = stack.guard.get_or_load(
+            "menu:list",
+            lambda: list(session.scalars(sa.select(stack.menu.name).order_by(stack.menu.id))),
+            ttl=60,
+        )
+        assert seen == ["menu 1", "phantom", "menu 3"]
+        assert stack.guard.peek("menu:list") is MISSING
+        assert not _lock_is_free(stack, "menu:list")
+        session.rollback()
+        assert _lock_is_free(stack, "menu:list")
+        assert _lock_is_free(stack, "menu:2")
+    assert stack.guard.peek("menu:list") is MISSING
+    assert stack.names() == ["menu 1", "menu 2", "menu 3"]
+
+
+def test_close_without_commit_releases(stack: Stack) -> None:
+    session = stack.sessions()
+    session.get(stack.menu, 2).name = "abandoned"
+    session.flush()
+    assert not _lock_is_free(stack, "menu:2")
+    session.close()
+    assert _lock_is_free(stack, "menu:2")
+    assert stack.name_of(2) == "menu 2"
+
+
+def test_a_session_dropped_without_close_releases_when_collected(stack: Stack) -> None:
+    session = stack.sessions()
+    session.get(stack.menu, 2).name = "dropped"
+    session.flush()
+    assert not _lock_is_free(stack, "menu:2")
+    session.get_bind()  # keep nothing else referring to it
+    del session
+    import gc
+
+    gc.collect()
+    assert wait_until(lambda: _lock_is_free(stack, "menu:2"), 5)
+
+
+def test_commit_from_another_thread_releases(stack: Stack) -> None:
+    session = stack.sessions()
+    session.get(stack.menu, 2).name = "handed over"
+    session.flush()
+    worker = threading.Thread(target=session.commit)
+    worker.start()
+    worker.join()
+    session.close()
+    assert _lock_is_free(stack, "menu:2")
+    assert stack.name_of(2) == "handed over"
+    # This thread's local lock is free again: it can write the key.
+    with stack.guard.write("menu:2", timeout=2):
+        pass
+
+
+def test_other_threads_wait_for_the_transaction_then_see_the_commit(stack: Stack) -> None:
+    assert stack.name_of(2) == "menu 2"
+    results: list[str | None] = []
+    with stack.sessions() as session:
+        session.get(stack.menu, 2).name = "after commit"
+        session.flush()
+        reader = threading.Thread(target=lambda: results.append(stack.name_of(2)))
+        reader.start()
+        time.sleep(0.3)
+        assert results == []  # blocked behind the write lock
+        session.commit()
+    reader.join(5)
+    assert results == ["after commit"]
+
+
+def test_new_objects_invalidate_their_keys_after_the_insert(stack: Stack) -> None:
+    assert stack.name_of(9) is None  # cached as a negative entry
+    with stack.sessions() as session:
+        session.add(stack.menu(id=9, name="new", parent_id=2))
+        session.flush()
+        assert {"menu:9", "menu:list", "menu:children:2"} <= stack.tracker.held_keys(session)
+        session.commit()
+    assert stack.name_of(9) == "new"
+
+
+def test_generated_ids_are_named_after_the_insert(stack: Stack) -> None:
+    with stack.sessions() as session:
+        row = stack.menu(name="generated", parent_id=1)
+        session.add(row)
+        session.flush()
+        assert f"menu:{row.id}" in stack.tracker.held_keys(session)
+        assert "menu:None" not in stack.tracker.held_keys(session)
+        session.commit()
+
+
+def test_delete_invalidates(stack: Stack) -> None:
+    assert stack.name_of(3) == "menu 3"
+    with stack.sessions() as session:
+        session.delete(session.get(stack.menu, 3))
+        session.commit()
+    assert stack.name_of(3) is None
+    assert stack.names() == ["menu 1", "menu 2"]
+
+
+# -- savepoints ------------------------------------------------------------------------------------
+
+
+def test_savepoint_commit_merges_and_rollback_drops_only_its_own(stack: Stack) -> None:
+    with stack.sessions() as session:
+        session.get(stack.menu, 1).name = "outer"
+        session.flush()
+        outer = set(stack.tracker.held_keys(session))
+        assert outer == {"menu:list", "menu:1", "menu:children:None"}
+
+        kept = session.begin_nested()
+        session.get(stack.menu, 2).name = "kept"
+        session.flush()
+        kept.commit()
+        assert "menu:2" in stack.tracker.held_keys(session)
+
+        dropped = session.begin_nested()
+        session.get(stack.menu, 3).name = "dropped"
+        session.get(stack.menu, 1).name = "outer again"  # also the outer's key
+        session.flush()
+        assert "menu:3" in stack.tracker.held_keys(session)
+        dropped.rollback()
+        held = stack.tracker.held_keys(session)
+        assert "menu:3" not in held  # only the savepoint touched it: released
+        assert _lock_is_free(stack, "menu:3")
+        assert outer | {"menu:2"} <= held  # the outer's and the merged savepoint's stay
+        assert not _lock_is_free(stack, "menu:2")
+        session.commit()
+    assert stack.names() == ["outer", "kept", "menu 3"]
+    assert all(_lock_is_free(stack, n) for n in ("menu:list", "menu:1", "menu:2"))
+
+
+def test_nested_savepoints_merge_up_to_the_outermost(stack: Stack) -> None:
+    with stack.sessions() as session:
+        level1 = session.begin_nested()
+        level2 = session.begin_nested()
+        session.get(stack.menu, 3).name = "deep"
+        session.flush()
+        level2.commit()
+        level1.commit()
+        assert "menu:3" in stack.tracker.held_keys(session)
+        assert not _lock_is_free(stack, "menu:3")
+        session.commit()
+    assert _lock_is_free(stack, "menu:3")
+    assert stack.name_of(3) == "deep"
+
+
+# -- ORM statements --------------------------------------------------------------------------------
+
+
+def test_orm_update_statement_invalidates_the_rows_it_touches(stack: Stack) -> None:
+    assert stack.names() == ["menu 1", "menu 2", "menu 3"]
+    assert stack.name_of(2) == "menu 2"
+    assert stack.name_of(1) == "menu 1"
+    with stack.sessions() as session:
+        session.execute(
+            sa.update(stack.menu).where(stack.menu.id >= 2).values(name="bulk", parent_id=7)
+        )
+        held = stack.tracker.held_keys(session)
+        assert {"menu:2", "menu:3", "menu:list", "menu:children:1", "menu:children:7"} <= held
+        assert "menu:1" not in held
+        session.commit()
+    assert stack.names() == ["menu 1", "bulk", "bulk"]
+    assert stack.name_of(2) == "bulk"
+    assert stack.guard.peek("menu:1") == "menu 1"  # untouched row: still cached
+
+
+def test_orm_bulk_update_by_primary_key_and_delete(stack: Stack) -> None:
+    assert stack.name_of(2) == "menu 2"
+    assert stack.name_of(3) == "menu 3"
+    with stack.sessions() as session:
+        session.execute(
+            sa.update(stack.menu), [{"id": 2, "name": "two"}, {"id": 3, "name": "three"}]
+        )
+        assert {"menu:2", "menu:3"} <= stack.tracker.held_keys(session)
+        session.commit()
+    assert (stack.name_of(2), stack.name_of(3)) == ("two", "three")
+    with stack.sessions() as session:
+        session.execute(sa.delete(stack.menu).where(stack.menu.name == "two"))
+        session.commit()
+    assert stack.name_of(2) is None
+
+
+def test_statements_over_max_rows_invalidate_by_prefix(stack: Stack) -> None:
+    stack.tracker.max_rows = 1
+    assert stack.name_of(1) == "menu 1"
+    assert stack.name_of(2) == "menu 2"
+    with stack.sessions() as session:
+        session.execute(sa.update(stack.menu).values(sort=5))
+        session.commit()
+    assert stack.guard.peek("menu:1") is MISSING
+    assert stack.guard.peek("menu:2") is MISSING
+
+
+def test_orm_insert_statement_invalidates(stack: Stack) -> None:
+    assert stack.name_of(7) is None
+    with stack.sessions() as session:
+        session.execute(sa.insert(stack.menu), [{"id": 7, "name": "seven", "parent_id": 1}])
+        assert "menu:7" in stack.tracker.held_keys(session)
+        session.commit()
+    assert stack.name_of(7) == "seven"
+
+
+# -- snapshots -------------------------------------------------------------------------------------
+
+
+def test_a_reader_with_an_old_snapshot_cannot_fill_a_stale_row(stack: Stack, db_url: str) -> None:
+    """PostgreSQL REPEATABLE READ / SQLite WAL: the reader's snapshot predates a commit."""
+    reader = stack.sessions()
+    try:
+        if not db_url.startswith("sqlite"):
+            reader.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        assert reader.get(stack.menu, 2).name == "menu 2"  # the snapshot is taken here
+        with stack.sessions() as writer:
+            writer.get(stack.menu, 2).name = "fresh"
+            writer.commit()
+
+        def load_in_reader() -> str:
+            return reader.scalars(sa.select(stack.menu.name).where(stack.menu.id == 2)).one()
+
+        # The reader sees its snapshot (that is its business) but must not cache it.
+        assert stack.guard.get_or_load("menu:2", load_in_reader, ttl=60) == "menu 2"
+        assert stack.guard.stats().stores_rejected == 1
+        assert stack.guard.peek("menu:2") is MISSING
+    finally:
+        reader.close()
+    assert stack.name_of(2) == "fresh"
+
+
+def test_a_snapshot_taken_after_the_commit_may_fill(stack: Stack) -> None:
+    with stack.sessions() as writer:
+        writer.get(stack.menu, 2).name = "fresh"
+        writer.commit()
+    with stack.sessions() as reader:
+        assert reader.get(stack.menu, 1) is not None  # transaction open in this thread
+        assert stack.name_of(2) == "fresh"
+    assert stack.guard.peek("menu:2") == "fresh"
+    assert stack.guard.stats().stores_rejected == 0
+
+
+# -- leases and dead holders -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_long_transaction_keeps_its_locks_past_the_lease(
+    redis_url: str, namespace: str, db_url: str, table: str
+) -> None:
+    stack = Stack(redis_url, namespace, db_url, table, lease=0.5, wait_timeout=5)
+    try:
+        with stack.sessions() as session:
+            session.get(stack.menu, 2).name = "slow"
+            session.flush()
+            time.sleep(2.0)  # four leases
+            assert not _lock_is_free(stack, "menu:2")
+            assert stack.guard.stats().backend_errors == 0
+            session.commit()  # its release would raise LockLostError into the log if lost
+        assert _lock_is_free(stack, "menu:2")
+        assert stack.name_of(2) == "slow"
+    finally:
+        stack.close()
+
+
+@pytest.mark.slow
+def test_a_process_killed_mid_transaction_frees_its_locks_at_lease_end(
+    client: redis.Redis, redis_url: str, namespace: str, db_url: str, table: str, stack: Stack
+) -> None:
+    lease = 1.0
+    child = CTX.Process(
+        target=sa_support.die_holding_write_locks,
+        args=(redis_url, namespace, db_url, table, lease),
+        daemon=True,
+    )
+    child.start()
+    try:
+        assert wait_until(lambda: client.get(f"{namespace}:test:flushed") == b"1", 30)
+        assert not _lock_is_free(stack, "menu:2")
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        killed_at = time.monotonic()
+        child.join(10)
+        assert stack.name_of(2) == "menu 2"  # waits for the dead holder's lease
+        waited = time.monotonic() - killed_at
+        assert waited <= lease + 1.0 + 2.0  # lease + 1 s, plus slack for a loaded machine
+        assert stack.names() == ["menu 1", "menu 2", "menu 3"]
+    finally:
+        if child.is_alive():
+            child.kill()
+
+
+# -- failures and configuration --------------------------------------------------------------------
+
+
+def test_flush_fails_cleanly_when_redis_is_down(
+    redis_url: str, namespace: str, db_url: str, table: str
+) -> None:
+    stack = Stack(redis_url, namespace, db_url, table, wait_timeout=1)
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    stack.guard.client = dead  # invalidation fails; the lock scripts use the live client
+    try:
+        with stack.sessions() as session:
+            session.get(stack.menu, 2).name = "not written"
+            with pytest.raises(BackendUnavailable):
+                session.flush()
+            session.rollback()
+        stack.guard.client = stack.client
+        assert _lock_is_free(stack, "menu:2")
+        with stack.sessions() as session:
+            assert session.get(stack.menu, 2).name == "menu 2"
+    finally:
+        stack.guard.client = stack.client
+        stack.close()
+
+
+def test_lock_timeout_fails_the_flush_and_releases(stack: Stack) -> None:
+    other = stack.guard.rwlock("menu:2").remote.try_acquire_write(owner="someone-else")
+    assert other is not None
+    stack.tracker.lock_timeout = 0.3
+    try:
+        with stack.sessions() as session:
+            session.get(stack.menu, 2).name = "blocked"
+            with pytest.raises(LockTimeout):
+                session.flush()
+            session.rollback()
+            assert stack.tracker.held_keys(session) == frozenset()
+    finally:
+        other.release()
+    assert all(_lock_is_free(stack, n) for n in ("menu:list", "menu:2", "menu:children:1"))
+
+
+def test_models_and_templates_are_checked(client: redis.Redis, namespace: str) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Item(Base):
+        __tablename__ = "item_unused"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        __cache_keys__ = ("item:{id}",)
+
+    guard = make_guard(client, namespace)
+    factory = sa.orm.sessionmaker()
+    with pytest.raises(KeyTemplateError, match="not a column attribute"):
+        track_models(guard, factory, {Item: ("item:{nope}",)})
+    with pytest.raises(KeyTemplateError, match="non-empty sequence"):
+        track_models(guard, factory, {Item: "item:{id}"})
+    with pytest.raises(TypeError, match="not a mapped"):
+        track_models(guard, factory, {int: ("x",)})
+    with pytest.raises(KeyTemplateError, match="__cache_keys__"):
+        track_models(guard, factory, [int])
+    with pytest.raises(ValueError, match="at least one"):
+        track_models(guard, factory, {})
+    with pytest.raises(TypeError, match="CacheGuard"):
+        track_models(client, factory, [Item])  # type: ignore[arg-type]
+    tracker = track_models(guard, factory, [Item])  # the class attribute form
+    assert tracker.keys_of(Item(id=4)) == {"item:4"}
+    tracker.remove()
+
+
+def test_key_names_match_the_decorator_escaping(stack: Stack) -> None:
+    from cacheguard.cache.templates import render_key
+
+    row = stack.menu(id=5, name="x", parent_id=None)
+    assert stack.tracker.keys_of(row) == {"menu:list", "menu:5", "menu:children:None"}
+    assert render_key("menu:{menu_id}", {"menu_id": 5}) == "menu:5"
+    assert client_for  # the helper module is importable by children
