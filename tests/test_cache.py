@@ -446,11 +446,18 @@ def test_invalidation_stamps_rise_and_never_go_down(client: redis.Redis, namespa
     stamp = guard.watermark()
     assert stamp == before + 1
     assert int(client.get(guard.keys("a").version)) == stamp
-    # An invalidation whose number arrives late (a slower writer) keeps the higher one.
+    # A stamp that arrives late (a slower writer) still moves the version up.
     from cacheguard.cache.scripts import INVALIDATE
 
     keys = guard.keys("a")
-    assert INVALIDATE(client, [keys.value, keys.version], [60_000, "", "a", stamp - 1]) == stamp
+    late = INVALIDATE(client, [keys.value, keys.version], [60_000, "", "a", stamp - 1])
+    assert late == stamp + 1
+    # A sequence that lost increments (a failover) is lifted to the versions in use,
+    # and every invalidation still changes the version (fills in flight fail).
+    client.set(f"{namespace}:wm", 0)
+    guard.invalidate("a")
+    assert int(client.get(keys.version)) == stamp + 2
+    assert guard.watermark() == stamp + 2
 
 
 def test_write_body_exception_still_invalidates_and_releases(

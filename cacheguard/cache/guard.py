@@ -47,7 +47,7 @@ from cacheguard.cache.flow import (
     Wait,
     fill_flow,
 )
-from cacheguard.cache.scripts import FILL_BEGIN, FILL_END, INVALIDATE
+from cacheguard.cache.scripts import FILL_BEGIN, FILL_END, INVALIDATE, RAISE_WATERMARK
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight, SingleFlight
 from cacheguard.cache.stats import Stats, StatsRecorder
 from cacheguard.cache.watermark import collecting
@@ -371,6 +371,9 @@ class CacheGuard:
                     )
                 )
             results = run_pipelined(self.client, calls)
+            highest = max((r for r in results if isinstance(r, int)), default=stamp)
+            if highest > stamp:  # a version ran ahead of the sequence: lift the sequence
+                RAISE_WATERMARK(self.client, [self._watermark_key], [highest])
         except _REDIS_DOWN as exc:
             self._backend_failed(names[0], exc)
             raise BackendUnavailable(

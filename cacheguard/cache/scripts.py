@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from cacheguard.locks.scripts import LOCK_PRELUDE, LuaScript
 
-__all__ = ["FILL_BEGIN", "FILL_END", "INVALIDATE"]
+__all__ = ["FILL_BEGIN", "FILL_END", "INVALIDATE", "RAISE_WATERMARK"]
 
 FILL_BEGIN_CONTRACT = """\
 -- fill_begin: return the value, or make the caller the key's one filler, or say who is busy.
@@ -125,15 +125,31 @@ INVALIDATE = LuaScript("""\
 -- ARGV[2]  L1 invalidation channel ('' for none)
 -- ARGV[3]  the resource name, announced on that channel
 -- ARGV[4]  this invalidation's number (INCR of <ns>:wm, sent just before)
--- Returns the key's new version. It never goes down: two invalidations whose
--- numbers arrive out of order keep the higher one.
+-- Returns the key's new version, which is always higher than before: the stamp,
+-- or the old version + 1 when the stamp is not above it (two invalidations that
+-- arrived out of order, or a counter that lost increments in a failover; the
+-- caller then raises the counter to the version, see RAISE_WATERMARK).
 local version = tonumber(redis.call('GET', KEYS[2]) or '0')
 local stamp = tonumber(ARGV[4])
-if stamp > version then version = stamp end
+if stamp > version then version = stamp else version = version + 1 end
 redis.call('SET', KEYS[2], string.format('%d', version), 'PX', ARGV[1])
 redis.call('DEL', KEYS[1])
 if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return version
+""")
+
+RAISE_WATERMARK = LuaScript("""\
+-- raise_watermark: lift the invalidation sequence to at least a version in use.
+-- KEYS[1]  the namespace's sequence   <ns>:wm
+-- ARGV[1]  the highest version an invalidation just wrote
+-- Returns the sequence's value afterwards.
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local wanted = tonumber(ARGV[1])
+if wanted > current then
+  redis.call('SET', KEYS[1], string.format('%d', wanted))
+  return wanted
+end
+return current
 """)
 
 FILL_BEGIN = LuaScript(FILL_BEGIN_CONTRACT + LOCK_PRELUDE + _FILL_BEGIN_BODY)
