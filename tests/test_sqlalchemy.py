@@ -17,6 +17,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from cacheguard import MISSING, BackendUnavailable, KeyTemplateError, LockTimeout
 from cacheguard.sqlalchemy import track_models
+from cacheguard.testing import free_port
 from tests import sa_support
 from tests.helpers import client_for, make_guard, wait_until
 from tests.procs import CTX, run_processes
@@ -87,19 +88,15 @@ def test_update_through_a_session_is_seen_by_every_process(
     assert others == [["menu 1", "soups", "menu 3"]] * 2
 
 
-def test_old_and_new_values_of_template_columns_are_both_invalidated(stack: Stack) -> None:
-    with stack.sessions() as session:
-        session.get(stack.menu, 3).parent_id = 2
-        session.flush()
-        assert {"menu:children:1", "menu:children:2"} <= stack.tracker.held_keys(session)
-        session.commit()
-
-
-def test_old_value_of_an_unloaded_column_is_loaded_to_name_its_key(stack: Stack) -> None:
+@pytest.mark.parametrize("loaded", [True, False], ids=["loaded", "expired"])
+def test_old_and_new_values_of_template_columns_are_both_invalidated(
+    stack: Stack, loaded: bool
+) -> None:
     with stack.sessions() as session:
         row = session.get(stack.menu, 3)
-        session.expire(row, ["parent_id"])
-        row.parent_id = 2  # the old value was never loaded: active history loads it
+        if not loaded:  # the old value was never loaded: active history loads it
+            session.expire(row, ["parent_id"])
+        row.parent_id = 2
         session.flush()
         assert {"menu:children:1", "menu:children:2"} <= stack.tracker.held_keys(session)
         session.rollback()
@@ -312,6 +309,68 @@ def test_statements_over_max_rows_invalidate_by_prefix(stack: Stack) -> None:
     assert stack.guard.peek("menu:2") is MISSING
 
 
+def test_a_row_that_joins_the_where_while_waiting_for_locks_is_invalidated(
+    stack: Stack, db_url: str
+) -> None:
+    """T2 moves row 1 into T1's WHERE and commits while T1 waits for T2's cache locks."""
+    t2 = stack.sessions()
+    t2.get(stack.menu, 1).parent_id = 1
+    t2.flush()  # holds menu:list, menu:1, menu:children:1
+    updated, may_commit = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def t1() -> None:
+        try:
+            with stack.sessions() as session:
+                stmt = sa.update(stack.menu).where(stack.menu.parent_id == 1).values(name="x")
+                session.execute(stmt)
+                updated.set()
+                may_commit.wait(10)
+                session.commit()
+        except BaseException as exc:  # SQLite refuses the write: its snapshot is stale
+            errors.append(exc)
+            updated.set()
+
+    worker = threading.Thread(target=t1)
+    worker.start()
+    time.sleep(0.5)  # T1 selected rows 2 and 3 and waits for a cache lock
+    t2.commit()
+    t2.close()
+    updated.wait(10)
+    stack.name_of(1)  # a reader fills menu:1 before T1 commits
+    may_commit.set()
+    worker.join(10)
+    if db_url.startswith("sqlite"):
+        assert errors, "SQLite should refuse the upgrade of a stale read transaction"
+    else:
+        assert not errors
+    with stack.sessions() as session:
+        truth = {m.id: m.name for m in session.scalars(sa.select(stack.menu))}
+    assert {i: stack.name_of(i) for i in truth} == truth
+
+
+def test_lock_timeout_midway_in_a_savepoint_invalidates_and_releases(stack: Stack) -> None:
+    # Sorted: menu:3 < menu:children:1 < menu:list; the last one is taken elsewhere.
+    other = stack.guard.rwlock("menu:list").remote.try_acquire_write(owner="someone-else")
+    assert other is not None
+    stack.tracker.lock_timeout = 0.3
+    assert stack.name_of(3) == "menu 3"
+    try:
+        with stack.sessions() as session:
+            savepoint = session.begin_nested()
+            session.get(stack.menu, 3).name = "half locked"
+            with pytest.raises(LockTimeout):
+                session.flush()
+            savepoint.rollback()
+            assert stack.tracker.held_keys(session) == frozenset()
+            assert _lock_is_free(stack, "menu:3")
+            session.commit()
+    finally:
+        other.release()
+    assert stack.guard.peek("menu:3") is MISSING  # invalidated on the way out
+    assert stack.name_of(3) == "menu 3"
+
+
 def test_orm_insert_statement_invalidates(stack: Stack) -> None:
     assert stack.name_of(7) is None
     with stack.sessions() as session:
@@ -319,6 +378,40 @@ def test_orm_insert_statement_invalidates(stack: Stack) -> None:
         assert "menu:7" in stack.tracker.held_keys(session)
         session.commit()
     assert stack.name_of(7) == "seven"
+
+
+def test_orm_insert_with_a_generated_id_invalidates_its_key(stack: Stack) -> None:
+    with stack.sessions() as session:
+        session.execute(sa.insert(stack.menu).values(name="generated", parent_id=1))
+        session.commit()
+    with stack.sessions() as session:
+        new_id = session.scalars(sa.select(sa.func.max(stack.menu.id))).one()
+    with stack.sessions() as session:
+        session.execute(sa.delete(stack.menu).where(stack.menu.id == new_id))
+        session.commit()
+    assert stack.name_of(new_id) is None  # cached as missing
+    with stack.sessions() as session:
+        session.execute(sa.insert(stack.menu).values(id=new_id, name="back", parent_id=1))
+        session.commit()
+    assert stack.name_of(new_id) == "back"
+
+
+def test_upsert_invalidates_the_keys_of_the_row_it_overwrites(stack: Stack, db_url: str) -> None:
+    if db_url.startswith("sqlite"):
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert
+    assert stack.name_of(2) == "menu 2"
+    stmt = insert(stack.menu).values(id=2, name="upserted", parent_id=3)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[stack.menu.id], set_={"name": "upserted", "parent_id": 3}
+    )
+    with stack.sessions() as session:
+        session.execute(stmt)
+        held = stack.tracker.held_keys(session)
+        assert {"menu:2", "menu:children:1", "menu:children:3"} <= held
+        session.commit()
+    assert stack.name_of(2) == "upserted"
 
 
 # -- snapshots -------------------------------------------------------------------------------------
@@ -409,7 +502,22 @@ def test_a_process_killed_mid_transaction_frees_its_locks_at_lease_end(
 # -- failures and configuration --------------------------------------------------------------------
 
 
-def test_flush_fails_cleanly_when_redis_is_down(
+def test_flush_fails_cleanly_when_redis_is_down(namespace: str, db_url: str, table: str) -> None:
+    dead_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    down = Stack(dead_url, namespace, db_url, table, wait_timeout=1)
+    try:
+        with down.sessions() as session:
+            session.get(down.menu, 2).name = "not written"  # begin: watermark -1, logged
+            with pytest.raises(BackendUnavailable):
+                session.flush()
+            session.rollback()
+        with down.sessions() as session:
+            assert session.get(down.menu, 2).name == "menu 2"
+    finally:
+        down.close()
+
+
+def test_flush_fails_cleanly_when_invalidation_fails(
     redis_url: str, namespace: str, db_url: str, table: str
 ) -> None:
     stack = Stack(redis_url, namespace, db_url, table, wait_timeout=1)

@@ -337,11 +337,14 @@ class CacheGuard:
         snapshot is taken and a fill from that snapshot cannot store a value that
         a later invalidation replaced (see ``cache/watermark.py``). Raises
         :class:`BackendUnavailable` when Redis is unreachable."""
+        if not self._breaker.allow():
+            raise BackendUnavailable("Redis unavailable reading the watermark (circuit open)")
         try:
             raw = self.client.get(self._watermark_key)
         except _REDIS_DOWN as exc:
             self._backend_failed(self._watermark_key, exc)
             raise BackendUnavailable(f"Redis unreachable reading the watermark: {exc}") from exc
+        self._breaker.success()
         return int(raw or 0)
 
     def invalidate(self, *names: str) -> None:

@@ -27,6 +27,7 @@ open; a process that dies mid-transaction frees them when its lease ends.
 from __future__ import annotations
 
 import logging
+import queue
 import string
 import threading
 import weakref
@@ -38,6 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import Mapper, ORMExecuteState, Session, SessionTransaction
 
+from cacheguard._identity import on_fork_in_child
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import render_key, template_fields
 from cacheguard.cache.watermark import note_snapshot, snapshot_opened
@@ -209,65 +211,106 @@ class ModelTracker:
         if spec is None:
             return None
         if orm_state.is_insert:
-            self._lock(session, self._inserted_keys(session, spec, orm_state))
-            return None
+            return self._run_insert(session, spec, orm_state)
+        by_key = isinstance(orm_state.parameters, list)  # ORM bulk UPDATE by primary key
         rows = self._touched_rows(session, spec, orm_state)
         if rows is None:
             self._lock_by_prefix(session, spec)
             return None
-        names = set().union(*(self._render(spec, row) for row in rows)) if rows else set()
-        names |= self._fixed(spec)
-        self._lock(session, names)
+        self._lock(session, self._fixed(spec).union(*(self._render(spec, r) for r in rows)))
         result = orm_state.invoke_statement()
+        # The rows were selected (and, where the database can, row-locked) before the
+        # cache locks were waited for; a row that came to match the WHERE meanwhile is
+        # only visible in the count. Then the keys are not known: invalidate by prefix.
+        count = getattr(result, "rowcount", -1)
+        if not by_key and isinstance(count, int) and count >= 0 and count != len(rows):
+            self._lock_by_prefix(session, spec)
         if orm_state.is_update and rows:
-            # New values (an update may move a row to another key); this also buffers
-            # nothing of ``result``, which the caller consumes as usual.
+            # New values (an update may move a row to another key); ``result`` is
+            # left for the caller to consume as usual.
             keys = [tuple(row[k] for k in spec.primary_key) for row in rows]
             after = self._select_rows(session, spec, _primary_key_in(spec, keys))
-            self._lock(session, set().union(*(self._render(spec, r) for r in after or [])))
+            if after is None:
+                self._lock_by_prefix(session, spec)
+            else:
+                self._lock(session, set().union(*(self._render(spec, r) for r in after)))
         return result
 
-    def _inserted_keys(
-        self, session: Session, spec: _ModelKeys, orm_state: ORMExecuteState
-    ) -> set[str]:
-        names = self._fixed(spec)
+    def _run_insert(self, session: Session, spec: _ModelKeys, orm_state: ORMExecuteState) -> Any:
+        """An ORM insert(): keys from the values given; rows an upsert overwrites are
+        selected first; keys naming generated ids come from the result, else by prefix."""
         params: Any = orm_state.parameters
         rows: list[Any] = params if isinstance(params, list) else [params] if params else []
+        rows = [r for r in rows if isinstance(r, Mapping)]
+        if not rows:  # insert(...).values(...): the values are in the statement
+            rows = [_statement_values(orm_state.statement)]
+        names = self._fixed(spec)
+        with_keys = bool(rows) and all(set(spec.primary_key) <= set(r) for r in rows)
+        if with_keys:  # an upsert would overwrite these rows: their old values count
+            keys = [tuple(r[k] for k in spec.primary_key) for r in rows]
+            existing = self._select_rows(session, spec, _primary_key_in(spec, keys))
+            if existing is None:
+                self._lock_by_prefix(session, spec)
+                existing = []
+            names = names.union(*(self._render(spec, r) for r in existing))
+        elif getattr(orm_state.statement, "_post_values_clause", None) is not None:
+            self._lock_by_prefix(session, spec)  # ON CONFLICT on another column: rows unknown
+        later: list[str] = []
         for template, fields in spec.fields.items():
             if not fields:
                 continue
-            if rows and all(isinstance(r, Mapping) and set(fields) <= set(r) for r in rows):
+            if rows and all(set(fields) <= set(r) for r in rows):
                 names |= {
                     render_key(template, r, max_length=self.guard.max_key_length) for r in rows
                 }
-            else:  # e.g. ids the database generates: invalidate the template by prefix
-                self._invalidate_prefix(session, template)
-        return names
+            else:
+                later.append(template)
+        self._lock(session, names)
+        result = orm_state.invoke_statement()
+        if later:
+            generated = getattr(result, "inserted_primary_key_rows", None)
+            new_rows = (
+                self._select_rows(
+                    session, spec, _primary_key_in(spec, [tuple(k) for k in generated])
+                )
+                if generated and all(None not in k for k in generated)
+                else None
+            )
+            if new_rows is None:
+                for template in later:  # ids the database generated, not reported
+                    self._invalidate_prefix(session, template)
+            else:
+                self._lock(session, set().union(*(self._render(spec, r) for r in new_rows)))
+        return result
 
     def _touched_rows(
         self, session: Session, spec: _ModelKeys, orm_state: ORMExecuteState
     ) -> list[dict[str, Any]] | None:
         """The template and key column values of the rows the statement touches, or
-        None when they cannot be listed (too many, or no usable criteria)."""
+        None when they cannot be listed (too many). The rows are locked in the
+        database where it supports ``FOR UPDATE``, so they cannot leave the set."""
         params = orm_state.parameters
-        if isinstance(params, list):  # ORM bulk UPDATE by primary key: one row per dict
+        if isinstance(params, list):
             try:
                 keys = [tuple(p[k] for k in spec.primary_key) for p in params]
             except (KeyError, TypeError):
                 return None
             if len(keys) > self.max_rows:
                 return None
-            return self._select_rows(session, spec, _primary_key_in(spec, keys))
-        where = getattr(orm_state.statement, "whereclause", None)
-        return self._select_rows(session, spec, where)
+            where = _primary_key_in(spec, keys)
+        else:
+            where = getattr(orm_state.statement, "whereclause", None)
+        return self._select_rows(session, spec, where, for_update=True)
 
     def _select_rows(
-        self, session: Session, spec: _ModelKeys, where: Any
+        self, session: Session, spec: _ModelKeys, where: Any, *, for_update: bool = False
     ) -> list[dict[str, Any]] | None:
         query = sa.select(*(getattr(spec.model, c) for c in spec.columns))
         if where is not None:
             query = query.where(where)
         query = query.limit(self.max_rows + 1).execution_options(autoflush=False)
+        if for_update:
+            query = query.with_for_update()
         rows = [dict(r) for r in session.execute(query).mappings()]
         return rows if len(rows) <= self.max_rows else None
 
@@ -298,8 +341,10 @@ class ModelTracker:
         if not fresh:
             return
         if state.finalizer is None:
-            # A session dropped without close(): release when it is collected.
-            state.finalizer = weakref.finalize(session, _release_all, self.guard, state)
+            # A session dropped without close(): release when it is collected (by a
+            # background thread: the collector may run inside any lock of ours).
+            _start_orphan_thread()
+            state.finalizer = weakref.finalize(session, _release_later, self.guard, state)
         me = threading.get_ident()
         for name in fresh:  # one global order within each batch
             lock = self.guard.rwlock(name)
@@ -333,7 +378,7 @@ class ModelTracker:
                 state.by_transaction.setdefault(id(enclosing), set()).update(own)
             return
         # Rolled back: what only this savepoint touched is as before; let it go.
-        still = set().union(*state.by_transaction.values()) if state.by_transaction else set()
+        still = set().union(*state.by_transaction.values())
         _release(self.guard, state, sorted(own - still))
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -459,6 +504,14 @@ def _old_values(obj: Any, spec: _ModelKeys) -> dict[str, Any]:
     return values
 
 
+def _statement_values(statement: Any) -> dict[str, Any]:
+    """The literal values of an ``insert(...).values(...)``, by column key."""
+    try:
+        return {k: v for k, v in statement.compile().params.items() if v is not None}
+    except Exception:  # a statement that does not compile on its own: values unknown
+        return {}
+
+
 def _primary_key_in(spec: _ModelKeys, keys: list[tuple[Any, ...]]) -> Any:
     columns = [getattr(spec.model, k) for k in spec.primary_key]
     if len(columns) == 1:
@@ -485,7 +538,9 @@ def _enclosing(transaction: SessionTransaction) -> SessionTransaction | None:
 
 
 def _release(guard: CacheGuard, state: _TransactionLocks, names: list[str]) -> None:
-    """Invalidate ``names`` once more, then release their write locks."""
+    """Invalidate ``names`` once more (locked or not: a lock that timed out still
+    leaves a change behind), then release the locks among them. Never raises: it
+    runs after the database has committed or rolled back."""
     if not names:
         return
     try:
@@ -493,7 +548,10 @@ def _release(guard: CacheGuard, state: _TransactionLocks, names: list[str]) -> N
     except Exception:
         log.exception("invalidating %d keys at the end of a transaction failed", len(names))
     for name in reversed(names):
-        lock, holder = state.locks.pop(name)
+        held = state.locks.pop(name, None)
+        if held is None:
+            continue
+        lock, holder = held
         try:
             lock.release_write(holder=holder)
         except Exception:
@@ -502,7 +560,9 @@ def _release(guard: CacheGuard, state: _TransactionLocks, names: list[str]) -> N
 
 def _release_all(guard: CacheGuard, state: _TransactionLocks) -> None:
     """The outermost transaction ended: invalidate everything again, release all."""
-    _release(guard, state, list(state.locks))
+    touched = set().union(*state.by_transaction.values())
+    names = list(state.locks) + sorted(touched - set(state.locks))  # locks in taking order
+    _release(guard, state, names)
     for prefix in sorted(state.prefixes):
         try:
             guard.invalidate_prefix(prefix)
@@ -515,3 +575,42 @@ def _release_all(guard: CacheGuard, state: _TransactionLocks) -> None:
     if state.finalizer is not None:
         state.finalizer.detach()
         state.finalizer = None
+
+
+_orphans: queue.SimpleQueue[tuple[CacheGuard, _TransactionLocks]] = queue.SimpleQueue()
+_orphan_thread: threading.Thread | None = None
+_orphan_mutex = threading.Lock()
+
+
+def _release_later(guard: CacheGuard, state: _TransactionLocks) -> None:
+    """Finalizer of a dropped session: hand its locks to the releasing thread
+    (SimpleQueue.put is safe inside the garbage collector; nothing else is)."""
+    _orphans.put((guard, state))
+
+
+def _start_orphan_thread() -> None:
+    """Start the thread that releases dropped sessions' locks (once per process),
+    before any finalizer can need it."""
+    global _orphan_thread
+    with _orphan_mutex:
+        if _orphan_thread is None or not _orphan_thread.is_alive():
+            _orphan_thread = threading.Thread(
+                target=_release_orphans, name="cacheguard-orphans", daemon=True
+            )
+            _orphan_thread.start()
+
+
+def _release_orphans() -> None:
+    while True:
+        guard, state = _orphans.get()
+        _release_all(guard, state)  # logs its failures, never raises
+
+
+def _reset_after_fork() -> None:
+    global _orphans, _orphan_thread, _orphan_mutex
+    _orphans = queue.SimpleQueue()  # the parent's dropped sessions are the parent's
+    _orphan_thread = None
+    _orphan_mutex = threading.Lock()
+
+
+on_fork_in_child(_reset_after_fork)
