@@ -119,13 +119,17 @@ class ModelTracker:
         self._by_class: dict[type[Any], _ModelKeys | None] = {}
         self._info_key = f"cacheguard.tracker.{id(self)}"
         self._history_listeners: list[tuple[Any, str, Any]] = []
+
+        def keep_old_value(target: Any, value: Any, oldvalue: Any, initiator: Any) -> Any:
+            return value  # one function per tracker: remove() takes only its own
+
         for spec in self._models.values():
             for name in spec.columns:
                 attribute = getattr(spec.model, name)
                 # Loads the old value when a template column is set without being
                 # loaded, so the key named by the old value can be invalidated too.
-                event.listen(attribute, "set", _keep_old_value, active_history=True, propagate=True)
-                self._history_listeners.append((attribute, "set", _keep_old_value))
+                event.listen(attribute, "set", keep_old_value, active_history=True, propagate=True)
+                self._history_listeners.append((attribute, "set", keep_old_value))
         for name in _SESSION_EVENTS:
             event.listen(session_factory, name, getattr(self, f"_on_{name}"))
 
@@ -438,10 +442,6 @@ def track_models(
 
 
 # -- module helpers ---------------------------------------------------------------------------
-
-
-def _keep_old_value(target: Any, value: Any, oldvalue: Any, initiator: Any) -> Any:
-    return value
 
 
 def _check_models(
