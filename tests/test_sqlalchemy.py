@@ -371,6 +371,29 @@ def test_lock_timeout_midway_in_a_savepoint_invalidates_and_releases(stack: Stac
     assert stack.name_of(3) == "menu 3"
 
 
+def test_prefix_invalidation_refuses_fills_from_older_snapshots(stack: Stack, db_url: str) -> None:
+    """The key has no value and no fill when the prefix SCAN runs: the prefix stamp
+    still keeps a reader on an older snapshot from storing the old row."""
+    stack.tracker.max_rows = 1
+    reader = stack.sessions()
+    try:
+        if not db_url.startswith("sqlite"):
+            reader.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        assert reader.get(stack.menu, 2).name == "menu 2"  # snapshot taken
+        with stack.sessions() as writer:
+            writer.execute(sa.update(stack.menu).values(name="renamed"))  # prefix path
+            writer.commit()
+
+        def load_in_reader() -> str:
+            return reader.scalars(sa.select(stack.menu.name).where(stack.menu.id == 2)).one()
+
+        assert stack.guard.get_or_load("menu:2", load_in_reader, ttl=60) == "menu 2"
+        assert stack.guard.peek("menu:2") is MISSING
+    finally:
+        reader.close()
+    assert stack.name_of(2) == "renamed"
+
+
 def test_orm_insert_statement_invalidates(stack: Stack) -> None:
     assert stack.name_of(7) is None
     with stack.sessions() as session:

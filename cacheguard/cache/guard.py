@@ -212,6 +212,8 @@ class CacheGuard:
         self._l1_listener: Subscription | None = None
         self._channel_l1 = invalidation_channel(self.namespace)
         self._watermark_key = watermark_key(self.namespace)
+        self._watched_prefixes: tuple[str, ...] = ()
+        self._prefix_mutex = threading.Lock()
         if l1_maxsize:
             self._l1 = cachetools.TTLCache(maxsize=l1_maxsize, ttl=self.l1_ttl, timer=timer)
             self._l1_listener = notifier_for(client).listen(self._channel_l1, self._on_l1_message)
@@ -393,10 +395,15 @@ class CacheGuard:
         keys invalidated is returned."""
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        self.watch_prefix(prefix)
         head = f"{self.namespace}:{{"
         pattern = _glob_escape(head + hash_tag(prefix)) + "*"
         names: set[str] = set()
         try:
+            # Stamped first: a fill of a key the SCAN cannot see (no value, no fill
+            # yet) from a snapshot older than this stamp will not store.
+            stamp = int(self.client.incr(self._watermark_key))
+            self.client.set(self._prefix_stamp_key(prefix), stamp, px=self.version_ttl_ms)
             for raw in self.client.scan_iter(match=pattern, count=1000):
                 key = raw.decode("utf-8", "surrogateescape")
                 for suffix in ("}:v", "}:rw"):  # a value, or a lock hash (a fill under way)
@@ -409,6 +416,35 @@ class CacheGuard:
         for start in range(0, len(ordered), 500):
             self.invalidate(*ordered[start : start + 500])
         return len(ordered)
+
+    def watch_prefix(self, prefix: str) -> None:
+        """Make fills of keys under ``prefix`` honour its prefix invalidations (see
+        :meth:`invalidate_prefix`) in this process. The SQLAlchemy hooks watch
+        their templates' prefixes; ``invalidate_prefix`` watches its own."""
+        with self._prefix_mutex:
+            if prefix not in self._watched_prefixes:
+                self._watched_prefixes = (*self._watched_prefixes, prefix)
+
+    def _prefix_stamp_key(self, prefix: str) -> str:
+        return f"{self.namespace}:ps:{hash_tag(prefix)}"
+
+    def _oldest_allowed(self, name: str, snapshot: int | None) -> int | None:
+        """``snapshot``, or -1 (refuse the store) when a prefix invalidation covering
+        ``name`` is newer than the snapshot."""
+        if snapshot is None or snapshot < 0:
+            return snapshot
+        prefixes = [p for p in self._watched_prefixes if name.startswith(p)]
+        if not prefixes:
+            return snapshot
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in prefixes:
+            pipe.get(self._prefix_stamp_key(prefix))
+        try:
+            stamps = [int(raw) for raw in pipe.execute() if raw is not None]
+        except (*_REDIS_DOWN, redis.ResponseError, ValueError) as exc:
+            log.info("prefix stamps of %r unreadable, its fill will not store: %s", name, exc)
+            return -1  # the load is done and its value is returned; just do not store it
+        return -1 if stamps and max(stamps) > snapshot else snapshot
 
     @contextmanager
     def write(self, *names: str, timeout: float | None = None) -> Iterator[None]:
@@ -695,7 +731,7 @@ class CacheGuard:
                     elif isinstance(step, Load):
                         with collecting() as snapshots:
                             reply = self._load_counted(name, load)
-                        snapshot = min(snapshots, default=None)
+                        snapshot = self._oldest_allowed(name, min(snapshots, default=None))
                     elif isinstance(step, EndFill):
                         # Our load serves followers that joined before our hold ends.
                         sealed = seal_now()
@@ -930,6 +966,7 @@ def _reset_after_fork() -> None:
         guard._executor = None  # the parent's worker threads do not exist here
         guard._executor_mutex = threading.Lock()
         guard._l1_mutex = threading.Lock()
+        guard._prefix_mutex = threading.Lock()
         guard._flights = SingleFlight()
         guard._refreshes = SingleFlight()
 

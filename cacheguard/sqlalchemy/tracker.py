@@ -130,6 +130,10 @@ class ModelTracker:
                 # loaded, so the key named by the old value can be invalidated too.
                 event.listen(attribute, "set", keep_old_value, active_history=True, propagate=True)
                 self._history_listeners.append((attribute, "set", keep_old_value))
+        for spec in self._models.values():
+            for template, fields in spec.fields.items():
+                if fields:  # fills under it honour this model's prefix invalidations
+                    guard.watch_prefix(_literal_prefix(template))
         for name in _SESSION_EVENTS:
             event.listen(session_factory, name, getattr(self, f"_on_{name}"))
 
