@@ -145,8 +145,10 @@ def test_sigkilled_filler_is_taken_over(
         guard = CacheGuard(client, namespace=namespace, lease=5, wait_timeout=lease + 1.0)
         start = time.monotonic()
         value = guard.get_or_load("k", lambda: "taken over", ttl=60)
+        took = time.monotonic() - start
+        print(f"\nSIGKILLed filler (lease {lease:g} s) taken over after {took:.3f} s")
         assert value == "taken over"
-        assert time.monotonic() - start <= lease + 1.0
+        assert took <= lease + 1.0
         assert guard.stats().wait_timeouts == 0  # not the timeout policy: a real takeover
     finally:
         if child.is_alive():

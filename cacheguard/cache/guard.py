@@ -26,6 +26,7 @@ from typing import Any, Final, Literal, TypeVar
 import cachetools
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import NoPermissionError
 from redis.retry import Retry
 
 from cacheguard._identity import on_fork_in_child
@@ -72,7 +73,8 @@ log = logging.getLogger("cacheguard")
 T = TypeVar("T")
 BackendPolicy = Literal["bypass", "raise"]
 
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
+# Redis unusable for us: unreachable, or refusing our keys (an ACL without them).
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError, NoPermissionError)
 
 # The safety-net timer of a waiting fill. The filler's announcement wakes waiters;
 # a dead filler is retried when its lease ends (the begin script says when). The
@@ -230,15 +232,18 @@ class CacheGuard:
     ) -> CacheGuard:
         """A guard on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``).
 
-        The client fails fast when Redis is down (connect and socket timeouts, no
-        retries of its own), which the circuit breaker and ``on_backend_error``
-        then handle.
+        The client fails fast when Redis is down (connect and socket timeouts; a
+        broken connection is retried once at once on a new one, a timeout is not),
+        and the circuit breaker and ``on_backend_error`` handle the rest.
         """
         client = redis.Redis.from_url(
             url,
             socket_connect_timeout=connect_timeout,
             socket_timeout=socket_timeout,
-            retry=Retry(NoBackoff(), 0),
+            # One immediate retry on a fresh connection when one breaks (an idle
+            # connection reset by a proxy or the server's timeout must not send a
+            # caller to the database); none on timeouts, which would double them.
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         )
         return cls(client, **settings)
 
@@ -534,6 +539,8 @@ class CacheGuard:
         A lost connection raises (callers apply their own policy)."""
         try:
             raw = self.client.get(self._value_key(name))
+        except NoPermissionError:
+            raise  # an ACL that does not cover the namespace: the caller's policy applies
         except redis.ResponseError as exc:  # e.g. WRONGTYPE: someone else's key
             self._stats.count("corrupt_entries", name, error=exc)
             log.warning("cache key of %r is not ours, treated as a miss: %s", name, exc)

@@ -59,7 +59,8 @@ log = logging.getLogger("cacheguard.lock")
 
 LostCallback = Callable[["LockHandle"], None]
 
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
+# Unreachable, or refusing our keys (an ACL user without the namespace's pattern).
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.NoPermissionError)
 
 
 def check_positive(what: str, value: object) -> float:
@@ -393,7 +394,7 @@ class RedisRWLock:
             return script(self.client, keys, args)
         except _REDIS_DOWN as exc:
             raise BackendUnavailable(
-                f"Redis unreachable while working on lock {self.name!r}: {exc}"
+                f"Redis unreachable or refusing while working on lock {self.name!r}: {exc}"
             ) from exc
 
     def __repr__(self) -> str:
