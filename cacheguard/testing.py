@@ -30,7 +30,14 @@ import redis
 
 from cacheguard.exceptions import BackendUnavailable
 
-__all__ = ["RedisEndpoint", "free_port", "redis_server", "require_real_redis"]
+__all__ = [
+    "RedisEndpoint",
+    "free_port",
+    "redis_server",
+    "redis_server_command",
+    "require_real_redis",
+    "spawn_redis_server",
+]
 
 Kind = Literal["url", "redis-server", "fakeredis"]
 
@@ -72,6 +79,24 @@ def _wait_for_ping(url: str, deadline: float) -> None:
     raise BackendUnavailable(f"Redis at {url} did not answer PING: {last}")
 
 
+def redis_server_command(binary: str, port: int, workdir: str, *extra_args: str) -> list[str]:
+    """The command line of a throwaway loopback ``redis-server`` that keeps nothing."""
+    return [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        workdir,
+        *extra_args,
+    ]
+
+
 @contextlib.contextmanager
 def spawn_redis_server(
     *, port: int | None = None, extra_args: tuple[str, ...] = ()
@@ -83,20 +108,7 @@ def spawn_redis_server(
     port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="cacheguard-redis-")
     proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-            *extra_args,
-        ],
+        redis_server_command(binary, port, workdir, *extra_args),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cacheguard.testing import free_port, require_real_redis
+from cacheguard.testing import free_port, redis_server_command, require_real_redis
 from tests.helpers import wait_until
 
 
@@ -32,20 +32,7 @@ class OwnedRedis:
         binary = shutil.which("redis-server")
         assert binary is not None
         self.proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.workdir,
-                *self.extra_args,
-            ],
+            redis_server_command(binary, self.port, self.workdir, *self.extra_args),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
