@@ -14,6 +14,7 @@ import redis
 
 from cacheguard import MISSING, BackendUnavailable, CacheGuard, CacheLoader, cached_with_lock
 from cacheguard.cache.codec import Codec, MsgpackCodec
+from cacheguard.cache.entry import pack_entry
 from tests.helpers import make_guard, wait_until
 
 
@@ -210,3 +211,36 @@ def test_decorator_over_staticmethod_and_classmethod(client: redis.Redis, namesp
     assert Repo.cm.peek(3) == 30
     Repo.cm.invalidate(3)
     assert Repo.cm.peek(3) is MISSING
+
+
+def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
+    client: redis.Redis, namespace: str
+) -> None:
+    """An announcement carrying an entry stored before a write can reach a waiter late
+    (a starved notifier thread): its version is older than the waiter's begin saw."""
+    filler = make_guard(client, namespace)
+    waiter = make_guard(client, namespace)  # another owner: waits for the filler
+    with filler.write("k"):
+        pass  # the key's version is now above 0
+    loading, release = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        loading.set()
+        release.wait(10)
+        return "new"
+
+    fill = threading.Thread(target=lambda: filler.get_or_load("k", slow, ttl=60))
+    fill.start()
+    assert loading.wait(5)
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(waiter.get_or_load("k", str, ttl=60)))
+    reader.start()
+    time.sleep(0.3)  # the waiter is subscribed and waiting
+    old = pack_entry(MsgpackCodec(), "old", created=time.time(), ttl=60, version=0,
+                     load_duration=0.0)  # fmt: skip
+    client.publish(waiter.keys("k").released_channel, b"V" + old)
+    time.sleep(0.2)
+    release.set()
+    fill.join(5)
+    reader.join(5)
+    assert got == ["new"]

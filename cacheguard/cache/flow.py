@@ -58,7 +58,7 @@ class Begin:
 
     kind: Literal["hit", "fill", "busy", "corrupt"]
     entry: Entry | None = None  # hit
-    version: str = "0"  # fill: the version to compare at the store
+    version: str = "0"  # fill: the version to compare at the store; busy: the version now
     epoch: str = ""  # fill: our read hold's epoch
     begun_ms: int = 0  # fill: server time at the start
     wait: float = 0.0  # busy: seconds until worth retrying
@@ -188,8 +188,13 @@ def fill_flow(
             delay = min(delay, begin.wait + RETRY_MARGIN)
         messages: list[Message] = yield Wait(delay)
         for message in messages if not refresh else ():
-            if message.kind == "value" and message.entry is not None:
-                return Outcome(message.entry.value, "peer")
+            # An entry stored under an older version than our begin saw is an
+            # announcement from before an invalidation (delivered late): not ours.
+            entry = message.entry
+            if message.kind == "value" and entry is not None:
+                if entry.version >= int(begin.version):
+                    return Outcome(entry.value, "peer")
+                continue
             if message.kind == "stored":
                 entry = yield Lookup()
                 if entry is not None:

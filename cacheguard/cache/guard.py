@@ -824,7 +824,7 @@ class CacheGuard:
                 epoch=_text(reply[2]),
                 begun_ms=int(reply[3]),
             )
-        return Begin("busy", wait=max(int(reply[1]), 0) / 1000.0)
+        return Begin("busy", wait=max(int(reply[1]), 0) / 1000.0, version=_text(reply[3]))
 
     def _end(
         self,

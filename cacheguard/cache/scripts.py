@@ -24,8 +24,10 @@ FILL_BEGIN_CONTRACT = """\
 -- ARGV[4]  version key lifetime in ms (refreshed here)
 -- Returns {0, value}                             a value exists
 --         {1, version, epoch, server ms}         the caller holds read + fill: load now
---         {2, ms until worth retrying, 'fill'}   a fill is under way (any owner)
---         {2, ms until worth retrying, 'write'}  a writer holds or waits for the lock
+--         {2, ms until worth retrying, 'fill', version}   a fill is under way (any owner)
+--         {2, ms until worth retrying, 'write', version}  a writer holds or waits for the lock
+-- (version: the key's version now; an announced entry older than it predates an
+-- invalidation the caller has seen, and must not be taken)
 """
 
 _FILL_BEGIN_BODY = """
@@ -44,12 +46,12 @@ if s.fill then
   -- take a second read hold that only the first fill's end could drop.
   local ends = s.e[s.fill] - now
   settle(key, s, now)
-  return {2, ends, 'fill'}
+  return {2, ends, 'fill', redis.call('GET', verkey) or '0'}
 end
 if not may_read(s, owner, mode) then
   local wait = soonest_end(s, now, owner)
   settle(key, s, now)
-  return {2, wait, 'write'}
+  return {2, wait, 'write', redis.call('GET', verkey) or '0'}
 end
 local epoch = grant(nil, s, owner, 'r', lease, now)
 s.fill = owner
