@@ -217,7 +217,8 @@ def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
     client: redis.Redis, namespace: str
 ) -> None:
     """An announcement carrying an entry stored before a write can reach a waiter late
-    (a starved notifier thread): its version is older than the waiter's begin saw."""
+    (a starved notifier thread): it comes from a fill that began before the one the
+    waiter saw under way."""
     filler = make_guard(client, namespace)
     waiter = make_guard(client, namespace)  # another owner: waits for the filler
     with filler.write("k"):
@@ -238,7 +239,7 @@ def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
     time.sleep(0.3)  # the waiter is subscribed and waiting
     old = pack_entry(MsgpackCodec(), "old", created=time.time(), ttl=60, version=0,
                      load_duration=0.0)  # fmt: skip
-    client.publish(waiter.keys("k").released_channel, b"V" + old)
+    client.publish(waiter.keys("k").released_channel, b"V1:" + old)  # a fill of long ago
     time.sleep(0.2)
     release.set()
     fill.join(5)

@@ -58,9 +58,10 @@ class Begin:
 
     kind: Literal["hit", "fill", "busy", "corrupt"]
     entry: Entry | None = None  # hit
-    version: str = "0"  # fill: the version to compare at the store; busy: the version now
+    version: str = "0"  # fill: the version to compare at the store
     epoch: str = ""  # fill: our read hold's epoch
     begun_ms: int = 0  # fill: server time at the start
+    since_us: int = 0  # fill: when it began; busy: take announcements of fills begun since
     wait: float = 0.0  # busy: seconds until worth retrying
 
 
@@ -70,6 +71,7 @@ class Message:
 
     kind: Literal["value", "stored", "not_stored", "aborted", "released"]
     entry: Entry | None = None
+    fill_began_us: int = 0  # value: when the fill that stored it began
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,11 +190,11 @@ def fill_flow(
             delay = min(delay, begin.wait + RETRY_MARGIN)
         messages: list[Message] = yield Wait(delay)
         for message in messages if not refresh else ():
-            # An entry stored under an older version than our begin saw is an
-            # announcement from before an invalidation (delivered late): not ours.
+            # Only from the fill we saw under way, or a later one: an older fill's
+            # announcement, delivered late, may predate an invalidation we have seen.
             entry = message.entry
             if message.kind == "value" and entry is not None:
-                if entry.version >= int(begin.version):
+                if message.fill_began_us >= begin.since_us:
                     return Outcome(entry.value, "peer")
                 continue
             if message.kind == "stored":

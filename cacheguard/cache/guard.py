@@ -823,8 +823,9 @@ class CacheGuard:
                 version=_text(reply[1]),
                 epoch=_text(reply[2]),
                 begun_ms=int(reply[3]),
+                since_us=int(reply[4]),
             )
-        return Begin("busy", wait=max(int(reply[1]), 0) / 1000.0, version=_text(reply[3]))
+        return Begin("busy", wait=max(int(reply[1]), 0) / 1000.0, since_us=int(reply[3]))
 
     def _end(
         self,
@@ -862,6 +863,7 @@ class CacheGuard:
                 self.announce_value_bytes,
                 "1" if step.failed or error is not None else "0",
                 "" if snapshot is None else snapshot,
+                step.begin.since_us,
             ],
         )
         if error is not None:
@@ -914,8 +916,11 @@ class CacheGuard:
     def _message(self, name: str, payload: bytes) -> Message:
         kind = payload[:1]
         if kind == b"V":
-            entry = self._decode(name, payload[1:])
-            return Message("value", entry) if entry is not None else Message("stored")
+            began, _, data = payload[1:].partition(b":")
+            entry = self._decode(name, data) if began.isdigit() else None
+            if entry is None:
+                return Message("stored")  # read it from the key instead
+            return Message("value", entry, int(began))
         if kind == b"S":
             return Message("stored")
         if kind == b"A":

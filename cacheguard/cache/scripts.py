@@ -23,11 +23,11 @@ FILL_BEGIN_CONTRACT = """\
 -- ARGV[3]  '1': fill even if a value exists (a refresh), '0': return an existing value
 -- ARGV[4]  version key lifetime in ms (refreshed here)
 -- Returns {0, value}                             a value exists
---         {1, version, epoch, server ms}         the caller holds read + fill: load now
---         {2, ms until worth retrying, 'fill', version}   a fill is under way (any owner)
---         {2, ms until worth retrying, 'write', version}  a writer holds or waits for the lock
--- (version: the key's version now; an announced entry older than it predates an
--- invalidation the caller has seen, and must not be taken)
+--         {1, version, epoch, server ms, server µs}  the caller holds read + fill: load now
+--         {2, ms until worth retrying, 'fill', µs}   a fill is under way (any owner), begun then
+--         {2, ms until worth retrying, 'write', µs}  a writer holds or waits for the lock; now
+-- A waiter takes an announced entry only from a fill begun at or after that µs: an
+-- older fill's announcement (delivered late) may predate an invalidation it saw.
 """
 
 _FILL_BEGIN_BODY = """
@@ -46,20 +46,22 @@ if s.fill then
   -- take a second read hold that only the first fill's end could drop.
   local ends = s.e[s.fill] - now
   settle(key, s, now)
-  return {2, ends, 'fill', redis.call('GET', verkey) or '0'}
+  return {2, ends, 'fill', s.fb or '0'}
 end
 if not may_read(s, owner, mode) then
   local wait = soonest_end(s, now, owner)
   settle(key, s, now)
-  return {2, wait, 'write', redis.call('GET', verkey) or '0'}
+  return {2, wait, 'write', time_epoch()}
 end
 local epoch = grant(nil, s, owner, 'r', lease, now)
-s.fill = owner
+local begun = time_epoch()
+s.fill, s.fb = owner, begun
 put(s, 'fill', owner)
+put(s, 'fb', begun)
 settle(key, s, now)
 local version = redis.call('GET', verkey)
 if version then redis.call('PEXPIRE', verkey, verttl) else version = '0' end
-return {1, version, epoch, now}
+return {1, version, epoch, now, begun}
 """
 
 FILL_END_CONTRACT = """\
@@ -79,8 +81,9 @@ FILL_END_CONTRACT = """\
 -- ARGV[10] '1' when the load failed
 -- ARGV[11] watermark of the oldest database snapshot the load read, or '' if unknown:
 --          a version above it means the snapshot predates the last invalidation
--- Publishes 'V' .. entry (stored, small), 'S' (stored, read it), 'N' (loaded but
--- not stored: not cacheable or invalidated) or 'A' (the load failed).
+-- ARGV[12] when the fill began (server µs, from fill_begin)
+-- Publishes 'V' .. begun µs .. ':' .. entry (stored, small), 'S' (stored, read it),
+-- 'N' (loaded but not stored: not cacheable or invalidated) or 'A' (the load failed).
 -- Returns 1 when stored; 0 when not (lease lost, version moved, nothing to store).
 """
 
@@ -89,6 +92,7 @@ local vkey, key, verkey = KEYS[1], KEYS[2], KEYS[3]
 local owner, epoch, seen, begun = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local verttl, entry, px, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
 local limit, failed, watermark = tonumber(ARGV[9]), ARGV[10] == '1', tonumber(ARGV[11])
+local begun_us = ARGV[12]
 local now = now_ms()
 local s = load(key, now)
 local ours = s.fill == owner and s.g[owner] == epoch and (s.r[owner] or 0) > 0
@@ -101,13 +105,12 @@ if ours and entry ~= '' and now - begun < verttl then
   end
 end
 if ours then
-  s.fill = false
-  forget(s, 'fill')
+  end_fill(s)
   drop(s, owner, 'r')
 end
 settle(key, s, now)
 if stored == 1 and #entry <= limit then
-  redis.call('PUBLISH', channel, 'V' .. entry)
+  redis.call('PUBLISH', channel, 'V' .. begun_us .. ':' .. entry)
 elseif stored == 1 then
   redis.call('PUBLISH', channel, 'S')
 elseif failed then

@@ -18,6 +18,7 @@ field              meaning
                    write holding, the server time in µs for a read holding
 ``fill``           the owner filling the cached value (cache fills only); it
                    ends with that owner's lease
+``fb``             when that fill began (server µs); announcements carry it
 ``q:<owner>``      a waiting writer's mark, valid until this server ms
 ``n:<owner>``      that writer's ticket; the lowest ticket goes in first
 ``seq``            ticket counter
@@ -73,11 +74,17 @@ local function forget(s, field)
   s.put[field] = nil
 end
 
+-- A cache fill is over: forget its owner and its start time.
+local function end_fill(s)
+  s.fill, s.fb = false, false
+  forget(s, 'fill'); forget(s, 'fb')
+end
+
 -- Read the lock hash; drop (in memory) holders and waiting marks whose time ran out.
 local function load(key, now)
   local raw = redis.call('HGETALL', key)
   local s = {r = {}, w = {}, e = {}, g = {}, q = {}, n = {}, mode = false, token = false,
-             fill = false, seq = 0, existed = #raw > 0, put = {}, gone = {}}
+             fill = false, fb = false, seq = 0, existed = #raw > 0, put = {}, gone = {}}
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
     if f == 'mode' then
@@ -86,6 +93,8 @@ local function load(key, now)
       s.token = true
     elseif f == 'fill' then
       s.fill = v
+    elseif f == 'fb' then
+      s.fb = v
     elseif f == 'seq' then
       s.seq = tonumber(v)
     elseif string.sub(f, 1, 2) == 'g:' then
@@ -110,8 +119,7 @@ local function load(key, now)
   end
   if s.fill and not s.e[s.fill] then
     -- The filling owner's lease ended: its fill is abandoned.
-    s.fill = false
-    forget(s, 'fill')
+    end_fill(s)
   end
   return s
 end
@@ -161,8 +169,7 @@ local function drop(s, owner, kind)
       s.e[owner], s.g[owner] = nil, nil
       forget(s, 'e:' .. owner); forget(s, 'g:' .. owner)
       if s.fill == owner then
-        s.fill = false
-        forget(s, 'fill')
+        end_fill(s)
       end
     end
   else
