@@ -23,7 +23,6 @@ import random
 import shutil
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,7 +34,7 @@ from typing import Any
 import redis
 
 from cacheguard import CacheGuard
-from cacheguard.testing import free_port, redis_server_command
+from cacheguard.testing import OwnedRedisServer
 
 CTX = mp.get_context("spawn")
 NAMESPACE = "soak"
@@ -117,40 +116,6 @@ def _count(stats: Any, kind: str, seconds: float = 0.0) -> None:
         stats[len(_KINDS)] = max(stats[len(_KINDS)], seconds)
 
 
-class OwnedRedis:
-    def __init__(self, workdir: str) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            sys.exit("soak: needs redis-server on the PATH (it kills and restarts its own)")
-        self.binary, self.workdir, self.port = binary, workdir, free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            redis_server_command(self.binary, self.port, self.workdir),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        for _ in range(100):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        sys.exit("soak: redis-server did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=120.0)
@@ -170,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     conn = _db(db_path)
     conn.execute("CREATE TABLE rows (id INTEGER PRIMARY KEY, version INTEGER NOT NULL)")
     conn.executemany("INSERT INTO rows VALUES (?, 0)", [(i,) for i in range(args.rows)])
-    server = OwnedRedis(workdir)
+    if shutil.which("redis-server") is None:
+        sys.exit("soak: needs redis-server on the PATH (it kills and restarts its own)")
+    server = OwnedRedisServer()
     floors = CTX.Array("q", args.rows)
     stats = CTX.Array("d", len(_KINDS) + 1)
     worker_args = (server.url, db_path, args.rows, args.threads, args.lease, floors, stats)
@@ -218,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {kind:<26} {counts.get(kind, 0):>9}")
     print(f"  {'longest operation (s)':<26} {stats[len(_KINDS)]:>9.3f}")
     print(f"  {'keys left without a TTL':<26} {len(left):>9}  {left[:5]}")
-    server.kill()
+    server.close()
     shutil.rmtree(workdir, ignore_errors=True)
     failed = counts.get("stale_reads", 0) > 0 or bool(left)
     print("FAILED" if failed else "OK: no stale read, nothing left behind")

@@ -31,6 +31,7 @@ import redis
 from cacheguard.exceptions import BackendUnavailable
 
 __all__ = [
+    "OwnedRedisServer",
     "RedisEndpoint",
     "free_port",
     "redis_server",
@@ -124,6 +125,59 @@ def spawn_redis_server(
             proc.kill()
             proc.wait()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+class OwnedRedisServer:
+    """A ``redis-server`` on a fixed loopback port that its owner can kill and
+    restart (fault tests, the soak). ``extra_args`` go to the server's command line."""
+
+    def __init__(self, *extra_args: str) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise FileNotFoundError("redis-server is not on the PATH")
+        self.binary = binary
+        self.port = free_port()
+        self.extra_args = extra_args
+        self.workdir = tempfile.mkdtemp(prefix="cacheguard-owned-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start it (again, empty: it keeps nothing) and wait until it answers."""
+        self.proc = subprocess.Popen(
+            redis_server_command(self.binary, self.port, self.workdir, *self.extra_args),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not self._answers():
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(f"redis-server on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL it (no shutdown, no goodbye to clients)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(5)
+            self.proc = None
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _answers(self) -> bool:
+        # A raw PING: answers "+PONG", or "-NOAUTH" when a password is required.
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
+                conn.sendall(b"PING\r\n")
+                return conn.recv(64).startswith((b"+PONG", b"-NOAUTH"))
+        except OSError:
+            return False
 
 
 def _error_replies_keep_connection(handler: Any) -> Any:

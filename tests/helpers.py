@@ -50,3 +50,21 @@ def run_threads(count: int, target: Callable[[int], None]) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+def start_gated_fill(
+    guard: CacheGuard, name: str, value: Any
+) -> tuple[threading.Event, threading.Thread]:
+    """Start filling ``name`` in a thread whose loader holds until the returned event is
+    set, then returns ``value``; returns once the loader runs (the fill is under way)."""
+    loading, release = threading.Event(), threading.Event()
+
+    def load() -> Any:
+        loading.set()
+        release.wait(10)
+        return value
+
+    thread = threading.Thread(target=lambda: guard.get_or_load(name, load, ttl=60))
+    thread.start()
+    assert loading.wait(5), "the fill did not start"
+    return release, thread

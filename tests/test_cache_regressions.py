@@ -15,7 +15,7 @@ import redis
 from cacheguard import MISSING, BackendUnavailable, CacheGuard, CacheLoader, cached_with_lock
 from cacheguard.cache.codec import Codec, MsgpackCodec
 from cacheguard.cache.entry import pack_entry
-from tests.helpers import make_guard, wait_until
+from tests.helpers import make_guard, start_gated_fill, wait_until
 
 
 def test_two_fills_in_one_process_leave_no_hold(client: redis.Redis, namespace: str) -> None:
@@ -223,16 +223,7 @@ def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
     waiter = make_guard(client, namespace)  # another owner: waits for the filler
     with filler.write("k"):
         pass  # the key's version is now above 0
-    loading, release = threading.Event(), threading.Event()
-
-    def slow() -> str:
-        loading.set()
-        release.wait(10)
-        return "new"
-
-    fill = threading.Thread(target=lambda: filler.get_or_load("k", slow, ttl=60))
-    fill.start()
-    assert loading.wait(5)
+    release, fill = start_gated_fill(filler, "k", "new")
     got: list[Any] = []
     reader = threading.Thread(target=lambda: got.append(waiter.get_or_load("k", str, ttl=60)))
     reader.start()

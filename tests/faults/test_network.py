@@ -13,6 +13,7 @@ import redis
 from cacheguard import MISSING, CacheGuard, CacheGuardError
 from tests.faults.conftest import OwnedRedis
 from tests.faults.proxy import TcpProxy
+from tests.helpers import start_gated_fill
 
 CONNECT, SOCKET, WAIT = 0.5, 0.5, 1.0
 DEADLINE = WAIT + CONNECT + SOCKET + 0.5
@@ -102,16 +103,7 @@ def test_waiters_finish_when_their_pubsub_connection_dies(
     whose connections (their pub/sub subscription included) are dropped mid-wait."""
     filler = _guard(owned_redis.url, wait_timeout=10)
     waiters = _guard(proxy.url, wait_timeout=10)
-    loading, release = threading.Event(), threading.Event()
-
-    def slow_load() -> str:
-        loading.set()
-        release.wait(10)
-        return "filled"
-
-    fill = threading.Thread(target=lambda: filler.get_or_load("k", slow_load, ttl=60))
-    fill.start()
-    assert loading.wait(5)
+    release, fill = start_gated_fill(filler, "k", "filled")
     results: list[tuple[float, str]] = []
 
     def wait_for_it() -> None:
