@@ -48,11 +48,33 @@ def _db(path: str) -> sqlite3.Connection:
 
 
 def worker(
-    url: str, db_path: str, rows: int, threads: int, lease: float, floors: Any, stats: Any
+    url: str,
+    db_path: str,
+    rows: int,
+    threads: int,
+    lease: float,
+    slot: int,
+    processes: int,
+    floors: Any,
+    stats: Any,
 ) -> None:
-    """Mixed operations until killed; counters go to shared memory (they survive a kill)."""
+    """Mixed operations until killed. Counters and floors live in shared memory without
+    cross-process locks (a process killed holding one would stall the others): each
+    process writes only its own slot, under a lock of its own that dies with it."""
     guard = CacheGuard.from_url(url, namespace=NAMESPACE, lease=lease, wait_timeout=5.0)
     local = threading.local()
+    mine = threading.Lock()
+    width = len(_KINDS) + 1
+
+    def count(kind: str, seconds: float = 0.0) -> None:
+        index = _KINDS.index(kind) if kind in _KINDS else _KINDS.index("error other")
+        with mine:
+            stats[slot * width + index] += 1
+            top = slot * width + len(_KINDS)
+            stats[top] = max(stats[top], seconds)
+
+    def floor_of(row: int) -> int:
+        return max(floors[p * rows + row] for p in range(processes))
 
     def db() -> sqlite3.Connection:
         if not hasattr(local, "conn"):
@@ -74,21 +96,21 @@ def worker(
                     with guard.write(name):
                         db().execute("UPDATE rows SET version = version + 1 WHERE id = ?", (row,))
                         new = version(row)
-                    with floors.get_lock():  # the write has exited: reads must see it
-                        floors[row] = max(floors[row], new)
+                    with mine:  # the write has exited: reads must see it
+                        floors[slot * rows + row] = max(floors[slot * rows + row], new)
                     kind = "writes"
                 elif roll < 0.15:
                     guard.invalidate(name)
                     kind = "invalidations"
                 else:
-                    must_see = floors[row]
+                    must_see = floor_of(row)
                     seen = guard.get_or_load(name, lambda row=row: version(row), ttl=2.0)
                     if seen < must_see:
-                        _count(stats, "stale_reads")
+                        count("stale_reads")
                     kind = "reads"
             except Exception as exc:
                 kind = f"error {type(exc).__name__}"
-            _count(stats, kind, time.monotonic() - began)
+            count(kind, time.monotonic() - began)
 
     pool = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
     for t in pool:
@@ -107,13 +129,6 @@ _KINDS = [
     "error LockLostError",
     "error other",
 ]
-
-
-def _count(stats: Any, kind: str, seconds: float = 0.0) -> None:
-    index = _KINDS.index(kind) if kind in _KINDS else _KINDS.index("error other")
-    with stats.get_lock():
-        stats[index] += 1
-        stats[len(_KINDS)] = max(stats[len(_KINDS)], seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,16 +153,21 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("redis-server") is None:
         sys.exit("soak: needs redis-server on the PATH (it kills and restarts its own)")
     server = OwnedRedisServer()
-    floors = CTX.Array("q", args.rows)
-    stats = CTX.Array("d", len(_KINDS) + 1)
-    worker_args = (server.url, db_path, args.rows, args.threads, args.lease, floors, stats)
+    width = len(_KINDS) + 1
+    floors = CTX.Array("q", args.processes * args.rows, lock=False)
+    stats = CTX.Array("d", args.processes * width, lock=False)
 
-    def spawn() -> Any:
-        p = CTX.Process(target=worker, args=worker_args, daemon=True)
+    def spawn(slot: int) -> Any:
+        p = CTX.Process(
+            target=worker,
+            args=(server.url, db_path, args.rows, args.threads, args.lease, slot,
+                  args.processes, floors, stats),
+            daemon=True,
+        )  # fmt: skip
         p.start()
         return p
 
-    procs = [spawn() for _ in range(args.processes)]
+    procs = [spawn(slot) for slot in range(args.processes)]
     kills = restarts = 0
     start = time.monotonic()
     next_kill, next_restart = start + args.kill_every, start + args.restart_every
@@ -158,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 victim = random.randrange(len(procs))
                 procs[victim].kill()
                 procs[victim].join()
-                procs[victim] = spawn()
+                procs[victim] = spawn(victim)
                 kills += 1
                 next_kill += args.kill_every
             if args.restart_every > 0 and now >= next_restart:
@@ -172,18 +192,24 @@ def main(argv: list[str] | None = None) -> int:
         for p in procs:
             p.kill()
             p.join()
-    counts = Counter({kind: int(stats[i]) for i, kind in enumerate(_KINDS) if stats[i]})
+    counts = Counter(
+        {
+            kind: int(sum(stats[p * width + i] for p in range(args.processes)))
+            for i, kind in enumerate(_KINDS)
+        }
+    )
+    longest = max(stats[p * width + len(_KINDS)] for p in range(args.processes))
     client = redis.Redis(port=server.port)
     time.sleep(args.lease + 0.5)  # let the killed workers' leases run out
     left = [
         key.decode()
         for key in client.scan_iter(match=f"{NAMESPACE}:*", count=1000)
-        if client.pttl(key) < 0 and not key.decode().endswith(NEVER_EXPIRING)
+        if client.pttl(key) == -1 and not key.decode().endswith(NEVER_EXPIRING)
     ]
     print(f"worker kills {kills}, Redis restarts {restarts}")
     for kind in _KINDS:
         print(f"  {kind:<26} {counts.get(kind, 0):>9}")
-    print(f"  {'longest operation (s)':<26} {stats[len(_KINDS)]:>9.3f}")
+    print(f"  {'longest operation (s)':<26} {longest:>9.3f}")
     print(f"  {'keys left without a TTL':<26} {len(left):>9}  {left[:5]}")
     server.close()
     shutil.rmtree(workdir, ignore_errors=True)

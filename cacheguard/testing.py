@@ -155,7 +155,8 @@ class OwnedRedisServer:
         )
         deadline = time.monotonic() + 10
         while not self._answers():
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.kill()
                 raise BackendUnavailable(f"redis-server on port {self.port} did not start")
             time.sleep(0.02)
 

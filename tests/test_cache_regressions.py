@@ -213,8 +213,13 @@ def test_decorator_over_staticmethod_and_classmethod(client: redis.Redis, namesp
     assert Repo.cm.peek(3) is MISSING
 
 
+@pytest.mark.parametrize(
+    "stamp",
+    [1, int(time.time() + 3600) * 10**6],
+    ids=["fill of long ago", "clock stepped back since"],
+)
 def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
-    client: redis.Redis, namespace: str
+    client: redis.Redis, namespace: str, stamp: int
 ) -> None:
     """An announcement carrying an entry stored before a write can reach a waiter late
     (a starved notifier thread): it comes from a fill that began before the one the
@@ -230,7 +235,9 @@ def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
     time.sleep(0.3)  # the waiter is subscribed and waiting
     old = pack_entry(MsgpackCodec(), "old", created=time.time(), ttl=60, version=0,
                      load_duration=0.0)  # fmt: skip
-    client.publish(waiter.keys("k").released_channel, b"V1:" + old)  # a fill of long ago
+    # A fill of long ago, or one stamped in the future by a clock that stepped back
+    # since (then its entry's version still predates the write).
+    client.publish(waiter.keys("k").released_channel, b"V%d:" % stamp + old)
     time.sleep(0.2)
     release.set()
     fill.join(5)

@@ -58,10 +58,12 @@ class Begin:
 
     kind: Literal["hit", "fill", "busy", "corrupt"]
     entry: Entry | None = None  # hit
-    version: str = "0"  # fill: the version to compare at the store
+    version: str = "0"  # fill: the version to compare at the store; busy: see since_us
     epoch: str = ""  # fill: our read hold's epoch
     begun_ms: int = 0  # fill: server time at the start
-    since_us: int = 0  # fill: when it began; busy: take announcements of fills begun since
+    # fill: when it began; busy: take announcements only of fills begun since then
+    # whose entries are of ``version`` or newer
+    since_us: int = 0
     wait: float = 0.0  # busy: seconds until worth retrying
 
 
@@ -194,7 +196,7 @@ def fill_flow(
             # announcement, delivered late, may predate an invalidation we have seen.
             entry = message.entry
             if message.kind == "value" and entry is not None:
-                if message.fill_began_us >= begin.since_us:
+                if message.fill_began_us >= begin.since_us and entry.version >= int(begin.version):
                     return Outcome(entry.value, "peer")
                 continue
             if message.kind == "stored":

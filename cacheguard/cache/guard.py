@@ -232,18 +232,18 @@ class CacheGuard:
     ) -> CacheGuard:
         """A guard on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``).
 
-        The client fails fast when Redis is down (connect and socket timeouts; a
-        broken connection is retried once at once on a new one, a timeout is not),
-        and the circuit breaker and ``on_backend_error`` handle the rest.
+        The client fails fast when Redis is down (connect and socket timeouts, no
+        retries of its own: a retried script could run twice), which the circuit
+        breaker and ``on_backend_error`` then handle.
         """
         client = redis.Redis.from_url(
             url,
             socket_connect_timeout=connect_timeout,
             socket_timeout=socket_timeout,
-            # One immediate retry on a fresh connection when one breaks (an idle
-            # connection reset by a proxy or the server's timeout must not send a
-            # caller to the database); none on timeouts, which would double them.
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+            # No retries: a script whose reply was lost may have run, and running it
+            # again is not safe (a second hold, a false "lock lost"). Connections
+            # broken while idle are replaced when taken from the pool.
+            retry=Retry(NoBackoff(), 0),
         )
         return cls(client, **settings)
 
@@ -825,7 +825,12 @@ class CacheGuard:
                 begun_ms=int(reply[3]),
                 since_us=int(reply[4]),
             )
-        return Begin("busy", wait=max(int(reply[1]), 0) / 1000.0, since_us=int(reply[3]))
+        return Begin(
+            "busy",
+            wait=max(int(reply[1]), 0) / 1000.0,
+            since_us=int(reply[3]),
+            version=_text(reply[4]),
+        )
 
     def _end(
         self,

@@ -24,10 +24,13 @@ FILL_BEGIN_CONTRACT = """\
 -- ARGV[4]  version key lifetime in ms (refreshed here)
 -- Returns {0, value}                             a value exists
 --         {1, version, epoch, server ms, server µs}  the caller holds read + fill: load now
---         {2, ms until worth retrying, 'fill', µs}   a fill is under way (any owner), begun then
---         {2, ms until worth retrying, 'write', µs}  a writer holds or waits for the lock; now
--- A waiter takes an announced entry only from a fill begun at or after that µs: an
--- older fill's announcement (delivered late) may predate an invalidation it saw.
+--         {2, ms until worth retrying, 'fill', µs, version}   a fill is under way (any
+--                                  owner), begun at µs when the key's version was version
+--         {2, ms until worth retrying, 'write', µs, version}  a writer holds or waits for
+--                                  the lock; µs and version are now's
+-- A waiter takes an announced entry only from a fill begun at or after that µs, of a
+-- version at least that one: an older fill's announcement (delivered late) may
+-- predate an invalidation the waiter saw. (Two checks: the clock may step back.)
 """
 
 _FILL_BEGIN_BODY = """
@@ -46,21 +49,22 @@ if s.fill then
   -- take a second read hold that only the first fill's end could drop.
   local ends = s.e[s.fill] - now
   settle(key, s, now)
-  return {2, ends, 'fill', s.fb or '0'}
+  return {2, ends, 'fill', s.fb or '0', s.fv or '0'}
 end
 if not may_read(s, owner, mode) then
   local wait = soonest_end(s, now, owner)
   settle(key, s, now)
-  return {2, wait, 'write', time_epoch()}
+  return {2, wait, 'write', time_epoch(), redis.call('GET', verkey) or '0'}
 end
 local epoch = grant(nil, s, owner, 'r', lease, now)
-local begun = time_epoch()
-s.fill, s.fb = owner, begun
-put(s, 'fill', owner)
-put(s, 'fb', begun)
-settle(key, s, now)
 local version = redis.call('GET', verkey)
 if version then redis.call('PEXPIRE', verkey, verttl) else version = '0' end
+local begun = time_epoch()
+s.fill, s.fb, s.fv = owner, begun, version
+put(s, 'fill', owner)
+put(s, 'fb', begun)
+put(s, 'fv', version)
+settle(key, s, now)
 return {1, version, epoch, now, begun}
 """
 

@@ -157,6 +157,7 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._next_housekeeping = 0.0
+        self._error_pause = 0.0  # grows while errors repeat (a refused SUBSCRIBE)
 
     # -- waiter side ---------------------------------------------------------------
 
@@ -249,6 +250,7 @@ class Notifier:
                     continue
                 if readable:
                     self._dispatch(conn.read_response(disconnect_on_error=False, push_request=True))
+                    self._error_pause = 0.0
                 if self._timer() >= self._next_housekeeping:  # also on a busy connection
                     self._next_housekeeping = self._timer() + _IDLE_POLL
                     self._unsubscribe_idle()
@@ -260,6 +262,10 @@ class Notifier:
                 else:  # a malformed message must not kill the listener
                     log.exception("unexpected error in the release-notification listener")
                 self._drop_connection()
+                # An error that comes back at once (an ACL refusing the channels) must
+                # not turn into a reconnect loop; waiters fall back to their timers.
+                self._error_pause = min(max(self._error_pause * 2, 0.05), 2.0)
+                self._stopped.wait(self._error_pause)
 
     def _reconnect(self) -> bool:
         try:

@@ -18,7 +18,8 @@ field              meaning
                    write holding, the server time in µs for a read holding
 ``fill``           the owner filling the cached value (cache fills only); it
                    ends with that owner's lease
-``fb``             when that fill began (server µs); announcements carry it
+``fb``, ``fv``     when that fill began (server µs) and the key's version then;
+                   waiters check announcements against both
 ``q:<owner>``      a waiting writer's mark, valid until this server ms
 ``n:<owner>``      that writer's ticket; the lowest ticket goes in first
 ``seq``            ticket counter
@@ -76,15 +77,15 @@ end
 
 -- A cache fill is over: forget its owner and its start time.
 local function end_fill(s)
-  s.fill, s.fb = false, false
-  forget(s, 'fill'); forget(s, 'fb')
+  s.fill, s.fb, s.fv = false, false, false
+  forget(s, 'fill'); forget(s, 'fb'); forget(s, 'fv')
 end
 
 -- Read the lock hash; drop (in memory) holders and waiting marks whose time ran out.
 local function load(key, now)
   local raw = redis.call('HGETALL', key)
   local s = {r = {}, w = {}, e = {}, g = {}, q = {}, n = {}, mode = false, token = false,
-             fill = false, fb = false, seq = 0, existed = #raw > 0, put = {}, gone = {}}
+             fill = false, fb = false, fv = false, seq = 0, existed = #raw > 0, put = {}, gone = {}}
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
     if f == 'mode' then
@@ -95,6 +96,8 @@ local function load(key, now)
       s.fill = v
     elseif f == 'fb' then
       s.fb = v
+    elseif f == 'fv' then
+      s.fv = v
     elseif f == 'seq' then
       s.seq = tonumber(v)
     elseif string.sub(f, 1, 2) == 'g:' then

@@ -51,6 +51,8 @@ class TcpProxy:
 
     def close(self) -> None:
         self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
         self._listener.close()
         self.drop_all()
 

@@ -75,7 +75,7 @@ def test_black_hole_every_public_call_returns_or_raises_within_its_deadline(
 
 def test_added_latency_still_one_load_and_right_values(proxy: TcpProxy) -> None:
     proxy.set_mode("delay", 0.02)
-    guard = _guard(proxy.url, wait_timeout=10)
+    guards = [_guard(proxy.url, wait_timeout=10) for _ in range(2)]  # two owners
     loads = []
 
     def load() -> str:
@@ -85,8 +85,10 @@ def test_added_latency_still_one_load_and_right_values(proxy: TcpProxy) -> None:
 
     results: list[str] = []
     threads = [
-        threading.Thread(target=lambda: results.append(guard.get_or_load("k", load, ttl=60)))
-        for _ in range(10)
+        threading.Thread(
+            target=lambda g=guards[i % 2]: results.append(g.get_or_load("k", load, ttl=60))
+        )
+        for i in range(10)
     ]
     for t in threads:
         t.start()
