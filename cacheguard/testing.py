@@ -35,7 +35,6 @@ __all__ = [
     "RedisEndpoint",
     "free_port",
     "redis_server",
-    "redis_server_command",
     "require_real_redis",
     "spawn_redis_server",
 ]
@@ -80,65 +79,19 @@ def _wait_for_ping(url: str, deadline: float) -> None:
     raise BackendUnavailable(f"Redis at {url} did not answer PING: {last}")
 
 
-def redis_server_command(binary: str, port: int, workdir: str, *extra_args: str) -> list[str]:
-    """The command line of a throwaway loopback ``redis-server`` that keeps nothing."""
-    return [
-        binary,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        workdir,
-        *extra_args,
-    ]
-
-
-@contextlib.contextmanager
-def spawn_redis_server(
-    *, port: int | None = None, extra_args: tuple[str, ...] = ()
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Run a throwaway ``redis-server`` (no persistence) on a loopback port."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise FileNotFoundError("redis-server is not on the PATH")
-    port = port or free_port()
-    workdir = tempfile.mkdtemp(prefix="cacheguard-redis-")
-    proc = subprocess.Popen(
-        redis_server_command(binary, port, workdir, *extra_args),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        _wait_for_ping(url, time.monotonic() + 10)
-        yield url, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
 class OwnedRedisServer:
-    """A ``redis-server`` on a fixed loopback port that its owner can kill and
-    restart (fault tests, the soak). ``extra_args`` go to the server's command line."""
+    """A throwaway ``redis-server`` (no persistence) on a loopback port that its owner
+    can kill and restart (the harness, fault tests, the soak). ``extra_args`` go to
+    the server's command line."""
 
-    def __init__(self, *extra_args: str) -> None:
+    def __init__(self, *extra_args: str, port: int | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server is not on the PATH")
         self.binary = binary
-        self.port = free_port()
+        self.port = port or free_port()
         self.extra_args = extra_args
-        self.workdir = tempfile.mkdtemp(prefix="cacheguard-owned-")
+        self.workdir = tempfile.mkdtemp(prefix="cacheguard-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -149,10 +102,11 @@ class OwnedRedisServer:
     def start(self) -> None:
         """Start it (again, empty: it keeps nothing) and wait until it answers."""
         self.proc = subprocess.Popen(
-            redis_server_command(self.binary, self.port, self.workdir, *self.extra_args),
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.workdir, *self.extra_args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
         deadline = time.monotonic() + 10
         while not self._answers():
             if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -179,6 +133,19 @@ class OwnedRedisServer:
                 return conn.recv(64).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
+
+
+@contextlib.contextmanager
+def spawn_redis_server(
+    *, port: int | None = None, extra_args: tuple[str, ...] = ()
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Run a throwaway ``redis-server`` (no persistence) on a loopback port."""
+    server = OwnedRedisServer(*extra_args, port=port)
+    assert server.proc is not None
+    try:
+        yield server.url, server.proc
+    finally:
+        server.close()
 
 
 def _error_replies_keep_connection(handler: Any) -> Any:

@@ -53,15 +53,16 @@ def run_threads(count: int, target: Callable[[int], None]) -> None:
 
 
 def start_gated_fill(
-    guard: CacheGuard, name: str, value: Any
+    guard: CacheGuard, name: str, value: Any, *, hold: float = 10.0
 ) -> tuple[threading.Event, threading.Thread]:
     """Start filling ``name`` in a thread whose loader holds until the returned event is
-    set, then returns ``value``; returns once the loader runs (the fill is under way)."""
+    set (or ``hold`` seconds pass), then returns ``value``; returns once the loader runs
+    (the fill is under way)."""
     loading, release = threading.Event(), threading.Event()
 
     def load() -> Any:
         loading.set()
-        release.wait(10)
+        release.wait(hold)
         return value
 
     thread = threading.Thread(target=lambda: guard.get_or_load(name, load, ttl=60))

@@ -27,7 +27,7 @@ from cacheguard import (
 )
 from cacheguard.cache.entry import pack_entry
 from cacheguard.testing import free_port
-from tests.helpers import make_guard
+from tests.helpers import make_guard, start_gated_fill
 
 
 def lock_is_free(client: redis.Redis, guard: CacheGuard, name: str) -> bool:
@@ -113,16 +113,7 @@ def test_key_template_errors(client: redis.Redis, namespace: str) -> None:
 def test_explicit_refresh_waits_for_a_fill_in_progress(client: redis.Redis, namespace: str) -> None:
     filler = make_guard(client, namespace)
     other = make_guard(client, namespace)  # another "process"
-    loading = threading.Event()
-
-    def slow() -> str:
-        loading.set()
-        time.sleep(0.3)
-        return "filled"
-
-    t = threading.Thread(target=lambda: filler.get_or_load("k", slow, ttl=60))
-    t.start()
-    assert loading.wait(5)
+    _, t = start_gated_fill(filler, "k", "filled", hold=0.3)
     # Busy elsewhere: refresh waits for that fill and returns its value, never None.
     assert other.refresh("k", lambda: "refreshed", ttl=60) in ("filled", "refreshed")
     t.join(5)
@@ -474,17 +465,7 @@ def test_write_body_exception_still_invalidates_and_releases(
 def test_invalidation_during_fill_rejects_the_store(client: redis.Redis, namespace: str) -> None:
     """The version check alone (no write lock): a lock-free invalidation mid-load."""
     guard = make_guard(client, namespace)
-    loading = threading.Event()
-    proceed = threading.Event()
-
-    def load() -> str:
-        loading.set()
-        proceed.wait(5)
-        return "loaded before the invalidation"
-
-    t = threading.Thread(target=lambda: guard.get_or_load("k", load, ttl=60))
-    t.start()
-    assert loading.wait(5)
+    proceed, t = start_gated_fill(guard, "k", "loaded before the invalidation")
     guard.invalidate("k")
     proceed.set()
     t.join(5)

@@ -20,16 +20,7 @@ from tests.helpers import make_guard, start_gated_fill, wait_until
 
 def test_two_fills_in_one_process_leave_no_hold(client: redis.Redis, namespace: str) -> None:
     guard = make_guard(client, namespace)
-    loading = threading.Event()
-
-    def slow() -> str:
-        loading.set()
-        time.sleep(0.3)
-        return "v"
-
-    t = threading.Thread(target=lambda: guard.get_or_load("k", slow, ttl=60))
-    t.start()
-    assert loading.wait(5)
+    _, t = start_gated_fill(guard, "k", "v", hold=0.3)
     guard.refresh("k", lambda: "refreshed", ttl=60)  # same process, same owner
     t.join(5)
     assert wait_until(lambda: not client.exists(guard.keys("k").lock), timeout=3)

@@ -193,12 +193,10 @@ class ModelTracker:
                 spec = self._spec_for(type(obj))
                 if spec is not None:
                     names |= self._render(spec, _current_values(obj, spec), skip_none=before_flush)
-            for obj in session.dirty:
-                spec = self._spec_for(type(obj))
-                if spec is not None and session.is_modified(obj, include_collections=False):
-                    names |= self._render(spec, _current_values(obj, spec))
-                    names |= self._render(spec, _old_values(obj, spec))
-            for obj in session.deleted:
+            changed = [
+                o for o in session.dirty if session.is_modified(o, include_collections=False)
+            ]
+            for obj in [*changed, *session.deleted]:
                 spec = self._spec_for(type(obj))
                 if spec is not None:
                     names |= self._render(spec, _current_values(obj, spec))
@@ -225,7 +223,7 @@ class ModelTracker:
         if rows is None:
             self._lock_by_prefix(session, spec)
             return None
-        self._lock(session, self._fixed(spec).union(*(self._render(spec, r) for r in rows)))
+        self._lock(session, self._fixed(spec) | self._names(spec, rows))
         result = orm_state.invoke_statement()
         # The rows were selected (and, where the database can, row-locked) before the
         # cache locks were waited for; a row that came to match the WHERE meanwhile is
@@ -236,12 +234,11 @@ class ModelTracker:
         if orm_state.is_update and rows:
             # New values (an update may move a row to another key); ``result`` is
             # left for the caller to consume as usual.
-            keys = [tuple(row[k] for k in spec.primary_key) for row in rows]
-            after = self._select_rows(session, spec, _primary_key_in(spec, keys))
+            after = self._select_by_key(session, spec, _primary_keys(spec, rows))
             if after is None:
                 self._lock_by_prefix(session, spec)
             else:
-                self._lock(session, set().union(*(self._render(spec, r) for r in after)))
+                self._lock(session, self._names(spec, after))
         return result
 
     def _run_insert(self, session: Session, spec: _ModelKeys, orm_state: ORMExecuteState) -> Any:
@@ -255,12 +252,11 @@ class ModelTracker:
         names = self._fixed(spec)
         with_keys = bool(rows) and all(set(spec.primary_key) <= set(r) for r in rows)
         if with_keys:  # an upsert would overwrite these rows: their old values count
-            keys = [tuple(r[k] for k in spec.primary_key) for r in rows]
-            existing = self._select_rows(session, spec, _primary_key_in(spec, keys))
+            existing = self._select_by_key(session, spec, _primary_keys(spec, rows))
             if existing is None:
                 self._lock_by_prefix(session, spec)
-                existing = []
-            names = names.union(*(self._render(spec, r) for r in existing))
+            else:
+                names |= self._names(spec, existing)
         elif getattr(orm_state.statement, "_post_values_clause", None) is not None:
             self._lock_by_prefix(session, spec)  # ON CONFLICT on another column: rows unknown
         later: list[str] = []
@@ -276,19 +272,15 @@ class ModelTracker:
         self._lock(session, names)
         result = orm_state.invoke_statement()
         if later:
-            generated = getattr(result, "inserted_primary_key_rows", None)
-            new_rows = (
-                self._select_rows(
-                    session, spec, _primary_key_in(spec, [tuple(k) for k in generated])
-                )
-                if generated and all(None not in k for k in generated)
-                else None
-            )
+            generated = getattr(result, "inserted_primary_key_rows", None) or []
+            new_rows = None
+            if generated and all(None not in k for k in generated):
+                new_rows = self._select_by_key(session, spec, [tuple(k) for k in generated])
             if new_rows is None:
                 for template in later:  # ids the database generated, not reported
                     self._invalidate_prefix(session, template)
             else:
-                self._lock(session, set().union(*(self._render(spec, r) for r in new_rows)))
+                self._lock(session, self._names(spec, new_rows))
         return result
 
     def _touched_rows(
@@ -300,7 +292,7 @@ class ModelTracker:
         params = orm_state.parameters
         if isinstance(params, list):
             try:
-                keys = [tuple(p[k] for k in spec.primary_key) for p in params]
+                keys = _primary_keys(spec, params)
             except (KeyError, TypeError):
                 return None
             if len(keys) > self.max_rows:
@@ -309,6 +301,11 @@ class ModelTracker:
         else:
             where = getattr(orm_state.statement, "whereclause", None)
         return self._select_rows(session, spec, where, for_update=True)
+
+    def _select_by_key(
+        self, session: Session, spec: _ModelKeys, keys: list[tuple[Any, ...]]
+    ) -> list[dict[str, Any]] | None:
+        return self._select_rows(session, spec, _primary_key_in(spec, keys))
 
     def _select_rows(
         self, session: Session, spec: _ModelKeys, where: Any, *, for_update: bool = False
@@ -410,6 +407,10 @@ class ModelTracker:
             for t, fields in spec.fields.items()
             if not fields
         }
+
+    def _names(self, spec: _ModelKeys, rows: Iterable[Mapping[str, Any]]) -> set[str]:
+        """The key names of ``rows`` (column values by attribute name)."""
+        return set().union(*(self._render(spec, row) for row in rows))
 
     def _render(
         self, spec: _ModelKeys, values: Mapping[str, Any], *, skip_none: bool = False
@@ -514,6 +515,10 @@ def _statement_values(statement: Any) -> dict[str, Any]:
         return {k: v for k, v in statement.compile().params.items() if v is not None}
     except Exception:  # a statement that does not compile on its own: values unknown
         return {}
+
+
+def _primary_keys(spec: _ModelKeys, rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    return [tuple(row[k] for k in spec.primary_key) for row in rows]
 
 
 def _primary_key_in(spec: _ModelKeys, keys: list[tuple[Any, ...]]) -> Any:

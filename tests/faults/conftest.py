@@ -9,9 +9,6 @@ import pytest
 
 from cacheguard.testing import OwnedRedisServer, require_real_redis
 
-# The fault tests' name for it.
-OwnedRedis = OwnedRedisServer
-
 
 @pytest.fixture
 def redis_binary() -> str:
@@ -24,7 +21,7 @@ def redis_binary() -> str:
 
 
 @pytest.fixture
-def owned_redis(redis_binary: str) -> Iterator[OwnedRedis]:
-    server = OwnedRedis()
+def owned_redis(redis_binary: str) -> Iterator[OwnedRedisServer]:
+    server = OwnedRedisServer()
     yield server
     server.close()

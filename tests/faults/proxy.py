@@ -7,7 +7,9 @@ Modes (switch at any time with :meth:`TcpProxy.set_mode`):
 * ``"blackhole"``: accept connections and read, never forward nor answer;
 
 and :meth:`TcpProxy.drop_all` closes every open connection at once (a network
-reset), new connections being accepted as usual.
+reset), :meth:`TcpProxy.drop_subscribers` only those a client subscribed on (its
+pub/sub connection dies, its command connections live); new connections are
+accepted as usual.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class TcpProxy:
         self._listener = socket.create_server((host, 0))
         self.port: int = self._listener.getsockname()[1]
         self._sockets: set[socket.socket] = set()
+        self._subscribers: set[socket.socket] = set()  # client sides that sent SUBSCRIBE
         self._mutex = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
@@ -44,10 +47,19 @@ class TcpProxy:
     def drop_all(self) -> None:
         with self._mutex:
             sockets, self._sockets = list(self._sockets), set()
+        self._close(sockets)
+
+    @staticmethod
+    def _close(sockets: list[socket.socket]) -> None:
         for s in sockets:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
+
+    def drop_subscribers(self) -> None:
+        with self._mutex:
+            sockets, self._subscribers = list(self._subscribers), set()
+        self._close(sockets)
 
     def close(self) -> None:
         self._closed = True
@@ -85,6 +97,9 @@ class TcpProxy:
                         return
                     if self.mode == "blackhole":
                         continue  # swallowed: the sender waits for an answer forever
+                    if sock is client and b"SUBSCRIBE" in data.upper():
+                        with self._mutex:
+                            self._subscribers.add(client)
                     if self.mode == "delay" and self.delay > 0:
                         time.sleep(self.delay)
                     peers[sock].sendall(data)
@@ -96,3 +111,4 @@ class TcpProxy:
                     s.close()
             with self._mutex:
                 self._sockets -= {client, server}
+                self._subscribers.discard(client)

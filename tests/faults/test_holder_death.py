@@ -14,12 +14,12 @@ import time
 import redis
 
 from cacheguard import CacheGuard
+from cacheguard.testing import OwnedRedisServer
 from tests import cache_workers
-from tests.faults.conftest import OwnedRedis
 from tests.procs import CTX, run_processes, start_process
 
 
-def test_frozen_fill_past_its_lease_is_rejected(owned_redis: OwnedRedis) -> None:
+def test_frozen_fill_past_its_lease_is_rejected(owned_redis: OwnedRedisServer) -> None:
     """The GC-pause case: a filler SIGSTOPped past its lease, a fill and a write
     meanwhile; on SIGCONT its store is refused and the newer value stays."""
     client, redis_url, namespace = redis.Redis.from_url(owned_redis.url), owned_redis.url, "death"
@@ -61,7 +61,7 @@ def _child_pid_loading() -> int:
     return pid
 
 
-def test_sigkilled_filler_is_taken_over(owned_redis: OwnedRedis) -> None:
+def test_sigkilled_filler_is_taken_over(owned_redis: OwnedRedisServer) -> None:
     """A filler SIGKILLed mid-load: the next caller takes over when its lease ends."""
     client, redis_url, namespace = redis.Redis.from_url(owned_redis.url), owned_redis.url, "death"
     lease = 1.0

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from cacheguard import MISSING, CacheGuard, CacheGuardError
-from tests.faults.conftest import OwnedRedis
+from cacheguard.testing import OwnedRedisServer
 from tests.faults.proxy import TcpProxy
 from tests.helpers import start_gated_fill
 
@@ -20,7 +20,7 @@ DEADLINE = WAIT + CONNECT + SOCKET + 0.5
 
 
 @pytest.fixture
-def proxy(owned_redis: OwnedRedis) -> Iterator[TcpProxy]:
+def proxy(owned_redis: OwnedRedisServer) -> Iterator[TcpProxy]:
     p = TcpProxy(owned_redis.port)
     yield p
     p.close()
@@ -99,10 +99,11 @@ def test_added_latency_still_one_load_and_right_values(proxy: TcpProxy) -> None:
 
 
 def test_waiters_finish_when_their_pubsub_connection_dies(
-    owned_redis: OwnedRedis, proxy: TcpProxy
+    owned_redis: OwnedRedisServer, proxy: TcpProxy
 ) -> None:
     """The filler talks to Redis directly; waiters in another guard go through the proxy,
-    whose connections (their pub/sub subscription included) are dropped mid-wait."""
+    which kills their pub/sub connection mid-wait (their command connections live on:
+    a dropped command connection fails its call, see the black-hole test)."""
     filler = _guard(owned_redis.url, wait_timeout=10)
     waiters = _guard(proxy.url, wait_timeout=10)
     release, fill = start_gated_fill(filler, "k", "filled")
@@ -117,7 +118,7 @@ def test_waiters_finish_when_their_pubsub_connection_dies(
     for t in pool:
         t.start()
     time.sleep(0.5)  # the waiters are subscribed and waiting
-    proxy.drop_all()  # their connections die, the subscription with them
+    proxy.drop_subscribers()  # the subscription dies
     time.sleep(0.3)
     release.set()
     fill.join(10)

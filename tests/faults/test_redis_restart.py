@@ -7,7 +7,7 @@ import time
 
 from cacheguard import MISSING, CacheGuard
 from cacheguard.cache.scripts import FILL_BEGIN
-from tests.faults.conftest import OwnedRedis
+from cacheguard.testing import OwnedRedisServer
 from tests.helpers import wait_until
 
 CONNECT_TIMEOUT, SOCKET_TIMEOUT, WAIT_TIMEOUT = 0.5, 0.5, 2.0
@@ -15,7 +15,7 @@ CONNECT_TIMEOUT, SOCKET_TIMEOUT, WAIT_TIMEOUT = 0.5, 0.5, 2.0
 DEADLINE = WAIT_TIMEOUT + CONNECT_TIMEOUT + SOCKET_TIMEOUT + 0.5
 
 
-def test_redis_restart_mid_traffic(owned_redis: OwnedRedis) -> None:
+def test_redis_restart_mid_traffic(owned_redis: OwnedRedisServer) -> None:
     guard = CacheGuard.from_url(
         owned_redis.url,
         namespace="restart",

@@ -12,13 +12,12 @@ import redis
 from cacheguard import MISSING, BackendUnavailable, CacheGuard, CacheGuardError, PickleCodec
 from cacheguard.cache.entry import pack_entry
 from cacheguard.keys import ResourceKeys
-from cacheguard.testing import free_port
-from tests.faults.conftest import OwnedRedis
+from cacheguard.testing import OwnedRedisServer, free_port
 
 
 @pytest.fixture
-def acl_redis(redis_binary: str) -> Iterator[OwnedRedis]:
-    server = OwnedRedis("--requirepass", "admin-secret")
+def acl_redis(redis_binary: str) -> Iterator[OwnedRedisServer]:
+    server = OwnedRedisServer("--requirepass", "admin-secret")
     admin = redis.Redis(port=server.port, password="admin-secret")
     # An application user that may only touch its namespace's keys and channels.
     admin.execute_command(
@@ -41,12 +40,12 @@ def _exercise(guard: CacheGuard) -> None:
         pass
 
 
-def test_password_in_the_url(acl_redis: OwnedRedis) -> None:
+def test_password_in_the_url(acl_redis: OwnedRedisServer) -> None:
     url = f"redis://:admin-secret@127.0.0.1:{acl_redis.port}/0"
     _exercise(CacheGuard.from_url(url, namespace="shop", l1_maxsize=10))
 
 
-def test_wrong_password_is_a_clear_error(acl_redis: OwnedRedis) -> None:
+def test_wrong_password_is_a_clear_error(acl_redis: OwnedRedisServer) -> None:
     url = f"redis://app:wrong@127.0.0.1:{acl_redis.port}/0"
     guard = CacheGuard.from_url(url, namespace="shop", on_backend_error="raise")
     with pytest.raises(BackendUnavailable, match="invalid username-password"):
@@ -56,7 +55,7 @@ def test_wrong_password_is_a_clear_error(acl_redis: OwnedRedis) -> None:
 
 
 def test_acl_user_works_inside_its_namespace_and_is_refused_outside(
-    acl_redis: OwnedRedis,
+    acl_redis: OwnedRedisServer,
 ) -> None:
     url = f"redis://app:app-secret@127.0.0.1:{acl_redis.port}/0"
     _exercise(CacheGuard.from_url(url, namespace="shop", l1_maxsize=10))
@@ -78,7 +77,7 @@ def test_tls_through_a_rediss_url(redis_binary: str, tmp_path: Path) -> None:
         check=True, capture_output=True,
     )  # fmt: skip
     tls_port = free_port()
-    server = OwnedRedis(
+    server = OwnedRedisServer(
         "--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
         "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
     )  # fmt: skip
