@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import multiprocessing as mp
 import os
 import platform
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -23,16 +26,29 @@ def percentile(values: list[float], q: float) -> float:
 
 def interleaved_us(bodies: dict[str, Callable[[], None]], cycles: int) -> dict[str, float]:
     """Median µs per cycle of each body, batches interleaved so noise hits all alike."""
-    batch = 100
-    samples: dict[str, list[float]] = {label: [] for label in bodies}
+
+    def batched(body: Callable[[], None]) -> Callable[[int], None]:
+        def run(n: int) -> None:
+            for _ in range(n):
+                body()
+
+        return run
+
+    return interleaved_batches_us({label: batched(b) for label, b in bodies.items()}, cycles)
+
+
+def interleaved_batches_us(
+    batches: dict[str, Callable[[int], None]], cycles: int, batch: int = 100
+) -> dict[str, float]:
+    """Like :func:`interleaved_us` for bodies that run ``n`` cycles per call (an
+    asyncio loop entered once per batch, say)."""
+    samples: dict[str, list[float]] = {label: [] for label in batches}
     for round_no in range(max(cycles // batch, 1)):
-        labels = list(bodies)
+        labels = list(batches)
         rotation = round_no % len(labels)
         for label in labels[rotation:] + labels[:rotation]:
-            body = bodies[label]
             start = time.perf_counter()
-            for _ in range(batch):
-                body()
+            batches[label](batch)
             samples[label].append((time.perf_counter() - start) / batch * 1e6)
     return {label: statistics.median(values) for label, values in samples.items()}
 
@@ -81,3 +97,57 @@ def run_line(redis_version: str, endpoint_kind: str) -> str:
         f"{platform.python_version()}, redis-py {redis.__version__}, cacheguard "
         f"{cacheguard.__version__}, Redis {redis_version} ({endpoint_kind}, loopback)."
     )
+
+
+def command_calls(admin: redis.Redis) -> dict[str, int]:
+    """Calls per command name so far (INFO commandstats)."""
+    try:
+        return {k[8:]: int(v["calls"]) for k, v in admin.info("commandstats").items()}
+    except redis.ResponseError:  # fakeredis has no INFO
+        return {}
+
+
+def total_commands(admin: redis.Redis) -> int:
+    """Commands the server processed so far, calls inside Lua included; -1 without INFO."""
+    try:
+        return int(admin.info("stats")["total_commands_processed"])
+    except redis.ResponseError:  # fakeredis has no INFO
+        return -1
+
+
+def _floor_worker(threads: int, at: float, out: Any) -> None:
+    event = threading.Event()
+    woke: list[float] = []
+    mutex = threading.Lock()
+
+    def wait() -> None:
+        event.wait()
+        now = time.time()
+        with mutex:
+            woke.append(now)
+
+    pool = [threading.Thread(target=wait) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    time.sleep(max(at - time.time() - 0.002, 0))
+    while time.time() < at:
+        pass
+    event.set()
+    for t in pool:
+        t.join()
+    out.put([(w - at) * 1000 for w in woke])
+
+
+def wake_floor(processes: int, threads: int) -> dict[str, float]:
+    """The machine's floor for waiter lag: P x T threads parked on an Event that is
+    set at a known instant, no Redis at all."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    at = time.time() + 2.0
+    procs = [ctx.Process(target=_floor_worker, args=(threads, at, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    lags = sorted(x for _ in procs for x in out.get(timeout=60))
+    for p in procs:
+        p.join(10)
+    return {"lag_p50": statistics.median(lags), "lag_max": max(lags)}

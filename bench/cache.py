@@ -37,7 +37,15 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import interleaved_us, percentile, run_line, run_report
+from bench._common import (
+    command_calls,
+    interleaved_us,
+    percentile,
+    run_line,
+    run_report,
+    total_commands,
+    wake_floor,
+)
 from cacheguard import CacheGuard
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.testing import RedisEndpoint
@@ -110,14 +118,14 @@ def stampede(
         ready.get(timeout=60)
     time.sleep(0.2)  # every thread is parked on the go signal
     admin = redis.Redis.from_url(url)
-    calls_before = _calls(admin)
-    before = _total_commands(admin)
+    calls_before = command_calls(admin)
+    before = total_commands(admin)
     go.set()
     rows: list[tuple[float, Any]] = []
     for _ in procs:
         rows.extend(out.get(timeout=120))
-    after = _total_commands(admin)
-    calls_after = _calls(admin)
+    after = total_commands(admin)
+    calls_after = command_calls(admin)
     breakdown = {
         k: calls_after.get(k, 0) - calls_before.get(k, 0)
         for k in calls_after
@@ -142,57 +150,6 @@ def stampede(
         "lat_p99": percentile(latencies, 0.99),
         "breakdown": breakdown,  # type: ignore[dict-item]
     }
-
-
-def _calls(admin: redis.Redis) -> dict[str, int]:
-    try:
-        return {k[8:]: int(v["calls"]) for k, v in admin.info("commandstats").items()}
-    except redis.ResponseError:  # fakeredis has no INFO
-        return {}
-
-
-def _total_commands(admin: redis.Redis) -> int:
-    try:
-        return int(admin.info("stats")["total_commands_processed"])
-    except redis.ResponseError:  # fakeredis has no INFO
-        return -1
-
-
-def _floor_worker(threads: int, at: float, out: Any) -> None:
-    event = threading.Event()
-    woke: list[float] = []
-    mutex = threading.Lock()
-
-    def wait() -> None:
-        event.wait()
-        now = time.time()
-        with mutex:
-            woke.append(now)
-
-    pool = [threading.Thread(target=wait) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    time.sleep(max(at - time.time() - 0.002, 0))
-    while time.time() < at:
-        pass
-    event.set()
-    for t in pool:
-        t.join()
-    out.put([(w - at) * 1000 for w in woke])
-
-
-def wake_floor(processes: int, threads: int) -> dict[str, float]:
-    """The machine's floor for waiter lag: P x T threads parked on an Event that is
-    set at a known instant, no Redis at all."""
-    out = CTX.Queue()
-    at = time.time() + 2.0
-    procs = [CTX.Process(target=_floor_worker, args=(threads, at, out)) for _ in range(processes)]
-    for p in procs:
-        p.start()
-    lags = sorted(x for _ in procs for x in out.get(timeout=60))
-    for p in procs:
-        p.join(10)
-    return {"lag_p50": statistics.median(lags), "lag_max": max(lags)}
 
 
 def hit_path(url: str, cycles: int) -> dict[str, float]:
