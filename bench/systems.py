@@ -183,7 +183,9 @@ class Cashews:
         self.cache.setup(settings.url, client_side=False)
         self._load: Callable[[], Awaitable[Any]] | None = None
 
-        @self.cache(ttl=settings.ttl, key="{key}", lock=True, prefix=settings.prefix)
+        # The prefix goes into the key template so that the lock key cashews derives
+        # from it ("lock:" + template) is this run's own too.
+        @self.cache(ttl=settings.ttl, key=settings.prefix + ":{key}", lock=True)
         async def fetch(key: str) -> Any:
             assert self._load is not None
             return await self._load()
