@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import multiprocessing as mp
 import os
 import random
@@ -486,7 +487,7 @@ def run_churn(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]
     stale = 0
     for started, version, _ in reads:
         # the newest version committed before this read began
-        committed = _count_le(commit_times, started)
+        committed = bisect.bisect_right(commit_times, started)
         if committed and version < commits[committed - 1][1]:
             stale += 1
     latencies = [lat * 1000 for _, _, lat in reads]
@@ -499,12 +500,6 @@ def run_churn(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]
         "lat_p50": statistics.median(latencies) if latencies else 0.0,
         "lat_p99": percentile(latencies, 0.99) if latencies else 0.0,
     }
-
-
-def _count_le(ordered: list[float], value: float) -> int:
-    import bisect
-
-    return bisect.bisect_right(ordered, value)
 
 
 def run_crash(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]:
@@ -654,7 +649,7 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
         run_line(str(server.get("redis_version")), endpoint.kind),
         "Libraries: " + ", ".join(f"{dist} {ver}" for dist, ver in found.items()) + ".",
         "",
-        f"Command: `python bench/compare.py {' '.join(args.argv)}`".replace(" `", " `", 1),
+        f"Command: `python bench/compare.py {' '.join(args.argv)}`",
         "",
         f"Settings: {args.processes} processes x {args.threads} callers (threads; asyncio tasks "
         f"for cashews), {args.load_ms} ms loader, lock lease {args.lease:g} s where the library "
