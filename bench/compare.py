@@ -364,6 +364,11 @@ def _loads(admin: redis.Redis, settings: Settings) -> int:
     return int(admin.get(_counter(settings)) or 0)
 
 
+def _forget(admin: redis.Redis, settings: Settings) -> None:
+    """Drop the run's bookkeeping keys (the cached entries expire by their TTL)."""
+    admin.delete(_counter(settings), _db(settings))
+
+
 def _settings(args: argparse.Namespace, system: str) -> Settings:
     return Settings(url=args.url, prefix=fresh_prefix(system), ttl=args.ttl, lease=args.lease)
 
@@ -400,6 +405,7 @@ def run_stampede(args: argparse.Namespace, system: str, rnd: int) -> dict[str, A
     finally:
         runner.close()
     loads = _loads(admin, settings) - loads_before
+    _forget(admin, settings)
     load_ends = sorted(t for r in results for t in r["load_ends"])
     records = [rec for r in results for rec in r["records"]]
     latencies = [lat * 1000 for _, lat in records]
@@ -442,6 +448,7 @@ def run_many(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]:
     finally:
         runner.close()
     loads = _loads(admin, settings) - loads_before
+    _forget(admin, settings)
     calls = sum(n for r in results for _, _, n in r["records"])
     return {
         "loads": loads,
@@ -481,6 +488,7 @@ def run_churn(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]
     finally:
         runner.close()
     loads = _loads(admin, settings) - loads_before
+    _forget(admin, settings)
     commits = sorted(c for r in results for c in r.get("commits", []))
     reads = [rec for r in results for rec in r.get("records", [])]
     commit_times = [t for t, _ in commits]
@@ -534,6 +542,7 @@ def run_crash(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]
         results = _collect_until(runner, waiters, killed + args.crash_wait + 10)
     finally:
         runner.close()
+    _forget(redis.Redis.from_url(args.url), settings)
     answered = sorted(ended - killed for r in results for ended, _ in r["records"])
     answered = [a for a in answered if a <= args.crash_wait]
     return {
@@ -564,7 +573,7 @@ def run_hit(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     client = redis.Redis.from_url(args.url)
     aclient = redis.asyncio.Redis.from_url(args.url)
     raw_key = fresh_prefix("raw")
-    client.set(raw_key, msgpack.packb({"v": 0, "rows": PAYLOAD}))
+    client.set(raw_key, msgpack.packb({"v": 0, "rows": PAYLOAD}), ex=3600)
     value = {"v": 0, "rows": PAYLOAD}
 
     def load() -> dict[str, Any]:
