@@ -365,8 +365,11 @@ def _loads(admin: redis.Redis, settings: Settings) -> int:
 
 
 def _forget(admin: redis.Redis, settings: Settings) -> None:
-    """Drop the run's bookkeeping keys (the cached entries expire by their TTL)."""
-    admin.delete(_counter(settings), _db(settings))
+    """Drop the round's keys once its processes are gone: a ``--url`` server keeps
+    nothing of the run (cacheguard's fence and watermark counters never expire)."""
+    keys = list(admin.scan_iter(match=f"{settings.prefix}:*", count=1000))
+    for start in range(0, len(keys), 500):
+        admin.delete(*keys[start : start + 500])
 
 
 def _settings(args: argparse.Namespace, system: str) -> Settings:
