@@ -317,10 +317,11 @@ async def _async_worker(job: Job, adapter: Any, ready: Any, go: Any, out: Any) -
 
 
 class Round:
-    """Spawns a round's workers, starts them together, collects their results."""
+    """Spawns a round's workers, starts them together, collects their results; on
+    close, stops what is left and drops the round's keys."""
 
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
+    def __init__(self, deadline: float, settings: Settings) -> None:
+        self.deadline, self.settings = deadline, settings
         self.ready, self.out, self.go = CTX.Queue(), CTX.Queue(), CTX.Event()
         self.procs: list[Any] = []
 
@@ -345,6 +346,46 @@ class Round:
             if proc.is_alive():
                 proc.kill()
             proc.join(5)
+        _forget(redis.Redis.from_url(self.settings.url), self.settings)
+
+    def __enter__(self) -> Round:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class Window:
+    """What the workers of a round reported and what their run cost Redis."""
+
+    results: list[Any]
+    wall_s: float
+    loads: int
+    commands: int  # calls inside Lua included; -1 without INFO (fakeredis)
+    by_command: dict[str, int]
+
+
+def _measure(admin: redis.Redis, settings: Settings, runner: Round, workers: int) -> Window:
+    """Start the round's spawned workers together, wait for their results, and
+    count the loads and Redis commands in between."""
+    runner.wait_ready(workers)
+    time.sleep(0.3)  # every caller is parked on the go signal
+    loads_before = _loads(admin, settings)
+    calls_before = command_calls(admin)
+    before = total_commands(admin)
+    started = time.time()
+    runner.go.set()
+    results = runner.collect(workers)
+    wall = time.time() - started
+    after = total_commands(admin)
+    spent = _spent(calls_before, command_calls(admin))
+    loads = _loads(admin, settings) - loads_before
+    handshakes = sum(n for name, n in spent.items() if name in HANDSHAKES)
+    # minus the first INFO (counted by the second), the loaders' INCRs and the
+    # handshakes of connections opened meanwhile
+    commands = after - before - 1 - loads - handshakes if before >= 0 else -1
+    return Window(results, wall, loads, commands, spent)
 
 
 def _spent(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -354,10 +395,6 @@ def _spent(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
         for name, calls in after.items()
         if calls > before.get(name, 0) and name != "info"
     }
-
-
-def _handshakes(before: dict[str, int], after: dict[str, int]) -> int:
-    return sum(n for name, n in _spent(before, after).items() if name in HANDSHAKES)
 
 
 def _loads(admin: redis.Redis, settings: Settings) -> int:
@@ -391,41 +428,26 @@ def _job(args: argparse.Namespace, system: str, settings: Settings, **kw: Any) -
 def run_stampede(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]:
     settings = _settings(args, system)
     admin = redis.Redis.from_url(args.url)
-    runner = Round(time.time() + args.deadline)
-    try:
-        key = f"stampede-{rnd}"
+    with Round(time.time() + args.deadline, settings) as runner:
         for p in range(args.processes):
-            runner.spawn(_job(args, system, settings, workload="stampede", key=key, seed=p))
-        runner.wait_ready(args.processes)
-        time.sleep(0.3)  # every caller is parked on the go signal
-        loads_before = _loads(admin, settings)
-        calls_before = command_calls(admin)
-        before = total_commands(admin)
-        runner.go.set()
-        results = runner.collect(args.processes)
-        after = total_commands(admin)
-        calls_after = command_calls(admin)
-    finally:
-        runner.close()
-    loads = _loads(admin, settings) - loads_before
-    _forget(admin, settings)
-    load_ends = sorted(t for r in results for t in r["load_ends"])
-    records = [rec for r in results for rec in r["records"]]
+            job = _job(args, system, settings, workload="stampede", key=f"stampede-{rnd}", seed=p)
+            runner.spawn(job)
+        window = _measure(admin, settings, runner, args.processes)
+    loads = window.loads
+    load_ends = sorted(t for r in window.results for t in r["load_ends"])
+    records = [rec for r in window.results for rec in r["records"]]
     latencies = [lat * 1000 for _, lat in records]
     lags = sorted((ended - load_ends[0]) * 1000 for ended, _ in records)[loads:]
-    handshakes = _handshakes(calls_before, calls_after)
     return {
         "loads": loads,
-        # minus the first INFO (counted by the second), the loaders' INCRs and the
-        # handshakes of connections opened during the stampede
-        "commands": after - before - 1 - loads - handshakes if before >= 0 else -1,
+        "commands": window.commands,
         "lag_p50": statistics.median(lags) if lags else 0.0,
         "lag_max": max(lags) if lags else 0.0,
         "lat_p50": statistics.median(latencies),
         "lat_p99": percentile(latencies, 0.99),
         "lat_max": max(latencies),
         "answered": len(records),
-        "by_command": _spent(calls_before, calls_after),
+        "by_command": window.by_command,
     }
 
 
@@ -433,67 +455,34 @@ def run_many(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]:
     settings = _settings(args, system)
     admin = redis.Redis.from_url(args.url)
     keys = [f"many-{rnd}-{i}" for i in range(args.keys)]
-    runner = Round(time.time() + args.deadline)
-    try:
+    with Round(time.time() + args.deadline, settings) as runner:
         for p in range(args.processes):
             runner.spawn(_job(args, system, settings, workload="many", keys=keys, seed=p))
-        runner.wait_ready(args.processes)
-        time.sleep(0.3)
-        loads_before = _loads(admin, settings)
-        calls_before = command_calls(admin)
-        before = total_commands(admin)
-        started = time.time()
-        runner.go.set()
-        results = runner.collect(args.processes)
-        wall = time.time() - started
-        after = total_commands(admin)
-        calls_after = command_calls(admin)
-    finally:
-        runner.close()
-    loads = _loads(admin, settings) - loads_before
-    _forget(admin, settings)
-    calls = sum(n for r in results for _, _, n in r["records"])
+        window = _measure(admin, settings, runner, args.processes)
+    calls = sum(n for r in window.results for _, _, n in r["records"])
     return {
-        "loads": loads,
-        "wall_s": wall,
-        "commands_per_key": (after - before - 1 - loads - _handshakes(calls_before, calls_after))
-        / args.keys
-        if before >= 0
-        else -1,
+        "loads": window.loads,
+        "wall_s": window.wall_s,
+        "commands_per_key": window.commands / args.keys if window.commands >= 0 else -1,
         "complete": calls == args.keys * args.processes * args.threads,
-        "by_command": _spent(calls_before, calls_after),
+        "by_command": window.by_command,
     }
 
 
 def run_churn(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]:
     settings = _settings(args, system)
     admin = redis.Redis.from_url(args.url)
-    key = f"churn-{rnd}"
-    runner = Round(time.time() + args.deadline + args.churn_seconds)
-    try:
-        common = {"workload": "churn", "key": key, "duration": args.churn_seconds}
+    common = {"workload": "churn", "key": f"churn-{rnd}", "duration": args.churn_seconds}
+    with Round(time.time() + args.deadline + args.churn_seconds, settings) as runner:
         for p in range(args.processes):
             runner.spawn(_job(args, system, settings, seed=p, **common))
-        runner.spawn(
-            _job(
-                args,
-                system,
-                settings,
-                role="writer",
-                write_every=args.write_every_ms / 1000,
-                **common,
-            )
+        writer = _job(
+            args, system, settings, role="writer", write_every=args.write_every_ms / 1000, **common
         )
-        runner.wait_ready(args.processes + 1)
-        loads_before = _loads(admin, settings)
-        runner.go.set()
-        results = runner.collect(args.processes + 1)
-    finally:
-        runner.close()
-    loads = _loads(admin, settings) - loads_before
-    _forget(admin, settings)
-    commits = sorted(c for r in results for c in r.get("commits", []))
-    reads = [rec for r in results for rec in r.get("records", [])]
+        runner.spawn(writer)
+        window = _measure(admin, settings, runner, args.processes + 1)
+    commits = sorted(c for r in window.results for c in r.get("commits", []))
+    reads = [rec for r in window.results for rec in r.get("records", [])]
     commit_times = [t for t, _ in commits]
     stale = 0
     for started, version, _ in reads:
@@ -504,8 +493,8 @@ def run_churn(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]
     latencies = [lat * 1000 for _, _, lat in reads]
     return {
         "writes": len(commits),
-        "loads": loads,
-        "loads_per_write": loads / max(len(commits), 1),
+        "loads": window.loads,
+        "loads_per_write": window.loads / max(len(commits), 1),
         "reads": len(reads),
         "stale": stale,
         "lat_p50": statistics.median(latencies) if latencies else 0.0,
@@ -516,8 +505,7 @@ def run_churn(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]
 def run_crash(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]:
     settings = _settings(args, system)
     key = f"crash-{rnd}"
-    runner = Round(time.time() + args.deadline)
-    try:
+    with Round(time.time() + args.deadline, settings) as runner:
         victim = runner.spawn(
             _job(args, system, settings, role="victim", workload="crash", key=key, callers=1)
         )
@@ -543,9 +531,6 @@ def run_crash(args: argparse.Namespace, system: str, rnd: int) -> dict[str, Any]
         killed = time.time()
         os.kill(victim.pid, signal.SIGKILL)
         results = _collect_until(runner, waiters, killed + args.crash_wait + 10)
-    finally:
-        runner.close()
-    _forget(redis.Redis.from_url(args.url), settings)
     answered = sorted(ended - killed for r in results for ended, _ in r["records"])
     answered = [a for a in answered if a <= args.crash_wait]
     return {
