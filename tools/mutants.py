@@ -1,0 +1,388 @@
+"""The mutation check: every guarantee the docs promise must fail a test when removed.
+
+Each mutant below is a small textual patch that removes one guarantee, and names
+the tests that must fail under it. The check copies the project into a scratch
+directory, applies one mutant at a time, runs only that mutant's tests there and
+fails if any mutant survives (its tests pass), if a mutant no longer applies (its
+code changed: update the mutant with the code), or if its tests cannot run.
+
+    python tools/mutants.py                  # all mutants (CI runs this)
+    python tools/mutants.py --only fence     # the mutants whose id contains "fence"
+    python tools/mutants.py --list           # id, guarantee, tests
+    python tools/mutants.py --discover ID tests/test_x.py ...
+                                             # which tests of those files kill ID
+
+docs/testing.md lists the mutants; tests/test_mutants.py keeps both in step with
+the code (every patch applies exactly once, every named test exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# What a run needs; the rest of the checkout (docs, the venv, git) stays behind.
+COPIED = ("cacheguard", "tests", "examples", "bench", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    guarantee: str
+    file: str
+    find: str
+    replace: str
+    tests: tuple[str, ...]
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- the read-write lock (locks/scripts.py, watchdog.py, notifier.py) -----------------
+    Mutant(
+        "lock-writer-excludes-readers",
+        "a reader never enters while a writer holds the lock",
+        "cacheguard/locks/scripts.py",
+        "  if mode == 'write' then return false end\n",
+        "",
+        ("tests/test_redis_lock.py::test_lock_timeout_within_deadline",),
+    ),
+    Mutant(
+        "lock-writer-excludes-writers",
+        "one writer at a time, and none while readers hold the lock",
+        "cacheguard/locks/scripts.py",
+        "    first = not mode\n",
+        "    first = true\n",
+        ("tests/test_redis_lock.py::test_readers_overlap_and_writer_excluded",),
+    ),
+    Mutant(
+        "lock-waiting-writer-holds-off-readers",
+        "new readers wait behind a queued writer (writers are not starved)",
+        "cacheguard/locks/scripts.py",
+        "  for who in pairs(s.q) do\n    if who ~= owner then return false end\n  end\n",
+        "",
+        ("tests/test_redis_lock.py::test_waiting_writer_blocks_new_readers",),
+    ),
+    Mutant(
+        "lock-fencing-tokens",
+        "every fresh write holding takes a new, higher fencing token",
+        "cacheguard/locks/scripts.py",
+        "s.g[owner] = tostring(redis.call('INCR', fence))",
+        "s.g[owner] = tostring(redis.call('GET', fence) or '1')",
+        ("tests/test_redis_lock.py::test_fencing_tokens_strictly_increase",),
+    ),
+    Mutant(
+        "lock-expired-holders-swept",
+        "a holder whose lease ended stops counting, even while others keep the hash alive",
+        "cacheguard/locks/scripts.py",
+        "  for who, ends in pairs(s.e) do\n    if ends <= now then\n",
+        "  for who, ends in pairs(s.e) do\n    if false then\n",
+        ("tests/test_redis_lock.py::test_crashed_reader_stops_counting_when_its_lease_ends",),
+    ),
+    Mutant(
+        "lock-release-checks-epoch",
+        "a stale handle cannot release the owner's newer holding",
+        "cacheguard/locks/scripts.py",
+        "if (s[kind][owner] or 0) == 0 or s.g[owner] ~= epoch then",
+        "if (s[kind][owner] or 0) == 0 then",
+        ("tests/test_redis_lock.py::test_same_owner_stale_handle_cannot_release_new_holding",),
+    ),
+    Mutant(
+        "lock-lease-renewal",
+        "the watchdog extends a live holder's lease",
+        "cacheguard/locks/scripts.py",
+        "s.e[owner] = now + lease\nput(s, 'e:' .. owner, s.e[owner])\nsettle(key, s, now)\n"
+        "for who in pairs(s.q) do",
+        "settle(key, s, now)\nfor who in pairs(s.q) do",
+        ("tests/test_redis_lock.py::test_watchdog_keeps_live_holder_then_stops",),
+    ),
+    Mutant(
+        "lock-release-announced",
+        "a release that frees or downgrades the lock is announced on the key's channel",
+        "cacheguard/locks/scripts.py",
+        "if after ~= before then redis.call('PUBLISH', channel, after or 'free') end",
+        "",
+        ("tests/test_guarantees.py::test_lock_waiter_is_woken_by_the_release_announcement",),
+    ),
+    Mutant(
+        "notifier-delivers",
+        "the process's one pub/sub listener hands every message to the channel's waiters",
+        "cacheguard/locks/notifier.py",
+        "        for waiter in waiters:  # outside the mutex, which the waiters' threads need\n"
+        "            waiter._deliver(payload)\n",
+        "",
+        ("tests/test_notifier.py::test_subscription_is_confirmed_and_woken",),
+    ),
+    # -- the read-through cache (cache/scripts.py, flow.py, guard.py) ---------------------
+    Mutant(
+        "fill-store-checks-version",
+        "a fill stores only if no invalidation moved the key's version since it began",
+        "cacheguard/cache/scripts.py",
+        "if fresh and (redis.call('GET', verkey) or '0') == seen then",
+        "if fresh then",
+        ("tests/test_cache.py::test_invalidation_during_fill_rejects_the_store",),
+    ),
+    Mutant(
+        "fill-store-checks-watermark",
+        "a fill from a database snapshot older than the last invalidation does not store",
+        "cacheguard/cache/scripts.py",
+        "local fresh = watermark == nil or tonumber(seen) <= watermark",
+        "local fresh = true",
+        ("tests/test_sqlalchemy.py::test_a_reader_with_an_old_snapshot_cannot_fill_a_stale_row",),
+    ),
+    Mutant(
+        "fill-takes-read-hold",
+        "a fill does not begin while a writer holds or waits for the key",
+        "cacheguard/cache/scripts.py",
+        "if not may_read(s, owner, mode) then\n  local wait = soonest_end(s, now, owner)",
+        "if false then\n  local wait = soonest_end(s, now, owner)",
+        ("tests/test_cache.py::test_write_waits_for_fill_and_fill_waits_for_write",),
+    ),
+    Mutant(
+        "fill-one-filler",
+        "one fill per key at a time across all processes",
+        "cacheguard/cache/scripts.py",
+        "if s.fill then\n  -- One fill at a time",
+        "if false then\n  -- One fill at a time",
+        (
+            "tests/test_cache_regressions.py::test_two_fills_in_one_process_leave_no_hold",
+            "tests/test_cache_processes.py::test_cold_key_stampede_loads_once",
+        ),
+    ),
+    Mutant(
+        "fill-dead-filler-abandoned",
+        "a fill whose owner's lease ended is abandoned, so another process can take over",
+        "cacheguard/locks/scripts.py",
+        "  if s.fill and not s.e[s.fill] then\n",
+        "  if false then\n",
+        (
+            "tests/test_guarantees.py::"
+            "test_a_dead_fillers_fill_ends_with_its_lease_while_others_keep_the_lock_alive",
+        ),
+    ),
+    Mutant(
+        "invalidate-broadcasts-to-l1",
+        "an invalidation drops the key from every process's L1",
+        "cacheguard/cache/scripts.py",
+        "if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end",
+        "",
+        ("tests/test_cache.py::test_l1_hits_and_cross_guard_invalidation",),
+    ),
+    Mutant(
+        "announcement-from-fill-seen-or-later",
+        "a waiter takes an announced value only from the fill it saw under way or a later one",
+        "cacheguard/cache/flow.py",
+        "if message.fill_began_us >= begin.since_us and entry.version >= int(begin.version):",
+        "if entry.version >= int(begin.version):",
+        (
+            "tests/test_guarantees.py::"
+            "test_an_older_fills_announcement_is_refused_even_at_the_same_version",
+        ),
+    ),
+    Mutant(
+        "prefix-invalidation-stamps-honoured",
+        "a fill from a snapshot older than a prefix invalidation covering its key does not store",
+        "cacheguard/cache/guard.py",
+        "        return -1 if stamps and max(stamps) > snapshot else snapshot\n",
+        "        return snapshot\n",
+        ("tests/test_sqlalchemy.py::test_prefix_invalidation_refuses_fills_from_older_snapshots",),
+    ),
+    Mutant(
+        "session-end-invalidates-again",
+        "the end of a tracked transaction invalidates its keys again before releasing them",
+        "cacheguard/sqlalchemy/tracker.py",
+        "    try:\n        guard.invalidate(*names)\n    except Exception:\n"
+        '        log.exception("invalidating %d keys at the end of a transaction failed"',
+        "    try:\n        pass\n    except Exception:\n"
+        '        log.exception("invalidating %d keys at the end of a transaction failed"',
+        (
+            "tests/test_sqlalchemy.py::"
+            "test_lock_timeout_midway_in_a_savepoint_invalidates_and_releases",
+        ),
+    ),
+    Mutant(
+        "write-invalidates-after-body",
+        "guard.write invalidates again after its body (also when the body raised)",
+        "cacheguard/cache/guard.py",
+        "            try:\n                yield\n            finally:\n"
+        "                self.invalidate(*ordered)\n",
+        "            yield\n",
+        (
+            "tests/test_guarantees.py::"
+            "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
+        ),
+    ),
+)
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+def scratch_copy(destination: Path) -> Path:
+    """A copy of what the tests need, under ``destination``."""
+    tree = destination / "tree"
+    tree.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info")
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, tree / name, ignore=ignore)
+        elif source.exists():
+            shutil.copy2(source, tree / name)
+    return tree
+
+
+def apply(mutant: Mutant, tree: Path) -> str:
+    """Patch ``tree`` with ``mutant``; returns the original text of the file."""
+    path = tree / mutant.file
+    original = path.read_text(encoding="utf-8")
+    found = original.count(mutant.find)
+    if found != 1:
+        raise MutantError(f"{mutant.id}: its snippet occurs {found} times in {mutant.file}")
+    path.write_text(original.replace(mutant.find, mutant.replace), encoding="utf-8")
+    return original
+
+
+class MutantError(Exception):
+    """A mutant that cannot be checked: stale snippet, missing tests."""
+
+
+def pytest_command(tests: Iterable[str], *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "--no-header",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        *extra,
+        *tests,
+    ]
+
+
+def run_tests(tree: Path, tests: Iterable[str], *extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a mutant and its original may share an mtime
+    return subprocess.run(
+        pytest_command(tests, *extra),
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def check_imports_from(tree: Path) -> None:
+    """The scratch copy, not an installed cacheguard, must be what the tests import."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    found = subprocess.run(
+        [sys.executable, "-c", "import cacheguard; print(cacheguard.__file__)"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(found).resolve().is_relative_to(tree.resolve()):
+        raise MutantError(f"the tests would import {found}, not the scratch copy")
+
+
+def check_one(mutant: Mutant, tree: Path) -> tuple[str, str]:
+    """(verdict, detail): killed, survived or error."""
+    path = tree / mutant.file
+    original = apply(mutant, tree)
+    try:
+        done = run_tests(tree, mutant.tests, "-x")
+    finally:
+        path.write_text(original, encoding="utf-8")
+    tail = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 1:
+        return "killed", tail
+    if done.returncode == 0:
+        return "survived", tail
+    return "error", f"pytest exit {done.returncode}: {tail or done.stderr.strip()[-300:]}"
+
+
+def select(only: Sequence[str]) -> list[Mutant]:
+    chosen = [m for m in MUTANTS if not only or any(part in m.id for part in only)]
+    if not chosen:
+        raise SystemExit(f"no mutant id contains any of {list(only)}")
+    return chosen
+
+
+def check(only: Sequence[str]) -> int:
+    mutants = select(only)
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="cacheguard-mutants-") as scratch:
+        tree = scratch_copy(Path(scratch))
+        check_imports_from(tree)
+        for number, mutant in enumerate(mutants, 1):
+            started = time.monotonic()
+            try:
+                verdict, detail = check_one(mutant, tree)
+            except MutantError as exc:
+                verdict, detail = "error", str(exc)
+            took = time.monotonic() - started
+            bad += verdict != "killed"
+            print(
+                f"[{number:2d}/{len(mutants)}] {verdict:8s} {mutant.id:40s} {took:5.1f}s  {detail}",
+                flush=True,
+            )
+    print(f"{len(mutants) - bad} of {len(mutants)} mutants killed", flush=True)
+    return 1 if bad else 0
+
+
+def discover(mutant_id: str, test_paths: Sequence[str]) -> int:
+    """Run ``test_paths`` under one mutant and print the tests it makes fail."""
+    matching = [m for m in MUTANTS if m.id == mutant_id]
+    if not matching:
+        raise SystemExit(f"no mutant {mutant_id!r}")
+    mutant = matching[0]
+    with tempfile.TemporaryDirectory(prefix="cacheguard-mutants-") as scratch:
+        tree = scratch_copy(Path(scratch))
+        apply(mutant, tree)
+        done = run_tests(tree, test_paths, "-rf")
+    failed = re.findall(r"^FAILED (\S+)", done.stdout, flags=re.MULTILINE)
+    print("\n".join(failed) if failed else f"nothing failed (pytest exit {done.returncode})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", default=[], help="mutant ids containing these")
+    parser.add_argument("--list", action="store_true", help="list the mutants and stop")
+    parser.add_argument(
+        "--markdown", action="store_true", help="the list as docs/testing.md's table"
+    )
+    parser.add_argument("--discover", nargs="+", metavar=("ID", "TESTS"))
+    args = parser.parse_args(argv)
+    if args.markdown:
+        print("| mutant | guarantee it removes | tests that must fail |\n|---|---|---|")
+        for mutant in select(args.only):
+            tests = "<br>".join(f"`{t}`" for t in mutant.tests)
+            print(f"| `{mutant.id}` | {mutant.guarantee} | {tests} |")
+        return 0
+    if args.list:
+        for mutant in select(args.only):
+            print(f"{mutant.id}: {mutant.guarantee}\n    {' '.join(mutant.tests)}")
+        return 0
+    if args.discover:
+        return discover(args.discover[0], args.discover[1:])
+    return check(args.only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
