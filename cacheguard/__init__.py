@@ -31,6 +31,7 @@ from cacheguard.exceptions import (
     LockNotHeldError,
     LockTimeout,
     LockUpgradeError,
+    RecursiveLoadError,
     SerializationError,
 )
 from cacheguard.locks import (
@@ -70,6 +71,7 @@ __all__ = [
     "MsgpackCodec",
     "Notifier",
     "PickleCodec",
+    "RecursiveLoadError",
     "RedisRWLock",
     "SerializationError",
     "Stats",

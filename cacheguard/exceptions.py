@@ -12,7 +12,8 @@ catch the whole family at once::
     ├── BackendUnavailable        Redis could not be reached (wraps the redis-py error)
     ├── SerializationError        a value could not be encoded (or a codec is misconfigured)
     ├── KeyTemplateError          a key template names a parameter the call does not have
-    └── FillFailed                another process's load kept failing while we waited
+    ├── FillFailed                another process's load kept failing while we waited
+    └── RecursiveLoadError        a loader asked for the very key it is loading
 
 Bad arguments given at construction (an empty name, a lease or timeout <= 0)
 raise :class:`ValueError` or :class:`TypeError` as usual in Python; they are
@@ -31,6 +32,7 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeout",
     "LockUpgradeError",
+    "RecursiveLoadError",
     "SerializationError",
 ]
 
@@ -139,3 +141,18 @@ class FillFailed(CacheGuardError):
         )
         self.key = key
         self.attempts = attempts
+
+
+class RecursiveLoadError(CacheGuardError):
+    """A loader asked for (or refreshed) the key it is loading, in the same thread.
+
+    Waiting would deadlock the loader with itself until ``wait_timeout``, so the
+    inner call fails at once; the outer load gets this error unless it catches it.
+    """
+
+    def __init__(self, *, key: str) -> None:
+        super().__init__(
+            f"the loader of {key!r} asked for {key!r} itself: a loader must not read "
+            "or refresh its own key (load the data directly instead)"
+        )
+        self.key = key

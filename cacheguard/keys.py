@@ -9,7 +9,12 @@ A resource (a cache key, a lock) named ``menu:list`` in namespace ``cg`` owns::
     cg:{menu:list}:rel      the pub/sub channel announcing releases and fills
 
 A namespace also owns ``cg:wm``, its invalidation sequence (never expires; see
-cache/watermark.py). The ``{...}`` hash tag makes Redis Cluster place them in the same slot, so one
+cache/watermark.py), the channel ``cg:l1`` and, per invalidated prefix ``p``,
+``cg:{p}:ps`` (the prefix's stamp). Keys outside a hash tag are the namespace,
+a colon and one colon-free word, and a namespace holds no braces: so two
+namespaces, even nested ones (``x`` and ``x:ps``), never share a key.
+
+The ``{...}`` hash tag makes Redis Cluster place a resource's keys in one slot, so one
 Lua script may touch them all. Braces and ``%`` inside a name are
 percent-encoded so the tag always ends where we put it: otherwise a name such
 as ``}x`` would end the tag early and scatter one resource over several slots.
@@ -25,6 +30,7 @@ __all__ = [
     "hash_tag",
     "invalidation_channel",
     "name_from_tag",
+    "prefix_stamp_key",
     "watermark_key",
 ]
 
@@ -92,3 +98,9 @@ def invalidation_channel(namespace: str) -> str:
 def watermark_key(namespace: str) -> str:
     """The namespace's invalidation sequence counter (see cache/watermark.py)."""
     return f"{namespace}:wm"
+
+
+def prefix_stamp_key(namespace: str, prefix: str) -> str:
+    """The stamp of the last ``invalidate_prefix(prefix)`` (in the prefix's tag,
+    like a resource: outside a tag it could spell a nested namespace's key)."""
+    return f"{namespace}:{{{hash_tag(prefix)}}}:ps"

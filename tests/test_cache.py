@@ -272,7 +272,8 @@ def test_ttl_jitter_spreads_expiry(client: redis.Redis, namespace: str) -> None:
 
 
 def test_early_refresh_reloads_in_background(client: redis.Redis, namespace: str) -> None:
-    guard = make_guard(client, namespace, early_refresh_beta=1.0, rng=lambda: 1e-300)
+    # beta 100: a 10 ms load looks 1 s long, so a 2 s entry is inside XFetch's horizon
+    guard = make_guard(client, namespace, early_refresh_beta=100.0, rng=lambda: 1e-300)
     versions = iter(range(100))
 
     def load() -> int:

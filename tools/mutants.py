@@ -210,15 +210,145 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "write-invalidates-after-body",
-        "guard.write invalidates again after its body (also when the body raised)",
+        "guard.write invalidates again after its body returned",
         "cacheguard/cache/guard.py",
-        "            try:\n                yield\n            finally:\n"
-        "                self.invalidate(*ordered)\n",
-        "            yield\n",
+        "                raise\n            self.invalidate(*ordered)\n",
+        "                raise\n",
         (
             "tests/test_guarantees.py::"
             "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
         ),
+    ),
+    Mutant(
+        "write-invalidates-after-failed-body",
+        "guard.write invalidates again after its body raised",
+        "cacheguard/cache/guard.py",
+        "                try:\n                    self.invalidate(*ordered)\n"
+        "                except Exception as closing_error:\n",
+        "                try:\n                    pass\n"
+        "                except Exception as closing_error:\n",
+        (
+            "tests/test_guarantees.py::"
+            "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
+        ),
+    ),
+    # -- trust fixes (tests/test_trust.py) ----------------------------------------------
+    Mutant(
+        "write-releases-from-any-thread",
+        "a write context exited in another thread than it entered releases its locks",
+        "cacheguard/cache/guard.py",
+        "lock.release_write(holder=holder)",
+        "lock.release_write()",
+        ("tests/test_trust.py::test_a_write_exited_in_another_thread_releases_its_locks",),
+    ),
+    Mutant(
+        "write-body-error-wins",
+        "the body's error reaches the caller even when the closing invalidation fails",
+        "cacheguard/cache/guard.py",
+        "                    _add_note(\n                        body_error,\n",
+        "                    raise closing_error\n                    _add_note(\n"
+        "                        body_error,\n",
+        ("tests/test_trust.py::test_the_bodys_error_wins_over_a_failing_closing_invalidation",),
+    ),
+    Mutant(
+        "l1-resubscribes-after-fork",
+        "a forked worker's L1 is invalidated like its parent's",
+        "cacheguard/cache/guard.py",
+        "            guard._l1.reset_after_fork()\n            guard._l1_listener = None\n",
+        "            guard._l1.reset_after_fork()\n",
+        ("tests/test_trust.py::test_a_forked_worker_drops_its_l1_copy_when_the_parent_writes",),
+    ),
+    Mutant(
+        "l1-bounded-by-entry-expiry",
+        "an L1 copy never outlives its entry in Redis",
+        "cacheguard/cache/l1.py",
+        "        lifetime = min(lifetime, self.ttl)\n",
+        "        lifetime = self.ttl\n",
+        ("tests/test_trust.py::test_an_l1_copy_never_outlives_its_entry",),
+    ),
+    Mutant(
+        "l1-refuses-copies-older-than-a-drop",
+        "L1 refuses a copy read before an invalidation of the name",
+        "cacheguard/cache/l1.py",
+        "            if self.epoch != epoch:\n                return False\n",
+        "",
+        ("tests/test_trust.py::test_l1_refuses_a_copy_read_before_an_invalidation",),
+    ),
+    Mutant(
+        "recursive-load-refused",
+        "a loader asking for its own key fails at once with RecursiveLoadError",
+        "cacheguard/cache/guard.py",
+        "        if name in self._loading_here():\n",
+        "        if False:\n",
+        ("tests/test_trust.py::test_a_loader_reading_its_own_key_fails_at_once",),
+    ),
+    Mutant(
+        "max-load-time-ends-renewal",
+        "a fill whose loader overruns max_load_time stops blocking writers",
+        "cacheguard/locks/watchdog.py",
+        "entry.renew_until is not None and now >= entry.renew_until",
+        "entry.renew_until is not None and False",
+        ("tests/test_trust.py::test_a_hung_loader_stops_blocking_writers_after_max_load_time",),
+    ),
+    Mutant(
+        "stale-policy-keeps-values",
+        'on_timeout="stale" keeps entries past expiry and serves them after a wait timeout',
+        "cacheguard/cache/guard.py",
+        'return lifetime if self.on_timeout == "stale" else 0.0',
+        "return 0.0",
+        ("tests/test_trust.py::test_on_timeout_stale_serves_the_last_value_after_a_wait_timeout",),
+    ),
+    Mutant(
+        "expired-entry-is-not-a-hit",
+        "an entry past its expiry that Redis still keeps is never served as fresh",
+        "cacheguard/cache/guard.py",
+        "            if self._clock() >= entry.expires_at:  # kept only for stale serving\n",
+        "            if False:\n",
+        ("tests/test_trust.py::test_on_timeout_stale_serves_the_last_value_after_a_wait_timeout",),
+    ),
+    Mutant(
+        "breaker-guards-peek",
+        "an open circuit keeps peek off Redis",
+        "cacheguard/cache/guard.py",
+        '        if not self._breaker.allow():\n            if self.on_backend_error == "raise":\n'
+        '                raise BackendUnavailable(f"Redis unavailable reading {name!r}',
+        '        if False:\n            if self.on_backend_error == "raise":\n'
+        '                raise BackendUnavailable(f"Redis unavailable reading {name!r}',
+        ("tests/test_trust.py::test_every_entry_point_honours_an_open_circuit",),
+    ),
+    Mutant(
+        "refresh-follows-backend-policy",
+        "refresh with Redis down follows on_backend_error",
+        "cacheguard/cache/guard.py",
+        "        except BackendUnavailable as exc:  # raised before any load ran (see _fill)\n"
+        "            return self._bypass(name, load, exc)\n        return outcome.value",
+        "        except ZeroDivisionError as exc:\n"
+        "            return self._bypass(name, load, exc)\n        return outcome.value",
+        ("tests/test_trust.py::test_refresh_follows_on_backend_error",),
+    ),
+    Mutant(
+        "nested-namespaces-separate",
+        "nested namespaces (x and x:ps) never share a key",
+        "cacheguard/keys.py",
+        'return f"{namespace}:{{{hash_tag(prefix)}}}:ps"',
+        'return f"{namespace}:ps:{hash_tag(prefix)}"',
+        ("tests/test_trust.py::test_nested_namespaces_do_not_share_keys",),
+    ),
+    Mutant(
+        "durations-bounded",
+        "a duration Redis cannot take (ttl=1e300) is refused up front",
+        "cacheguard/locks/redis_rwlock.py",
+        "    if value > MAX_SECONDS:\n",
+        "    if False:\n",
+        ("tests/test_trust.py::test_durations_redis_cannot_take_are_refused_up_front",),
+    ),
+    Mutant(
+        "corrupt-counted-once",
+        "a corrupt entry is counted once per read",
+        "cacheguard/cache/guard.py",
+        "entry = self._decode(name, reply[1], count=False)",
+        "entry = self._decode(name, reply[1])",
+        ("tests/test_trust.py::test_a_corrupt_entry_is_counted_once_per_read",),
     ),
 )
 

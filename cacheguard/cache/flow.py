@@ -56,7 +56,8 @@ RETRY_MARGIN: Final = 0.002
 class Begin:
     """The answer to :class:`BeginFill`."""
 
-    kind: Literal["hit", "fill", "busy", "corrupt"]
+    # "expired": a value past its expiry that Redis still keeps (stale windows)
+    kind: Literal["hit", "fill", "busy", "corrupt", "expired"]
     entry: Entry | None = None  # hit
     version: str = "0"  # fill: the version to compare at the store; busy: see since_us
     epoch: str = ""  # fill: our read hold's epoch
@@ -80,6 +81,7 @@ class Message:
 class Outcome:
     value: Any
     source: Source
+    entry: Entry | None = None  # the stored entry served ("l2", "peer"): its expiry
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +161,8 @@ def fill_flow(
         begin: Begin = yield BeginFill(force)
         if begin.kind == "hit":
             assert begin.entry is not None
-            return Outcome(begin.entry.value, "l2")
-        if begin.kind == "corrupt":  # undecodable bytes in the key: overwrite them
+            return Outcome(begin.entry.value, "l2", begin.entry)
+        if begin.kind in ("corrupt", "expired"):  # bytes not to serve: overwrite them
             force = True
             continue
         if begin.kind == "fill":
@@ -181,7 +183,7 @@ def fill_flow(
             if not refresh:
                 entry: Entry | None = yield Lookup()
                 if entry is not None:
-                    return Outcome(entry.value, "peer")
+                    return Outcome(entry.value, "peer", entry)
         remaining = deadline - timer()
         if remaining <= 0:
             return (yield from _timed_out(name, on_timeout, stale, timer() - start))
@@ -197,12 +199,12 @@ def fill_flow(
             entry = message.entry
             if message.kind == "value" and entry is not None:
                 if message.fill_began_us >= begin.since_us and entry.version >= int(begin.version):
-                    return Outcome(entry.value, "peer")
+                    return Outcome(entry.value, "peer", entry)
                 continue
             if message.kind == "stored":
                 entry = yield Lookup()
                 if entry is not None:
-                    return Outcome(entry.value, "peer")
+                    return Outcome(entry.value, "peer", entry)
         aborts += sum(1 for m in messages if m.kind == "aborted")
         if aborts > max_aborts:
             raise FillFailed(key=name, attempts=aborts)

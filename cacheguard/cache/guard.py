@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Final, Literal, TypeVar
 
-import cachetools
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError
@@ -48,21 +47,28 @@ from cacheguard.cache.flow import (
     Wait,
     fill_flow,
 )
+from cacheguard.cache.l1 import ABSENT, LocalTier
 from cacheguard.cache.scripts import FILL_BEGIN, FILL_END, INVALIDATE, RAISE_WATERMARK
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight, SingleFlight
 from cacheguard.cache.stats import Stats, StatsRecorder
 from cacheguard.cache.watermark import collecting
-from cacheguard.exceptions import BackendUnavailable, LockTimeout, SerializationError
+from cacheguard.exceptions import (
+    BackendUnavailable,
+    LockTimeout,
+    RecursiveLoadError,
+    SerializationError,
+)
 from cacheguard.keys import (
     ResourceKeys,
     check_namespace,
     hash_tag,
     invalidation_channel,
     name_from_tag,
+    prefix_stamp_key,
     watermark_key,
 )
 from cacheguard.locks.notifier import Subscription, notifier_for
-from cacheguard.locks.redis_rwlock import LockHandle, check_positive
+from cacheguard.locks.redis_rwlock import MAX_SECONDS, LockHandle, check_positive
 from cacheguard.locks.scripts import ScriptCall, run_pipelined
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 
@@ -75,6 +81,10 @@ BackendPolicy = Literal["bypass", "raise"]
 
 # Redis unusable for us: unreachable, or refusing our keys (an ACL without them).
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError, NoPermissionError)
+
+_NUMBERS = (int, float)  # exact classes: bool is refused by check_positive
+# XFetch refreshes with probability exp(-time_left / (beta * load_duration)).
+_XFETCH_HORIZON = 40.0
 
 # The safety-net timer of a waiting fill. The filler's announcement wakes waiters;
 # a dead filler is retried when its lease ends (the begin script says when). The
@@ -111,8 +121,8 @@ def _check_ratio(what: str, value: float) -> float:
 def _check_non_negative(what: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"{what} must be a number >= 0, got {value!r}")
-    if math.isinf(value):
-        raise ValueError(f"{what} must be finite")
+    if math.isinf(value) or value > MAX_SECONDS:
+        raise ValueError(f"{what} must be at most {MAX_SECONDS:.0f} (ten years), got {value!r}")
     return float(value)
 
 
@@ -143,6 +153,7 @@ class CacheGuard:
         version_ttl: float = 7 * 24 * 3600.0,
         max_key_length: int = 200,
         max_fill_retries: int = 3,
+        max_load_time: float = 60.0,
         breaker_failures: int = 3,
         breaker_cooldown: float = 2.0,
         on_event: Callable[[Any], None] | None = None,
@@ -189,6 +200,7 @@ class CacheGuard:
         self.version_ttl_ms = int(check_positive("version_ttl", version_ttl) * 1000)
         self.max_key_length = max_key_length
         self.max_fill_retries = max_fill_retries
+        self.max_load_time = check_positive("max_load_time", max_load_time)
         self._timer = timer
         self._clock = clock
         self._rng = rng
@@ -209,16 +221,17 @@ class CacheGuard:
         self._executor: ThreadPoolExecutor | None = None
         self._executor_mutex = threading.Lock()
         self._closed = False
-        self._l1: cachetools.TTLCache[str, Entry] | None = None
+        self._l1: LocalTier | None = None
         self._l1_mutex = threading.Lock()
         self._l1_listener: Subscription | None = None
+        self._loading = threading.local()  # names this thread is loading (recursion)
         self._channel_l1 = invalidation_channel(self.namespace)
         self._watermark_key = watermark_key(self.namespace)
         self._watched_prefixes: tuple[str, ...] = ()
         self._prefix_mutex = threading.Lock()
         if l1_maxsize:
-            self._l1 = cachetools.TTLCache(maxsize=l1_maxsize, ttl=self.l1_ttl, timer=timer)
-            self._l1_listener = notifier_for(client).listen(self._channel_l1, self._on_l1_message)
+            self._l1 = LocalTier(maxsize=l1_maxsize, ttl=self.l1_ttl, timer=timer)
+            self._l1_listener = self._listen_l1(timeout=5.0)
         _guards.add(self)
 
     @classmethod
@@ -272,7 +285,9 @@ class CacheGuard:
         none_ttl: float | _Missing | None = MISSING,
     ) -> T:
         """The cached value of ``name``, loaded by ``load()`` once if missing."""
-        return self._get(name, load, check_positive("ttl", ttl), none_ttl)
+        if not (ttl.__class__ in _NUMBERS and 0 < ttl <= MAX_SECONDS):  # the hit path: cheap
+            ttl = check_positive("ttl", ttl)
+        return self._get(name, load, ttl, none_ttl)
 
     def _get(
         self, name: str, load: Callable[[], T], ttl: float, none_ttl: float | _Missing | None
@@ -280,15 +295,16 @@ class CacheGuard:
         """``get_or_load`` with ``ttl`` already validated (loaders validate it once)."""
         l1 = self._l1
         if l1 is not None:
-            entry = l1.get(name)
-            if entry is not None:
+            kept = l1.get(name)
+            if kept is not ABSENT:
                 self._stats.count("l1_hits", name)
-                return entry.value  # type: ignore[no-any-return]
+                return kept  # type: ignore[no-any-return]
         start = self._timer()
         while True:  # bounded: every pass waits on a leader that was already running
             flight, leader, joined = self._flights.join(name)
             if leader:
                 break
+            self._refuse_recursion(name)  # the leader may be this very thread's loader
             if not flight.wait(self.wait_timeout - (self._timer() - start)):
                 return self._timed_out(name, load, start)  # type: ignore[no-any-return]
             if flight.serves(joined):
@@ -312,9 +328,13 @@ class CacheGuard:
     def peek(self, name: str) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
         if self._l1 is not None:
-            entry = self._l1.get(name)
-            if entry is not None:
-                return entry.value
+            value = self._l1.get(name)
+            if value is not ABSENT:
+                return value
+        if not self._breaker.allow():
+            if self.on_backend_error == "raise":
+                raise BackendUnavailable(f"Redis unavailable reading {name!r} (circuit open)")
+            return MISSING
         try:
             entry = self._fetch(name)
         except _REDIS_DOWN as exc:
@@ -322,6 +342,7 @@ class CacheGuard:
             if self.on_backend_error == "raise":
                 raise BackendUnavailable(f"Redis unreachable reading {name!r}: {exc}") from exc
             return MISSING
+        self._breaker.success()
         if entry is None or self._clock() >= entry.expires_at:
             return MISSING
         return entry.value
@@ -334,9 +355,19 @@ class CacheGuard:
         ttl: float,
         none_ttl: float | _Missing | None = MISSING,
     ) -> T:
-        """Load ``name`` now (under its locks, once across processes) and store it."""
+        """Load ``name`` now (under its locks, once across processes) and store it.
+
+        With Redis unreachable (or the circuit open) ``on_backend_error`` applies as
+        for reads: ``bypass`` returns a fresh load without storing it, ``raise``
+        raises :class:`BackendUnavailable`."""
         ttl = check_positive("ttl", ttl)
-        outcome, _ = self._fill(name, load, ttl, none_ttl, refresh=True, stale=None)
+        self._refuse_recursion(name)
+        if not self._breaker.allow():
+            return self._bypass(name, load, None)
+        try:
+            outcome, _ = self._fill(name, load, ttl, none_ttl, refresh=True, stale=None)
+        except BackendUnavailable as exc:  # raised before any load ran (see _fill)
+            return self._bypass(name, load, exc)
         return outcome.value  # type: ignore[no-any-return]
 
     def watermark(self) -> int:
@@ -366,6 +397,10 @@ class CacheGuard:
         if not names:
             return
         self._drop_l1(names)
+        if not self._breaker.allow():
+            raise BackendUnavailable(
+                f"Redis unavailable invalidating {', '.join(map(repr, names))} (circuit open)"
+            )
         try:
             # One number for the whole call, taken first: the keys' scripts then run
             # in their own slots (cluster-safe), and a version never goes down.
@@ -384,6 +419,7 @@ class CacheGuard:
             highest = max((r for r in results if isinstance(r, int)), default=stamp)
             if highest > stamp:  # a version ran ahead of the sequence: lift the sequence
                 RAISE_WATERMARK(self.client, [self._watermark_key], [highest])
+            self._breaker.success()
         except _REDIS_DOWN as exc:
             self._backend_failed(names[0], exc)
             raise BackendUnavailable(
@@ -431,7 +467,7 @@ class CacheGuard:
                 self._watched_prefixes = (*self._watched_prefixes, prefix)
 
     def _prefix_stamp_key(self, prefix: str) -> str:
-        return f"{self.namespace}:ps:{hash_tag(prefix)}"
+        return prefix_stamp_key(self.namespace, prefix)
 
     def _oldest_allowed(self, name: str, snapshot: int | None) -> int | None:
         """``snapshot``, or -1 (refuse the store) when a prefix invalidation covering
@@ -462,6 +498,13 @@ class CacheGuard:
         ordered = sorted(set(names))
         if not ordered:
             raise ValueError("write() needs at least one key name")
+        if not self._breaker.allow():
+            raise BackendUnavailable(
+                f"Redis unavailable writing {', '.join(map(repr, ordered))} (circuit open)"
+            )
+        # The holds belong to the entering thread; the exit may run in another one
+        # (ASGI servers run a sync dependency's enter and exit in two worker threads).
+        holder = threading.get_ident()
         held: list[TwoTierRWLock] = []
         try:
             for name in ordered:
@@ -471,12 +514,23 @@ class CacheGuard:
             self.invalidate(*ordered)
             try:
                 yield
-            finally:
-                self.invalidate(*ordered)
+            except BaseException as body_error:
+                # The body's error is what the caller must see; a failing closing
+                # invalidation is attached to it, not raised in its place.
+                try:
+                    self.invalidate(*ordered)
+                except Exception as closing_error:
+                    _add_note(
+                        body_error,
+                        f"cacheguard: the closing invalidation of {ordered!r} also failed: "
+                        f"{type(closing_error).__name__}: {closing_error}",
+                    )
+                raise
+            self.invalidate(*ordered)
         finally:
             for lock in reversed(held):
                 try:
-                    lock.release_write()
+                    lock.release_write(holder=holder)
                 except Exception:
                     log.exception("releasing the write lock of %r failed", lock.name)
 
@@ -486,9 +540,12 @@ class CacheGuard:
         The guard still serves reads afterwards, without background refreshes or L1
         invalidation broadcasts."""
         self._closed = True
-        if self._l1_listener is not None:
-            self._l1_listener.close()
-            self._l1_listener = None
+        with self._l1_mutex:
+            if self._l1_listener is not None:
+                self._l1_listener.close()
+                self._l1_listener = None
+        if self._l1 is not None:
+            self._l1.clear()  # no invalidations reach it any more
         with self._executor_mutex:
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
@@ -547,6 +604,11 @@ class CacheGuard:
             return None
         return self._decode(name, raw) if raw is not None else None
 
+    def _fetch_fresh(self, name: str) -> Entry | None:
+        """The entry of ``name`` if it is there and not past its expiry."""
+        entry = self._fetch(name)
+        return entry if entry is not None and self._clock() < entry.expires_at else None
+
     def _lead(
         self,
         name: str,
@@ -561,6 +623,7 @@ class CacheGuard:
         :mod:`cacheguard.cache.singleflight`)."""
         if not self._breaker.allow():
             return self._bypass(name, load, None), self._flights.seal(flight)
+        l1_guard = self._l1_guard()  # before the GET: see _keep_l1
         sealed = flight.generation  # flights are born sealed for this first GET
         try:
             entry = self._fetch(name)
@@ -573,7 +636,8 @@ class CacheGuard:
                 self._stats.count("l2_hits", name)
                 if self._should_refresh_early(entry, now):
                     self._refresh_in_background(name, load, ttl, none_ttl)
-                self._keep_l1(name, entry)
+                if l1_guard is not None:
+                    self._keep_l1(name, entry.value, entry.expires_at - now, l1_guard)
                 return entry.value, sealed
             if self.stale_ttl > 0:  # inside the stale window: serve, reload in background
                 self._stats.count("stale_served", name)
@@ -593,8 +657,12 @@ class CacheGuard:
             )
         except BackendUnavailable as exc:  # raised before any load ran (see _fill)
             return self._bypass(name, load, exc), self._flights.seal(flight)
-        if self._l1 is not None and outcome.source in ("l2", "loaded", "peer"):
-            self._keep_l1(name, Entry(outcome.value, self._clock(), ttl, 0, 0.0))
+        if l1_guard is not None and outcome.source in ("l2", "loaded", "peer"):
+            if outcome.entry is not None:
+                lifetime = outcome.entry.expires_at - self._clock()
+            else:  # our own store: its TTL was jittered, never above this floor
+                lifetime = ttl * (1 - self.ttl_jitter)
+            self._keep_l1(name, outcome.value, lifetime, l1_guard)
         return outcome.value, valid_below
 
     def _bypass(self, name: str, load: Callable[[], T], exc: BaseException | None) -> T:
@@ -613,21 +681,43 @@ class CacheGuard:
         self._stats.count("backend_errors", name, error=exc)
         log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
 
+    def _loading_here(self) -> set[str]:
+        """The names this thread is loading right now (innermost last)."""
+        names: set[str] | None = getattr(self._loading, "names", None)
+        if names is None:
+            names = self._loading.names = set()
+        return names
+
+    def _refuse_recursion(self, name: str) -> None:
+        """A loader asking for its own key would wait for itself: fail at once."""
+        if name in self._loading_here():
+            self._stats.count("load_errors", name, error=RecursiveLoadError(key=name))
+            raise RecursiveLoadError(key=name)
+
     def _load_counted(self, name: str, load: Callable[[], T]) -> tuple[T, float]:
+        loading = self._loading_here()
+        outermost = name not in loading
+        loading.add(name)
         start = self._timer()
         try:
             value = load()
         except BaseException as exc:
             self._stats.count("load_errors", name, self._timer() - start, error=exc)
             raise
+        finally:
+            if outermost:
+                loading.discard(name)
         seconds = self._timer() - start
         self._stats.count("loads", name, seconds)
         return value, seconds
 
     def _should_refresh_early(self, entry: Entry, now: float) -> bool:
         """XFetch: refresh with a probability that rises as expiry nears."""
-        if self.early_refresh_beta <= 0 or entry.load_duration <= 0:
+        scale = self.early_refresh_beta * entry.load_duration
+        if scale <= 0:
             return False
+        if entry.expires_at - now > _XFETCH_HORIZON * scale:
+            return False  # chance below e**-40: not worth a random draw on every hit
         draw = self._rng()
         if draw <= 0:
             return False
@@ -689,6 +779,7 @@ class CacheGuard:
         share it: ``seal`` is called before every step whose answer may be shared
         (begin, end of our own fill, an unlocked load), and the last seal bounds it.
         """
+        self._refuse_recursion(name)
         lock = self.rwlock(name)
         keys = self.keys(name)
         owner = lock.owner
@@ -734,7 +825,11 @@ class CacheGuard:
                             subscription.drain()  # announcements before this begin are moot
                         reply = self._begin(name, keys, owner, step.refresh)
                         if reply.kind == "fill":
-                            fill_handle = lock.remote.adopt("read", owner, int(reply.epoch))
+                            # Renewed while the loader runs, up to max_load_time: a hung
+                            # loader must not keep writers of the key out for ever.
+                            fill_handle = lock.remote.adopt(
+                                "read", owner, int(reply.epoch), renew_for=self.max_load_time
+                            )
                     elif isinstance(step, Load):
                         with collecting() as snapshots:
                             reply = self._load_counted(name, load)
@@ -750,7 +845,7 @@ class CacheGuard:
                         subscription = notifier_for(self.client).subscription(keys.released_channel)
                         reply = subscription.open(min(self.wait_timeout, 1.0))
                     elif isinstance(step, Lookup):
-                        reply = self._redis(name, self._fetch, name)
+                        reply = self._redis(name, self._fetch_fresh, name)
                     elif isinstance(step, Wait):
                         assert subscription is not None
                         reply = [self._message(name, m) for m in subscription.wait(step.seconds)]
@@ -815,8 +910,13 @@ class CacheGuard:
         )
         status = int(reply[0])
         if status == 0:
-            entry = self._decode(name, reply[1])
-            return Begin("hit", entry=entry) if entry is not None else Begin("corrupt")
+            # Not counted: the GET just before this begin counted the same bytes.
+            entry = self._decode(name, reply[1], count=False)
+            if entry is None:
+                return Begin("corrupt")
+            if self._clock() >= entry.expires_at:  # kept only for stale serving
+                return Begin("expired")
+            return Begin("hit", entry=entry)
         if status == 1:
             return Begin(
                 "fill",
@@ -850,7 +950,7 @@ class CacheGuard:
                 data, seconds = self._encode(name, step, ttl, none_ttl)
         except BaseException as exc:  # the fill still ends (no store) before it raises
             error, data = exc, b""
-        px = max(1, int((seconds + self.stale_ttl) * 1000))
+        px = max(1, int((seconds + self.stale_ttl + self._kept_for_timeouts(seconds)) * 1000))
         stored = self._redis(
             name,
             FILL_END,
@@ -913,6 +1013,12 @@ class CacheGuard:
             return b"", 0.0
         return data, lifetime
 
+    def _kept_for_timeouts(self, lifetime: float) -> float:
+        """How long an entry stays in Redis past its expiry (and stale window) for
+        ``on_timeout="stale"``: one more lifetime, served only to readers whose wait
+        for a fresh value timed out."""
+        return lifetime if self.on_timeout == "stale" else 0.0
+
     def _jittered(self, ttl: float) -> float:
         if self.ttl_jitter <= 0:
             return ttl
@@ -934,31 +1040,63 @@ class CacheGuard:
             return Message("not_stored")
         return Message("released")
 
-    def _decode(self, name: str, raw: Any) -> Entry | None:
+    def _decode(self, name: str, raw: Any, *, count: bool = True) -> Entry | None:
         try:
             if not isinstance(raw, bytes):
                 raise ValueError(f"expected bytes from Redis, got {type(raw).__name__}")
             return unpack_entry(self.codec, raw)
         except ValueError as exc:
-            self._stats.count("corrupt_entries", name, error=exc)
-            log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
+            if count:
+                self._stats.count("corrupt_entries", name, error=exc)
+                log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
             return None
 
     # -- L1 ------------------------------------------------------------------------------
 
-    def _keep_l1(self, name: str, entry: Entry) -> None:
-        if self._l1 is not None:
-            with self._l1_mutex:
-                self._l1[name] = entry
+    def _listen_l1(self, timeout: float) -> Subscription:
+        return notifier_for(self.client).listen(
+            self._channel_l1, self._on_l1_message, timeout=timeout, on_gap=self._on_l1_gap
+        )
+
+    def _l1_guard(self) -> tuple[int, object] | None:
+        """What must not change between reading a value and keeping it in L1: the
+        L1 epoch (no drop meanwhile) and the listener's live token (no gap in the
+        invalidation feed). None: L1 is off, or its feed is not live right now."""
+        l1 = self._l1
+        if l1 is None:
+            return None
+        listener = self._l1_listener
+        if listener is None:
+            listener = self._resume_l1_listener()
+            if listener is None:
+                return None
+        token = listener.live_token()
+        return None if token is None else (l1.epoch, token)
+
+    def _resume_l1_listener(self) -> Subscription | None:
+        """Subscribe again where a fork left the guard without its listener; L1
+        takes copies again once Redis confirms it."""
+        with self._l1_mutex:
+            if self._l1_listener is None and not self._closed:
+                self._l1_listener = self._listen_l1(timeout=0.0)
+            return self._l1_listener
+
+    def _keep_l1(self, name: str, value: Any, lifetime: float, guard: tuple[int, object]) -> None:
+        l1, listener = self._l1, self._l1_listener
+        if l1 is None or listener is None or listener.live_token() is not guard[1]:
+            return
+        l1.put(name, value, lifetime, guard[0])
 
     def _drop_l1(self, names: tuple[str, ...] | list[str]) -> None:
         if self._l1 is not None:
-            with self._l1_mutex:
-                for name in names:
-                    self._l1.pop(name, None)
+            self._l1.drop(names)
 
     def _on_l1_message(self, payload: bytes) -> None:
         self._drop_l1([payload.decode("utf-8", "surrogateescape")])
+
+    def _on_l1_gap(self) -> None:
+        if self._l1 is not None:
+            self._l1.clear()  # invalidations may have been missed
 
 
 @functools.lru_cache(maxsize=4096)
@@ -969,6 +1107,15 @@ def _value_key(namespace: str, name: str) -> str:
 def _glob_escape(text: str) -> str:
     """``text`` as a literal in a Redis MATCH pattern."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` (Python 3.11+); logged on older versions."""
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(note)
+    else:
+        log.error("%s (while handling %r)", note, error)
 
 
 def _text(value: Any) -> str:
@@ -984,6 +1131,12 @@ def _reset_after_fork() -> None:
         guard._executor_mutex = threading.Lock()
         guard._l1_mutex = threading.Lock()
         guard._prefix_mutex = threading.Lock()
+        if guard._l1 is not None:
+            # The parent's subscription is gone with its notifier: drop what the
+            # parent kept and subscribe again on first use (not here: no threads
+            # are started inside a fork hook).
+            guard._l1.reset_after_fork()
+            guard._l1_listener = None
         guard._flights = SingleFlight()
         guard._refreshes = SingleFlight()
 

@@ -85,6 +85,17 @@ class Subscription:
             messages.append(self._inbox.popleft())
         return messages
 
+    def live_token(self) -> object | None:
+        """An object that stays the same while this subscription stays confirmed and
+        connected, else ``None``. Two equal tokens taken at two moments prove that no
+        message on the channel could have been missed in between (a lost connection
+        replaces the token)."""
+        channel = self._notifier._channels.get(self._channel)  # a dict read: atomic
+        if channel is None or self not in channel.waiters:
+            return None
+        confirmed = channel.confirmed
+        return confirmed if confirmed.is_set() else None
+
     def drain(self) -> None:
         """Forget messages received so far (they are about a state now re-read)."""
         self._woken.clear()
@@ -114,17 +125,25 @@ class _Listener(Subscription):
     The callback runs on the listener thread: it must be quick and must not
     block or subscribe (the listener is the only reader of the connection)."""
 
-    __slots__ = ("_callback",)
+    __slots__ = ("_callback", "_on_gap")
 
-    def __init__(self, notifier: Notifier, channel: str, callback: Callable[[bytes], None]) -> None:
+    def __init__(
+        self,
+        notifier: Notifier,
+        channel: str,
+        callback: Callable[[bytes], None],
+        on_gap: Callable[[], None] | None,
+    ) -> None:
         super().__init__(notifier, channel)
         self._callback = callback
+        self._on_gap = on_gap
 
     def _deliver(self, payload: bytes | None) -> None:
-        if payload is None:
-            return
         try:
-            self._callback(payload)
+            if payload is not None:
+                self._callback(payload)
+            elif self._on_gap is not None:  # the connection dropped: messages may be lost
+                self._on_gap()
         except Exception:
             log.exception("listener callback for %s failed", self._channel)
 
@@ -165,12 +184,18 @@ class Notifier:
         return Subscription(self, channel)
 
     def listen(
-        self, channel: str, callback: Callable[[bytes], None], *, timeout: float = 5.0
+        self,
+        channel: str,
+        callback: Callable[[bytes], None],
+        *,
+        timeout: float = 5.0,
+        on_gap: Callable[[], None] | None = None,
     ) -> Subscription:
         """Call ``callback(payload)`` (on the listener thread) for every message on
         ``channel`` until the returned subscription is closed. Messages published
-        while the connection is down are lost; callers must tolerate that."""
-        listener = _Listener(self, channel, callback)
+        while the connection is down are lost: ``on_gap()`` is called when it drops,
+        and :meth:`Subscription.live_token` tells when it is confirmed again."""
+        listener = _Listener(self, channel, callback, on_gap)
         listener.open(timeout)
         return listener
 

@@ -63,12 +63,23 @@ LostCallback = Callable[["LockHandle"], None]
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.NoPermissionError)
 
 
+# The longest duration any setting accepts. Redis keeps expiry times in ms as a
+# 64-bit count from the epoch; a bound far below that (and above any sane
+# lease, TTL or timeout) turns a typo such as 1e300 into an error at once.
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
+
+
 def check_positive(what: str, value: object) -> float:
-    """``value`` as a float if it is a finite number > 0, else ValueError/TypeError."""
+    """``value`` as a float if it is a number in (0, MAX_SECONDS] (ten years), else
+    ValueError/TypeError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
+    if value > MAX_SECONDS:
+        raise ValueError(
+            f"{what} must be at most {MAX_SECONDS:.0f} seconds (ten years), got {value!r}"
+        )
     return float(value)
 
 
@@ -310,16 +321,21 @@ class RedisRWLock:
         )
         return parse_attempt(reply)
 
-    def _granted(self, mode: Mode, owner: str, token: int) -> LockHandle:
+    def _granted(
+        self, mode: Mode, owner: str, token: int, renew_for: float | None = None
+    ) -> LockHandle:
         handle = LockHandle(self, mode, owner, token, self._on_lost)
         if self._watchdog is not None:
-            self._watchdog.watch(handle)
+            self._watchdog.watch(handle, renew_for=renew_for)
         return handle
 
-    def adopt(self, mode: Mode, owner: str, token: int) -> LockHandle:
+    def adopt(
+        self, mode: Mode, owner: str, token: int, *, renew_for: float | None = None
+    ) -> LockHandle:
         """A handle for a holding that another script granted (a cache fill's read
-        hold); it is renewed by the watchdog like any other."""
-        return self._granted(mode, owner, token)
+        hold); it is renewed by the watchdog like any other, for at most
+        ``renew_for`` seconds when given."""
+        return self._granted(mode, owner, token, renew_for)
 
     def disown(self, handle: LockHandle) -> float | None:
         """Another script is about to release the holding: stop renewing the handle.

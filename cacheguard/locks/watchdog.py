@@ -49,12 +49,20 @@ _GONE, _RENEWED, _RENEWED_WRITER_WAITS = 0, 1, 2
 
 
 class _Entry:
-    __slots__ = ("due", "handle", "last_renewed", "releasing")
+    __slots__ = ("due", "handle", "last_renewed", "releasing", "renew_until")
 
-    def __init__(self, handle: LockHandle, now: float, *, releasing: bool = False) -> None:
+    def __init__(
+        self,
+        handle: LockHandle,
+        now: float,
+        *,
+        releasing: bool = False,
+        renew_until: float | None = None,
+    ) -> None:
         self.handle = handle
         self.last_renewed = now
         self.releasing = releasing
+        self.renew_until = renew_until
         self.due = now + (_RETRY_AFTER_ERROR if releasing else handle.lease / 3)
 
 
@@ -76,8 +84,11 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._wake_at = float("inf")  # when the thread plans to wake next
 
-    def watch(self, handle: LockHandle) -> None:
-        self._add(_Entry(handle, self._timer()))
+    def watch(self, handle: LockHandle, *, renew_for: float | None = None) -> None:
+        """Renew ``handle`` until released; with ``renew_for``, only for that many
+        seconds: then the holding is left to expire and the handle is marked lost."""
+        now = self._timer()
+        self._add(_Entry(handle, now, renew_until=None if renew_for is None else now + renew_for))
 
     def retry_release(self, handle: LockHandle, last_renewed: float | None = None) -> None:
         """Keep trying to release ``handle`` (its release failed: Redis unreachable)."""
@@ -140,8 +151,14 @@ class Watchdog:
                 self._after_error(due)
 
     def _work(self, due: list[_Entry]) -> None:
+        now = self._timer()
         by_client: dict[int, tuple[redis.Redis, list[_Entry]]] = {}
         for entry in due:
+            if not entry.releasing and entry.renew_until is not None and now >= entry.renew_until:
+                # A cache fill whose loader overran max_load_time: stop renewing, so
+                # its hold ends with its lease and writers of the key get in.
+                self._lose(entry, "held longer than its renewal limit (max_load_time)")
+                continue
             client = entry.handle.client
             by_client.setdefault(id(client), (client, []))[1].append(entry)
         for client, entries in by_client.values():

@@ -1,0 +1,95 @@
+"""L1: a small in-process tier of hot values in front of Redis.
+
+Rules that keep it from serving what Redis no longer has:
+
+* a copy lives at most ``ttl`` (``l1_ttl``) and never past its entry's own
+  expiry (a 0.2 s entry is not kept 5 s here);
+* every invalidation of a name, and every gap in the invalidation feed (a lost
+  pub/sub connection, a fork), bumps an epoch; a copy read from Redis before the
+  bump is refused (``put`` is given the epoch seen before the read), so a slow
+  reader cannot put back a value invalidated while it was reading.
+
+Reads take no lock (one ``dict.get``, atomic in CPython) so the hit path stays
+cheap; writes, drops and evictions take the mutex. When full, the oldest stored
+copy goes first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+__all__ = ["ABSENT", "LocalTier"]
+
+
+class _Absent:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Final = _Absent()
+
+
+class LocalTier:
+    """Thread-safe, bounded copies of entries, each with its own deadline."""
+
+    __slots__ = ("_data", "_mutex", "_timer", "epoch", "maxsize", "ttl")
+
+    def __init__(self, *, maxsize: int, ttl: float, timer: Callable[[], float]) -> None:
+        self.maxsize = maxsize
+        self.ttl = ttl
+        self._timer = timer
+        self._data: dict[str, tuple[Any, float]] = {}
+        self._mutex = threading.Lock()
+        self.epoch = 0  # bumped by every drop and clear
+
+    def get(self, name: str) -> Any:
+        """The copy of ``name``, or :data:`ABSENT` (missing or past its deadline)."""
+        item = self._data.get(name)
+        if item is not None and item[1] > self._timer():
+            return item[0]
+        return ABSENT
+
+    def put(self, name: str, value: Any, lifetime: float, epoch: int) -> bool:
+        """Keep ``value`` for ``min(lifetime, ttl)`` seconds, unless anything was dropped
+        since ``epoch`` was read (the value may predate that invalidation)."""
+        lifetime = min(lifetime, self.ttl)
+        if lifetime <= 0:
+            return False
+        with self._mutex:
+            if self.epoch != epoch:
+                return False
+            data = self._data
+            data.pop(name, None)  # re-inserted last: the newest goes last
+            data[name] = (value, self._timer() + lifetime)
+            while len(data) > self.maxsize:
+                del data[next(iter(data))]
+        return True
+
+    def drop(self, names: Iterable[str]) -> None:
+        with self._mutex:
+            self.epoch += 1
+            for name in names:
+                self._data.pop(name, None)
+
+    def clear(self) -> None:
+        with self._mutex:
+            self.epoch += 1
+            self._data.clear()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a fresh mutex, nothing kept (invalidations sent between
+        the fork and the child's new subscription would be missed)."""
+        self._mutex = threading.Lock()
+        self.epoch += 1
+        self._data = {}
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, name: object) -> bool:
+        """Whether a live copy of ``name`` is kept."""
+        return isinstance(name, str) and self.get(name) is not ABSENT
