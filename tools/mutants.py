@@ -350,6 +350,59 @@ MUTANTS: tuple[Mutant, ...] = (
         "entry = self._decode(name, reply[1])",
         ("tests/test_trust.py::test_a_corrupt_entry_is_counted_once_per_read",),
     ),
+    # -- key names (cache/templates.py, tests/test_key_names.py) ------------------------------
+    Mutant(
+        "keys-closures-refused",
+        "functions made by one factory (closures) need a key template",
+        "cacheguard/cache/templates.py",
+        '    elif "<locals>" in target.__qualname__:\n',
+        "    elif False:\n",
+        (
+            "tests/test_key_names.py::test_functions_made_by_one_factory_are_refused_without_a_template",
+        ),
+    ),
+    Mutant(
+        "keys-lambdas-refused",
+        "lambdas need a key template",
+        "cacheguard/cache/templates.py",
+        '    elif target.__name__ == "<lambda>":\n',
+        "    elif False:\n",
+        ("tests/test_key_names.py::test_lambdas_partials_and_callable_objects_need_a_template",),
+    ),
+    Mutant(
+        "keys-self-left-out-only-for-methods",
+        "only a method's instance is left out of a default key, never a plain argument",
+        "cacheguard/cache/templates.py",
+        '        if self.binding != "function" and names:\n',
+        '        if names and names[0] in ("self", "cls"):\n',
+        (
+            "tests/test_key_names.py::test_a_plain_function_keeps_a_first_argument_named_cls_or_self",
+        ),
+    ),
+    Mutant(
+        "keys-classmethod-by-class",
+        "a classmethod's default key names the class it was called on",
+        "cacheguard/cache/templates.py",
+        '                prefix = f"{prefix}[{stable_type_name(first)}]"\n',
+        "                prefix = prefix\n",
+        ("tests/test_key_names.py::test_a_classmethod_is_keyed_by_the_class_it_is_called_on",),
+    ),
+    Mutant(
+        "template-adjacent-fields-refused",
+        "a template with two fields and nothing between them is refused",
+        "cacheguard/cache/templates.py",
+        "                if not literal:\n",
+        "                if False:\n",
+        ("tests/test_key_names.py::test_adjacent_fields_are_refused",),
+    ),
+    Mutant(
+        "template-separators-escaped",
+        "values cannot spell a template's separators, so every template is unambiguous",
+        "cacheguard/cache/templates.py",
+        "        escaped = set(_ALWAYS_ESCAPED) | {sep[0] for sep in separators}\n",
+        "        escaped = set(_ALWAYS_ESCAPED)\n",
+        ("tests/test_key_names.py::test_any_separator_keeps_fields_apart",),
+    ),
 )
 
 

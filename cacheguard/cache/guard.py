@@ -623,7 +623,7 @@ class CacheGuard:
         :mod:`cacheguard.cache.singleflight`)."""
         if not self._breaker.allow():
             return self._bypass(name, load, None), self._flights.seal(flight)
-        l1_guard = self._l1_guard()  # before the GET: see _keep_l1
+        l1_guard = self._l1_guard() if self._l1 is not None else None  # before the GET
         sealed = flight.generation  # flights are born sealed for this first GET
         try:
             entry = self._fetch(name)
@@ -632,12 +632,13 @@ class CacheGuard:
         self._breaker.success()
         if entry is not None:
             now = self._clock()
-            if now < entry.expires_at:
+            left = entry.created + entry.ttl - now
+            if left > 0:  # the hit path: keep it short
                 self._stats.count("l2_hits", name)
                 if self._should_refresh_early(entry, now):
                     self._refresh_in_background(name, load, ttl, none_ttl)
                 if l1_guard is not None:
-                    self._keep_l1(name, entry.value, entry.expires_at - now, l1_guard)
+                    self._keep_l1(name, entry.value, left, l1_guard)
                 return entry.value, sealed
             if self.stale_ttl > 0:  # inside the stale window: serve, reload in background
                 self._stats.count("stale_served", name)

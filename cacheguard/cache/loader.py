@@ -9,7 +9,8 @@
     def list_menus() -> list[dict]: ...
 
 Both build the key from a template naming the load function's parameters (or,
-without one, from the function's qualified name and its arguments), and offer
+without one, from the function's qualified name and its arguments: see
+:mod:`cacheguard.cache.templates` for what is refused and why), and offer
 ``get``/call, ``invalidate``, ``refresh`` (reload now) and ``peek`` (the cached
 value or :data:`MISSING`, no load).
 """
@@ -98,6 +99,14 @@ class CachedFunction(CacheLoader[P, R]):
             func, self._binding = func.__func__, "class"
         super().__init__(guard, load=func, **settings)
         functools.update_wrapper(self, func)
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        # Python placed us in a class body: the first argument is the instance (left
+        # out of default keys) or, for a classmethod, the class (named in them).
+        if self._binding == "instance":
+            self._keys.bind_as("method")
+        elif self._binding == "class":
+            self._keys.bind_as("classmethod")
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.get(*args, **kwargs)
