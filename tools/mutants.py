@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# What a run needs; the rest of the checkout (docs, the venv, git) stays behind.
-COPIED = ("cacheguard", "tests", "examples", "bench", "pyproject.toml")
+# What a run needs (docs too: some tests read tables from it); the venv and git stay behind.
+COPIED = ("cacheguard", "tests", "examples", "bench", "docs", "pyproject.toml")
 
 
 @dataclass(frozen=True)
@@ -402,6 +402,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "        escaped = set(_ALWAYS_ESCAPED) | {sep[0] for sep in separators}\n",
         "        escaped = set(_ALWAYS_ESCAPED)\n",
         ("tests/test_key_names.py::test_any_separator_keeps_fields_apart",),
+    ),
+    # -- codecs (cache/codec.py, tests/test_codecs.py) -----------------------------------
+    Mutant(
+        "codec-refuses-what-would-not-decode",
+        "a value whose bytes would not decode is refused at the store, not stored",
+        "cacheguard/cache/codec.py",
+        "        codec.decode(data)\n",
+        "        pass\n",
+        (
+            "tests/test_codecs.py::test_a_value_that_would_not_decode_is_refused_once_and_nothing_is_left",
+        ),
+    ),
+    Mutant(
+        "codecs-read-each-others-entries",
+        "guards with different built-in codecs on one namespace read each other's entries",
+        "cacheguard/cache/codec.py",
+        "    return _READERS.get(codec_id)\n",
+        "    return None\n",
+        ("tests/test_codecs.py::test_guards_with_different_codecs_read_each_others_entries",),
+    ),
+    Mutant(
+        "custom-codec-ids-checked",
+        "a custom codec cannot claim a built-in codec's id",
+        "cacheguard/cache/codec.py",
+        "    if built_in is not None and not isinstance(codec, built_in):\n",
+        "    if False:\n",
+        ("tests/test_codecs.py::test_custom_codecs_are_checked",),
     ),
 )
 

@@ -10,6 +10,14 @@
 
 A codec raises :class:`SerializationError` when it cannot encode a value, and
 ``ValueError`` when bytes do not decode; the cache treats the latter as a miss.
+The msgpack and JSON codecs also refuse, at encode time, a value whose bytes
+would not decode (a dict with tuple keys, a dict that spells JSON's type tag
+wrongly): stored, it would fail on every read and reload every time.
+
+Every entry names its codec (``codec_id``). A guard reads entries of its own
+codec and of the built-in codecs that need no configuration (msgpack, JSON), so
+guards with different codecs on one namespace read each other's entries instead
+of reloading; a pickle entry needs the same HMAC key.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import msgpack
 
 from cacheguard.exceptions import SerializationError
 
-__all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec"]
+__all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "check_codec", "reader_for"]
 
 
 class Codec(Protocol):
@@ -78,6 +86,7 @@ class MsgpackCodec:
             data: bytes = msgpack.packb(value, default=_msgpack_default, use_bin_type=True)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise SerializationError(f"msgpack cannot encode the value: {exc}") from exc
+        _check_round_trip(self, data)
         return data
 
     def decode(self, data: bytes | memoryview) -> Any:
@@ -125,9 +134,11 @@ class JsonCodec:
 
     def encode(self, value: Any) -> bytes:
         try:
-            return json.dumps(value, default=_json_default, separators=(",", ":")).encode()
+            data = json.dumps(value, default=_json_default, separators=(",", ":")).encode()
         except (TypeError, ValueError, RecursionError) as exc:
             raise SerializationError(f"JSON cannot encode the value: {exc}") from exc
+        _check_round_trip(self, data)
+        return data
 
     def decode(self, data: bytes | memoryview) -> Any:
         try:
@@ -172,3 +183,46 @@ class PickleCodec:
             return pickle.loads(payload)  # signed by a key we hold
         except Exception as exc:
             raise ValueError(f"signed pickle payload does not load: {exc}") from exc
+
+
+def _check_round_trip(codec: MsgpackCodec | JsonCodec, data: bytes) -> None:
+    """Refuse bytes that would not decode. Paid once per store (a miss), never on a
+    hit; a store is rare next to the load before it."""
+    try:
+        codec.decode(data)
+    except ValueError as exc:
+        raise SerializationError(
+            f"{type(codec).__name__} can encode the value but not decode it again "
+            f"({exc.__cause__ or exc}); e.g. dict keys must be str, int, float, bool, "
+            "None or bytes, not tuples"
+        ) from exc
+
+
+# The codecs any guard can read without configuration, by the id an entry carries.
+_BUILT_IN: dict[int, type[Any]] = {1: MsgpackCodec, 2: JsonCodec, 3: PickleCodec}
+_READERS: dict[int, Codec] = {1: MsgpackCodec(), 2: JsonCodec()}
+
+
+def reader_for(codec: Codec, codec_id: int) -> Codec | None:
+    """The codec that decodes an entry tagged ``codec_id`` for a guard using
+    ``codec``: its own, a configuration-free built-in, or None (a miss)."""
+    if codec_id == codec.codec_id:
+        return codec
+    return _READERS.get(codec_id)
+
+
+def check_codec(codec: object) -> Codec:
+    """``codec`` if it is usable by a guard, else ``TypeError``/``ValueError``."""
+    for method in ("encode", "decode"):
+        if not callable(getattr(codec, method, None)):
+            raise TypeError(f"codec {codec!r} has no {method}() method")
+    codec_id = getattr(codec, "codec_id", None)
+    if isinstance(codec_id, bool) or not isinstance(codec_id, int) or not 0 <= codec_id <= 255:
+        raise ValueError(f"codec_id must be an int in 0..255 (one header byte), got {codec_id!r}")
+    built_in = _BUILT_IN.get(codec_id)
+    if built_in is not None and not isinstance(codec, built_in):
+        raise ValueError(
+            f"codec_id {codec_id} belongs to cacheguard's {built_in.__name__}; "
+            f"give {type(codec).__name__} an id of its own (16..255)"
+        )
+    return codec  # type: ignore[return-value]

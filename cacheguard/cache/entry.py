@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple
 
-from cacheguard.cache.codec import Codec
+from cacheguard.cache.codec import Codec, reader_for
 
 __all__ = ["HEADER_SIZE", "Entry", "pack_entry", "unpack_entry"]
 
@@ -63,7 +63,8 @@ def unpack_entry(codec: Codec, data: bytes) -> Entry:
     magic, codec_id, created, ttl, version, load_duration = _HEADER.unpack_from(data)
     if magic != _MAGIC:
         raise ValueError("not a cacheguard entry (bad magic)")
-    if codec_id != codec.codec_id:
-        raise ValueError(f"entry written by codec {codec_id}, this guard uses {codec.codec_id}")
-    value = codec.decode(memoryview(data)[HEADER_SIZE:])  # no copy of the payload
+    reader = codec if codec_id == codec.codec_id else reader_for(codec, codec_id)
+    if reader is None:
+        raise ValueError(f"entry written by codec {codec_id}, which this guard cannot read")
+    value = reader.decode(memoryview(data)[HEADER_SIZE:])  # no copy of the payload
     return Entry(value, created, ttl, version, load_duration)

@@ -31,7 +31,7 @@ from redis.retry import Retry
 from cacheguard._identity import on_fork_in_child
 from cacheguard.backoff import Backoff
 from cacheguard.cache.breaker import CircuitBreaker
-from cacheguard.cache.codec import Codec, MsgpackCodec
+from cacheguard.cache.codec import Codec, MsgpackCodec, check_codec
 from cacheguard.cache.entry import Entry, pack_entry, unpack_entry
 from cacheguard.cache.flow import (
     Begin,
@@ -177,7 +177,7 @@ class CacheGuard:
             )
         self.on_timeout: TimeoutPolicy = on_timeout
         self.on_backend_error: BackendPolicy = on_backend_error
-        self.codec: Codec = codec if codec is not None else MsgpackCodec()
+        self.codec: Codec = check_codec(codec) if codec is not None else MsgpackCodec()
         self.ttl_jitter = _check_ratio("ttl_jitter", ttl_jitter)
         self.none_ttl = None if none_ttl is None else check_positive("none_ttl", none_ttl)
         self.stale_ttl = _check_non_negative("stale_ttl", stale_ttl)
