@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import sqlite3
@@ -10,6 +11,7 @@ import time
 from typing import Any
 
 from cacheguard import CacheGuard, CacheLoader
+from cacheguard.backoff import Backoff
 from tests.helpers import client_for, run_threads
 
 # Keeps the highest version whose write block has exited (writers may finish out of order).
@@ -147,3 +149,32 @@ def paused_filler(url: str, namespace: str, loading: Any, lease: float) -> dict[
 
     value = guard.get_or_load("k", load, ttl=60)
     return {"value": value, "rejected": guard.stats().stores_rejected}
+
+
+def wait_for_announced_fill(url: str, namespace: str, name: str, in_wait: Any) -> dict[str, Any]:
+    """Ask for ``name`` while another process fills it, with every timer that could
+    wake this waiter a minute long: the fill-wait backoff here, the filler's lease
+    (the parent's guard) and ``wait_timeout``. Sets ``in_wait`` as the waiter starts
+    waiting on the key's channel (after its subscription and its second look)."""
+    import cacheguard.cache.guard as guard_module
+    from cacheguard.locks.notifier import Subscription
+
+    guard_module._WAIT_BACKOFF = functools.partial(Backoff, initial=60.0, cap=60.0)
+    real_wait = Subscription.wait
+
+    def wait(self: Subscription, seconds: float) -> list[bytes]:
+        in_wait.set()  # a message that arrives from here on is kept for this wait
+        return real_wait(self, seconds)
+
+    Subscription.wait = wait  # type: ignore[method-assign]
+    guard = CacheGuard(
+        client_for(url), namespace=namespace, wait_timeout=120, on_timeout="raise", lease=60
+    )
+    loads: list[int] = []
+
+    def load() -> str:
+        loads.append(1)
+        return "loaded by the waiter"
+
+    value = guard.get_or_load(name, load, ttl=60)
+    return {"value": value, "loads": len(loads)}

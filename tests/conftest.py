@@ -37,6 +37,15 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def other_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A second client with its own pool, hence its own pub/sub connection: what
+    another process would have."""
+    c = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=10)
+    yield c
+    c.close()
+
+
+@pytest.fixture
 def namespace(client: redis.Redis) -> Iterator[str]:
     """A namespace no other test uses; its keys are deleted afterwards."""
     ns = f"t{uuid.uuid4().hex[:12]}"

@@ -22,6 +22,11 @@ def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
     return bool(predicate())
 
 
+def subscribers(client: redis.Redis, channel: str) -> int:
+    """How many connections Redis has subscribed to ``channel`` (PUBSUB NUMSUB)."""
+    return int(client.pubsub_numsub(channel)[0][1])
+
+
 def client_for(url: str) -> redis.Redis:
     """The client a test child process uses."""
     return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)

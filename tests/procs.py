@@ -58,3 +58,24 @@ def start_process(target: Callable[..., Any], *args: Any) -> BaseProcess:
     proc = CTX.Process(target=target, args=args, daemon=True)
     proc.start()
     return proc
+
+
+def start_process_reporting(target: Callable[..., Any], *args: Any) -> tuple[BaseProcess, Any]:
+    """Start ``target(*args)`` in a child process; returns it and a queue on which the
+    child puts ``(0, True, result)`` or ``(0, False, traceback)`` when it is done."""
+    results = CTX.Queue()
+    proc = CTX.Process(target=_trampoline, args=(results, 0, target, args), daemon=True)
+    proc.start()
+    return proc, results
+
+
+def result_within(results: Any, timeout: float, what: str) -> Any:
+    """The result a :func:`start_process_reporting` child put on ``results`` within
+    ``timeout`` s; fails the test if none came or the child raised."""
+    try:
+        _, ok, value = results.get(timeout=timeout)
+    except queue_module.Empty:
+        raise AssertionError(f"{what}: no result within {timeout} s") from None
+    if not ok:
+        raise AssertionError(f"{what}: the child process failed:\n{value}")
+    return value

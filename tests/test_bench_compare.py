@@ -5,14 +5,16 @@ printed by the benchmark, never asserted here."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from cacheguard.testing import RedisEndpoint
+from cacheguard.testing import RedisEndpoint, require_real_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = (
@@ -23,6 +25,50 @@ LABELS = (
     "dogpile.cache",
     "cashews",
 )
+
+
+# The libraries the comparison runs (the ``bench`` extra) and draws with (``plot``).
+# Without one, a benchmark child dies on its import and the run would stall.
+BENCH_MODULES = ("dogpile.cache", "cashews", "redis_lock", "matplotlib")
+# The run takes about a minute here; the subprocess gets three, and pytest's own
+# timeout (120 s globally, see pyproject.toml) is raised above it so that the
+# subprocess timeout, with its output, is what reports a stall.
+RUN_TIMEOUT = 180
+
+
+def _missing(modules: Sequence[str]) -> list[str]:
+    missing = []
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # its parent package is missing
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def require_bench_extra(modules: Sequence[str] = BENCH_MODULES) -> None:
+    """Skip without the bench extra's modules, except where CI runs (it installs them,
+    and sets CACHEGUARD_REQUIRE_REDIS): there a missing one fails the test."""
+    missing = _missing(modules)
+    if not missing:
+        return
+    reason = f"bench/compare.py needs {', '.join(missing)}: pip install -e '.[bench,plot]'"
+    if require_real_redis():
+        pytest.fail(f"{reason} (CACHEGUARD_REQUIRE_REDIS is set: CI must run this test)")
+    pytest.skip(reason)
+
+
+def test_missing_bench_modules_skip_or_fail_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    absent = ("dogpile.cache", "no_such_module_cacheguard_test")
+    monkeypatch.setenv("CACHEGUARD_REQUIRE_REDIS", "0")
+    with pytest.raises(pytest.skip.Exception, match="no_such_module_cacheguard_test"):
+        require_bench_extra(absent)
+    monkeypatch.setenv("CACHEGUARD_REQUIRE_REDIS", "1")
+    with pytest.raises(pytest.fail.Exception, match="CI must run"):
+        require_bench_extra(absent)
+    assert _missing(("no_such_parent_cacheguard.child",)) == ["no_such_parent_cacheguard.child"]
 
 
 def _table(output: str, heading: str) -> dict[str, list[str]]:
@@ -36,11 +82,13 @@ def _table(output: str, heading: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_compare_runs_every_system_and_workload(
     redis_endpoint: RedisEndpoint, tmp_path: Path
 ) -> None:
     if not redis_endpoint.real:
         pytest.skip("the comparison measures a real server (CI requires one)")
+    require_bench_extra()
     report, charts = tmp_path / "bench.md", tmp_path / "img"
     report.write_text("# Benchmarks\n")
     run = subprocess.run(
@@ -75,7 +123,7 @@ def test_compare_runs_every_system_and_workload(
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=RUN_TIMEOUT,
         check=False,
     )
     assert run.returncode == 0, run.stderr[-3000:]

@@ -7,6 +7,7 @@ import decimal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from cacheguard import (
 )
 from cacheguard.cache.entry import pack_entry
 from cacheguard.testing import free_port
-from tests.helpers import make_guard, start_gated_fill
+from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
 
 
 def lock_is_free(client: redis.Redis, guard: CacheGuard, name: str) -> bool:
@@ -99,12 +100,29 @@ def test_key_template_errors(client: redis.Redis, namespace: str) -> None:
 
 
 def test_explicit_refresh_waits_for_a_fill_in_progress(client: redis.Redis, namespace: str) -> None:
+    """A refresh means "load now": it does not settle for the value of a fill already
+    under way elsewhere, it waits for that fill to end and then loads itself."""
     filler = make_guard(client, namespace)
     other = make_guard(client, namespace)  # another "process"
-    _, t = start_gated_fill(filler, "k", "filled", hold=0.3)
-    # Busy elsewhere: refresh waits for that fill and returns its value, never None.
-    assert other.refresh("k", lambda: "refreshed", ttl=60) in ("filled", "refreshed")
-    t.join(5)
+    release, fill = start_gated_fill(filler, "k", "filled")
+    seen_at_load: list[Any] = []
+
+    def load() -> str:
+        seen_at_load.append(other.peek("k"))
+        return "refreshed"
+
+    got: list[str] = []
+    refresher = threading.Thread(target=lambda: got.append(other.refresh("k", load, ttl=60)))
+    refresher.start()
+    # Subscribed to the key's channel: the refresh found the fill busy and waits.
+    assert wait_until(lambda: subscribers(client, other.keys("k").released_channel) >= 1)
+    assert seen_at_load == []
+    release.set()
+    fill.join(5)
+    refresher.join(10)
+    assert got == ["refreshed"]
+    assert seen_at_load == ["filled"]  # its own load ran after the fill had stored
+    assert other.peek("k") == "refreshed"
 
 
 def test_template_values_cannot_forge_keys(client: redis.Redis, namespace: str) -> None:
@@ -272,12 +290,10 @@ def test_early_refresh_reloads_in_background(client: redis.Redis, namespace: str
     # draw 1e-300: -log(draw) * 10 ms load = 6.9 s > the 2 s TTL, so the next hit
     # refreshes early (a draw of 1.0 never would).
     assert guard.get_or_load("x", load, ttl=2) == 0  # the caller still gets the current value
-    deadline = time.monotonic() + 5
-    while guard.peek("x") == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert guard.peek("x") >= 1
-    assert guard.stats().early_refreshes >= 1
-    assert lock_is_free(client, guard, "x") or guard.peek("x") >= 1
+    # Counted once the refresh's fill has ended (stored, hold released).
+    assert wait_until(lambda: guard.stats().early_refreshes == 1)
+    assert guard.peek("x") == 1
+    assert lock_is_free(client, guard, "x")  # the refresh left no hold behind
 
 
 def test_stale_while_revalidate(client: redis.Redis, namespace: str) -> None:
@@ -337,50 +353,70 @@ def test_loader_exception_reaches_caller_and_waiters(client: redis.Redis, namesp
     assert guard.stats().load_errors == 1
 
 
-def test_write_waits_for_fill_and_fill_waits_for_write(client: redis.Redis, namespace: str) -> None:
+def test_write_waits_for_fill_and_fill_waits_for_write(
+    client: redis.Redis, other_client: redis.Redis, namespace: str
+) -> None:
     filler = make_guard(client, namespace)
-    writer = make_guard(client, namespace)  # another "process": separate two-tier owners
-    marks: dict[str, float] = {}
-    loading = threading.Event()
+    # Another "process": its own owner and its own pub/sub connection, so the
+    # filler's subscription below is visible on its own.
+    writer = make_guard(other_client, namespace)
+    keys = filler.keys("k")
+    order: list[str] = []
+    loading, finish_load = threading.Event(), threading.Event()
 
-    def slow_load() -> str:
+    def gated_load() -> str:
         loading.set()
-        time.sleep(0.4)
-        marks["fill_end"] = time.monotonic()
+        finish_load.wait(10)
+        order.append("fill ends")
         return "v1"
 
-    t = threading.Thread(target=lambda: filler.get_or_load("k", slow_load, ttl=60))
+    def write(body: Callable[[], None] = lambda: None) -> None:
+        with writer.write("k", timeout=10):
+            order.append("write starts")
+            body()
+            order.append("write ends")
+
+    t = threading.Thread(target=lambda: filler.get_or_load("k", gated_load, ttl=60))
     t.start()
     assert loading.wait(5)
-    with writer.write("k"):
-        marks["write_start"] = time.monotonic()
+    w = threading.Thread(target=write)
+    w.start()
+    try:
+        # The writer is queued behind the fill's read hold, not inside.
+        assert wait_until(lambda: client.hexists(keys.lock, f"q:{writer.rwlock('k').owner}"))
+        assert order == []
+    finally:
+        finish_load.set()
     t.join(5)
-    assert marks["write_start"] >= marks["fill_end"]  # the write waited for the fill
+    w.join(5)
+    assert order == ["fill ends", "write starts", "write ends"]
 
-    holding = threading.Event()
-    leave = threading.Event()
+    order.clear()
+    holding, leave = threading.Event(), threading.Event()
 
-    def write_body() -> None:
-        with writer.write("k"):
-            holding.set()
-            leave.wait(5)
-            marks["write_end"] = time.monotonic()
+    def hold() -> None:
+        holding.set()
+        assert leave.wait(10)
 
-    w = threading.Thread(target=write_body)
+    w = threading.Thread(target=write, args=(hold,))
     w.start()
     assert holding.wait(5)
 
     def load_after_write() -> str:
-        marks["load_start"] = time.monotonic()
+        order.append("load starts")
         return "v2"
 
     r = threading.Thread(target=lambda: filler.get_or_load("k", load_after_write, ttl=60))
     r.start()
-    time.sleep(0.2)
-    leave.set()
+    try:
+        # Subscribed to the key's channel: the fill found the writer and waits.
+        assert wait_until(lambda: subscribers(client, keys.released_channel) >= 1)
+        assert order == ["write starts"]
+    finally:
+        leave.set()
     w.join(5)
     r.join(5)
-    assert marks["load_start"] >= marks["write_end"]  # the fill waited for the write
+    assert order == ["write starts", "write ends", "load starts"]
     assert filler.peek("k") == "v2"
 
 
@@ -519,24 +555,38 @@ def test_fill_failed_after_repeated_aborts(client: redis.Redis, namespace: str) 
     """Waiters in other processes retry a bounded number of times."""
     failing = make_guard(client, namespace)
     waiting = make_guard(client, namespace, max_fill_retries=0)
-    loading = threading.Event()
+    loading, fail = threading.Event(), threading.Event()
 
-    def slow_failure() -> str:
+    def gated_failure() -> str:
         loading.set()
-        time.sleep(0.3)
+        fail.wait(10)
         raise ValueError("no")
 
     def fill_and_fail() -> None:
         with pytest.raises(ValueError, match="no"):
-            failing.get_or_load("k", slow_failure, ttl=60)
+            failing.get_or_load("k", gated_failure, ttl=60)
 
     t = threading.Thread(target=fill_and_fail)
     t.start()
     assert loading.wait(5)
-    with pytest.raises(FillFailed) as info:
-        waiting.get_or_load("k", lambda: "should not run", ttl=60)
-    assert info.value.key == "k"
+    errors: list[BaseException] = []
+
+    def wait_for_it() -> None:
+        try:
+            waiting.get_or_load("k", lambda: "should not run", ttl=60)
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    # The waiter saw the fill under way and listens for its end.
+    assert wait_until(lambda: subscribers(client, waiting.keys("k").released_channel) >= 1)
+    fail.set()
     t.join(5)
+    waiter.join(10)
+    assert [type(e) for e in errors] == [FillFailed]
+    assert isinstance(errors[0], FillFailed)
+    assert errors[0].key == "k"
 
 
 def test_bypass_when_redis_is_down() -> None:
@@ -614,3 +664,75 @@ def test_envelope_fields(client: redis.Redis, namespace: str) -> None:
     assert abs(entry.created - time.time()) < 60
     raw = pack_entry(guard.codec, "x", created=1.0, ttl=2.0, version=3, load_duration=0.5)
     assert raw[:2] == b"\xcb\x01"
+
+
+# -- the hit path's cost ----------------------------------------------------------------------
+
+
+class _SentCommands:
+    """A client whose connections record every command they send, with the sending
+    thread (pipelines included)."""
+
+    def __init__(self, url: str) -> None:
+        sent: list[tuple[int, tuple[str, ...]]] = []
+        self.sent = sent
+
+        def text(arg: Any) -> str:
+            return arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+
+        class Recording(redis.Connection):
+            def send_command(self, *args: Any, **kwargs: Any) -> None:
+                sent.append((threading.get_ident(), tuple(text(a) for a in args)))
+                super().send_command(*args, **kwargs)
+
+            def pack_commands(self, commands: Any) -> Any:
+                for command in commands:
+                    sent.append((threading.get_ident(), tuple(text(a) for a in command)))
+                return super().pack_commands(commands)
+
+        pool = redis.ConnectionPool.from_url(url, connection_class=Recording)
+        self.client = redis.Redis(connection_pool=pool)
+
+    def by_this_thread(self, since: int) -> list[tuple[str, ...]]:
+        me = threading.get_ident()
+        return [command for thread, command in self.sent[since:] if thread == me]
+
+
+def test_a_warm_hit_is_one_get(redis_url: str, namespace: str) -> None:
+    """get_or_load, CacheLoader.get and a @cached_with_lock function: a hit sends one
+    GET of the value key and nothing else (no lock, no script, no subscription)."""
+    recording = _SentCommands(redis_url)
+    # rng 0.5: the early-refresh draw is far from expiry (a 60 s TTL, a ~0 s load), so
+    # no hit refreshes in the background; the refresh itself stays on (default beta).
+    guard = make_guard(recording.client, namespace, rng=lambda: 0.5)
+    loader = CacheLoader(guard, key="menu:{menu_id}", load=lambda menu_id: menu_id, ttl=60)
+
+    @cached_with_lock(guard, key="menus", ttl=60)
+    def menus() -> list[int]:
+        return [1, 2]
+
+    hits: dict[str, tuple[str, Callable[[], Any], Any]] = {
+        "get_or_load": ("plain", lambda: guard.get_or_load("plain", lambda: "v", ttl=60), "v"),
+        "CacheLoader.get": ("menu:7", lambda: loader.get(menu_id=7), 7),
+        "cached_with_lock": ("menus", menus, [1, 2]),
+    }
+    for what, (name, call, value) in hits.items():
+        assert call() == value  # the miss: fills the key
+        mark = len(recording.sent)
+        assert call() == value, what
+        assert recording.by_this_thread(mark) == [("GET", guard.keys(name).value)], what
+    assert guard.stats().l2_hits == 3
+    recording.client.close()
+
+
+def test_an_l1_hit_sends_nothing(redis_url: str, namespace: str) -> None:
+    recording = _SentCommands(redis_url)
+    guard = make_guard(recording.client, namespace, l1_maxsize=100, l1_ttl=60, rng=lambda: 0.5)
+    assert guard.get_or_load("k", lambda: "v", ttl=60) == "v"
+    mark = len(recording.sent)
+    assert guard.get_or_load("k", lambda: "unused", ttl=60) == "v"
+    assert recording.by_this_thread(mark) == []
+    assert not [command for _, command in recording.sent[mark:] if command[0] == "GET"]
+    assert guard.stats().l1_hits == 1
+    guard.close()
+    recording.client.close()

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from cacheguard import MISSING
 from tests import cache_workers
-from tests.procs import run_processes
+from tests.helpers import make_guard, start_gated_fill
+from tests.procs import CTX, result_within, run_processes, start_process_reporting
 
 
 def test_cold_key_stampede_loads_once(client: redis.Redis, redis_url: str, namespace: str) -> None:
@@ -28,6 +30,32 @@ def test_cold_key_stampede_loads_once(client: redis.Redis, redis_url: str, names
     assert len(values) == 100
     assert int(client.get(f"{namespace}:loads:menu:list")) == 1
     assert len({(v["name"], v["pid"]) for v in values}) == 1  # everyone got the one load
+
+
+def test_waiter_in_another_process_is_woken_by_the_fills_announcement(
+    client: redis.Redis, redis_url: str, namespace: str
+) -> None:
+    """A process waits for another one's fill with its retry timer, the filler's lease
+    and its own wait_timeout all a minute long; the test waits 20 s for its answer
+    once the fill ends: only the fill's announcement can deliver it that soon."""
+    filler = make_guard(client, namespace, lease=60)
+    release, fill = start_gated_fill(filler, "k", "filled", hold=60)
+    in_wait = CTX.Event()
+    child, results = start_process_reporting(
+        cache_workers.wait_for_announced_fill, redis_url, namespace, "k", in_wait
+    )
+    try:
+        assert in_wait.wait(60), "the waiting process never started waiting"
+        assert filler.peek("k") is MISSING  # it waits for the fill still under way
+        release.set()
+        fill.join(10)
+        got = result_within(results, 20, "the waiter was not woken by the announcement")
+        assert got == {"value": "filled", "loads": 0}
+    finally:
+        release.set()
+        child.join(5)
+        if child.is_alive():
+            child.kill()
 
 
 def test_many_cold_keys_each_load_once(client: redis.Redis, redis_url: str, namespace: str) -> None:

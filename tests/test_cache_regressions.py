@@ -15,7 +15,7 @@ import redis
 from cacheguard import MISSING, BackendUnavailable, CacheGuard, CacheLoader, cached_with_lock
 from cacheguard.cache.codec import Codec, MsgpackCodec
 from cacheguard.cache.entry import pack_entry
-from tests.helpers import make_guard, start_gated_fill, wait_until
+from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
 
 
 def test_two_fills_in_one_process_leave_no_hold(client: redis.Redis, namespace: str) -> None:
@@ -31,24 +31,33 @@ def test_two_fills_in_one_process_leave_no_hold(client: redis.Redis, namespace: 
 def test_unlocked_load_is_not_served_to_a_read_that_started_after_a_write(
     client: redis.Redis, namespace: str
 ) -> None:
+    """A reader gives up on the write lock and loads without it ("old"); the write
+    then ends; a second read of this process joins the unlocked load still in flight
+    and must not take its "old" value: it began after the write ended."""
     db = {"value": "old"}
     writer = make_guard(client, namespace)
-    # 0.45 s: the first reader gives up on the lock while the write (0.6 s) runs,
-    # and the second one still waits when that unlocked load ends (~0.75 s).
     reader = make_guard(client, namespace, wait_timeout=0.45, on_timeout="load")
     write_exited = threading.Event()
     in_write = threading.Event()
+    old_load_runs = threading.Event()
 
     def write() -> None:
         with writer.write("k"):
             in_write.set()
-            time.sleep(0.6)
+            assert old_load_runs.wait(10)  # the first reader timed out and loads
             db["value"] = "new"
         write_exited.set()
 
+    def second_read_joined() -> bool:
+        flight = reader._flights._flights.get("k")
+        return flight is not None and flight.event is not None
+
     def load() -> str:
         seen = db["value"]
-        time.sleep(0.3 if seen == "old" else 0)  # the unlocked load outlives the write
+        if seen == "old":
+            old_load_runs.set()
+            # Outlive the write, until the second read has joined this flight.
+            assert wait_until(second_read_joined, 10)
         return seen
 
     w = threading.Thread(target=write)
@@ -57,12 +66,13 @@ def test_unlocked_load_is_not_served_to_a_read_that_started_after_a_write(
     first: list[str] = []
     a = threading.Thread(target=lambda: first.append(reader.get_or_load("k", load, ttl=60)))
     a.start()
-    assert write_exited.wait(5)
+    assert write_exited.wait(10)
     # Starts after the write exited, while the unlocked load of "old" is in flight.
     assert reader.get_or_load("k", load, ttl=60) == "new"
     a.join(5)
     w.join(5)
     assert first == ["old"]  # that caller started before the write ended: fine
+    assert reader.stats().wait_timeouts == 1
 
 
 class _ExplodingCodec(MsgpackCodec):
@@ -210,7 +220,7 @@ def test_decorator_over_staticmethod_and_classmethod(client: redis.Redis, namesp
     ids=["fill of long ago", "clock stepped back since"],
 )
 def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
-    client: redis.Redis, namespace: str, stamp: int
+    client: redis.Redis, namespace: str, stamp: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An announcement carrying an entry stored before a write can reach a waiter late
     (a starved notifier thread): it comes from a fill that began before the one the
@@ -220,17 +230,30 @@ def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
     with filler.write("k"):
         pass  # the key's version is now above 0
     release, fill = start_gated_fill(filler, "k", "new")
+    decoded: list[Any] = []
+    handled = threading.Event()
+    real_message = waiter._message
+
+    def message(name: str, payload: bytes) -> Any:
+        decoded.append(real_message(name, payload))
+        handled.set()
+        return decoded[-1]
+
+    monkeypatch.setattr(waiter, "_message", message)
     got: list[Any] = []
     reader = threading.Thread(target=lambda: got.append(waiter.get_or_load("k", str, ttl=60)))
     reader.start()
-    time.sleep(0.3)  # the waiter is subscribed and waiting
+    # Subscribed (only the waiter subscribes): from now on a publish reaches its inbox.
+    channel = waiter.keys("k").released_channel
+    assert wait_until(lambda: subscribers(client, channel) >= 1)
     old = pack_entry(MsgpackCodec(), "old", created=time.time(), ttl=60, version=0,
                      load_duration=0.0)  # fmt: skip
     # A fill of long ago, or one stamped in the future by a clock that stepped back
     # since (then its entry's version still predates the write).
-    client.publish(waiter.keys("k").released_channel, b"V%d:" % stamp + old)
-    time.sleep(0.2)
-    release.set()
+    client.publish(channel, b"V%d:" % stamp + old)
+    assert handled.wait(10)  # the waiter received and decoded it ...
+    assert [(m.kind, m.entry.value) for m in decoded] == [("value", "old")]
+    release.set()  # ... and still waits: only now does the real fill end
     fill.join(5)
     reader.join(5)
     assert got == ["new"]

@@ -22,14 +22,10 @@ from cacheguard.backoff import Backoff
 from cacheguard.cache.codec import MsgpackCodec
 from cacheguard.cache.entry import pack_entry
 from cacheguard.cache.scripts import FILL_BEGIN
-from tests.helpers import make_guard, start_gated_fill, wait_until
+from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
 
 # A retry timer of a minute: within a test's deadline only an announcement wakes.
 _NO_TIMER_WAKE_UP = functools.partial(Backoff, initial=60.0, cap=60.0)
-
-
-def subscribers(client: redis.Redis, channel: str) -> int:
-    return int(client.pubsub_numsub(channel)[0][1])
 
 
 def test_lock_waiter_is_woken_by_the_release_announcement(

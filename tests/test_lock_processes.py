@@ -13,7 +13,14 @@ import redis
 
 from cacheguard import RedisRWLock
 from tests import workers
-from tests.procs import CTX, run_processes, start_process
+from tests.helpers import subscribers, wait_until
+from tests.procs import (
+    CTX,
+    result_within,
+    run_processes,
+    start_process,
+    start_process_reporting,
+)
 
 
 @pytest.mark.parametrize("two_tier", [True, False], ids=["two-tier", "redis-only"])
@@ -81,9 +88,8 @@ def test_writer_gets_in_past_a_stream_of_readers(
     t.start()
     lock = RedisRWLock(client, "s", namespace=namespace, lease=5)
     try:
-        deadline = time.monotonic() + 10
-        while not client.hexists(lock.keys.lock, "mode") and time.monotonic() < deadline:
-            time.sleep(0.01)  # wait until the readers are streaming
+        # The readers are streaming: the lock is held (in read mode) when the writer comes.
+        assert wait_until(lambda: client.hget(lock.keys.lock, "mode") == b"read", 30)
         with lock.write(timeout=5):  # LockTimeout here would mean writer starvation
             assert client.hget(lock.keys.lock, "mode") == b"write"
     finally:
@@ -95,26 +101,22 @@ def test_writer_gets_in_past_a_stream_of_readers(
 def test_waiter_in_another_process_wakes_on_release(
     client: redis.Redis, redis_url: str, namespace: str
 ) -> None:
-    lock = RedisRWLock(client, "h", namespace=namespace, lease=5)
-    holder = lock.acquire_write()
-    ready = CTX.Event()
-    result: list[float] = []
-    t = threading.Thread(
-        target=lambda: result.extend(
-            run_processes(
-                workers.wait_for_write_after_release, [(redis_url, namespace, "h", ready)]
-            )
-        )
+    """The waiting process's retry timer and the holder's lease both run for a minute,
+    longer than the test waits: only the release announcement can wake it in time."""
+    lock = RedisRWLock(client, "h", namespace=namespace, lease=60)
+    holder = lock.acquire_write(owner="holder")
+    child, results = start_process_reporting(
+        workers.wait_for_write_woken_only_by_release, redis_url, namespace, "h"
     )
-    t.start()
-    assert ready.wait(30)
-    deadline = time.monotonic() + 10
-    while b"q:" not in b"".join(client.hkeys(lock.keys.lock)) and time.monotonic() < deadline:
-        time.sleep(0.005)  # the child is now queued and waiting
-    released_at = time.time()
-    holder.release()
-    t.join(30)
-    assert result, "the waiting process never got the lock"
-    # Woken by the notification, not by its backoff timer (which starts at >= 25 ms
-    # and grows): a generous bound that a polling waiter would still miss often.
-    assert result[0] - released_at < 1.0
+    try:
+        # Queued behind the holder and subscribed (the parent's client subscribes to
+        # nothing, so the subscriber is the child's pub/sub connection).
+        assert wait_until(lambda: client.hexists(lock.keys.lock, "q:waiter"), 60)
+        assert wait_until(lambda: subscribers(client, lock.keys.released_channel) >= 1)
+        holder.release()
+        token = result_within(results, 20, "the waiting process was not woken by the release")
+        assert token > holder.token
+    finally:
+        child.join(5)
+        if child.is_alive():
+            child.kill()

@@ -54,6 +54,12 @@ def stack(redis_url: str, namespace: str, db_url: str, table: str) -> Iterator[S
     s.close()
 
 
+def _waiting_in_process(stack: Stack, name: str) -> bool:
+    """Is a thread of this process blocked on the local tier of ``name``'s lock?
+    (CPython's Condition keeps its sleeping threads in ``_waiters``.)"""
+    return bool(stack.guard.rwlock(name).local._cond._waiters)  # type: ignore[attr-defined]
+
+
 def _lock_is_free(stack: Stack, name: str) -> bool:
     """Another owner could take the write lock of ``name`` right now."""
     handle = stack.guard.rwlock(name).remote.try_acquire_write(owner=f"probe-{uuid.uuid4().hex}")
@@ -179,7 +185,7 @@ def test_other_threads_wait_for_the_transaction_then_see_the_commit(stack: Stack
         session.flush()
         reader = threading.Thread(target=lambda: results.append(stack.name_of(2)))
         reader.start()
-        time.sleep(0.3)
+        assert wait_until(lambda: _waiting_in_process(stack, "menu:2"))
         assert results == []  # blocked behind the write lock
         session.commit()
     reader.join(5)
@@ -333,7 +339,12 @@ def test_a_row_that_joins_the_where_while_waiting_for_locks_is_invalidated(
 
     worker = threading.Thread(target=t1)
     worker.start()
-    time.sleep(0.5)  # T1 selected rows 2 and 3 and waits for a cache lock
+    # T1 selected rows 2 and 3 and waits for a cache lock that T2 holds.
+    assert wait_until(
+        lambda: any(
+            _waiting_in_process(stack, k) for k in ("menu:list", "menu:1", "menu:children:1")
+        )
+    )
     t2.commit()
     t2.close()
     updated.wait(10)

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from cacheguard import LockFactory, LockTimeout, LockUpgradeError, TwoTierRWLock
+from tests.helpers import subscribers, wait_until
 
 
 def holds(client: redis.Redis, lock: TwoTierRWLock) -> dict[str, str]:
@@ -106,6 +107,60 @@ def test_two_processes_worth_of_instances_exclude(client: redis.Redis, namespace
             b.acquire_write(timeout=0.2)
     with b.write(timeout=5):
         pass
+
+
+def _two_processes(
+    client: redis.Redis, other_client: redis.Redis, namespace: str
+) -> tuple[TwoTierRWLock, TwoTierRWLock]:
+    """One lock seen from two processes: two factories (two owners), two clients (two
+    pools, two pub/sub connections). They share nothing but Redis."""
+    a = LockFactory(client, namespace=namespace, lease=60).rwlock("k")
+    b = LockFactory(other_client, namespace=namespace, lease=60).rwlock("k")
+    assert a.owner != b.owner
+    return a, b
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("write", "read"), ("read", "write"), ("write", "write")],
+    ids=["writer blocks reader", "reader blocks writer", "writer blocks writer"],
+)
+def test_other_processes_are_excluded_through_redis_until_release(
+    client: redis.Redis, other_client: redis.Redis, namespace: str, first: str, second: str
+) -> None:
+    a, b = _two_processes(client, other_client, namespace)
+    getattr(a, f"acquire_{first}")()
+    seen_inside: list[dict[str, str]] = []
+
+    def enter() -> None:
+        with getattr(b, second)(timeout=30):
+            seen_inside.append(holds(client, a))
+
+    t = threading.Thread(target=enter)
+    t.start()
+    # b waits in Redis: subscribed to the lock's channel on its own connection (a,
+    # the holder, subscribes to nothing).
+    assert wait_until(lambda: subscribers(client, a.remote.keys.released_channel) >= 1)
+    assert seen_inside == []
+    assert t.is_alive()
+    assert holds(client, a) == {f"{first[0]}:{a.owner}": "1"}
+    getattr(a, f"release_{first}")()
+    t.join(10)
+    assert seen_inside == [{f"{second[0]}:{b.owner}": "1"}]  # in once a had left
+    assert not client.exists(a.remote.keys.lock)
+
+
+def test_readers_of_two_processes_share_the_lock_through_redis(
+    client: redis.Redis, other_client: redis.Redis, namespace: str
+) -> None:
+    a, b = _two_processes(client, other_client, namespace)
+    with a.read(timeout=5), b.read(timeout=5):
+        assert holds(client, a) == {f"r:{a.owner}": "1", f"r:{b.owner}": "1"}
+        # Both processes' read holds keep a third one's writer out.
+        third = LockFactory(client, namespace=namespace).rwlock("k")
+        with pytest.raises(LockTimeout):
+            third.acquire_write(timeout=0.2)
+    assert not client.exists(a.remote.keys.lock)
 
 
 def test_timeout_includes_local_wait(client: redis.Redis, namespace: str) -> None:

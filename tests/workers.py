@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
 
 from cacheguard import LockFactory, RedisRWLock
+from cacheguard.backoff import Backoff
 from tests.helpers import client_for, run_threads
 
 
@@ -95,9 +97,17 @@ def stream_of_readers(url: str, namespace: str, name: str, stop_after: float) ->
     return held
 
 
-def wait_for_write_after_release(url: str, namespace: str, name: str, ready: Any) -> float:
-    """Block on the write lock; return time.time() when acquired (for hand-off figures)."""
-    lock = RedisRWLock(client_for(url), name, namespace=namespace, lease=5, timeout=30)
-    ready.set()
-    with lock.write():
-        return time.time()
+def wait_for_write_woken_only_by_release(url: str, namespace: str, name: str) -> int:
+    """Block on the write lock with a retry timer of a minute (and a holder whose lease
+    runs as long): within the test's deadline only the release announcement can wake
+    this waiter. Returns the fencing token it got."""
+    lock = RedisRWLock(
+        client_for(url),
+        name,
+        namespace=namespace,
+        lease=5,
+        timeout=120,
+        backoff=functools.partial(Backoff, initial=60.0, cap=60.0),
+    )
+    with lock.write(owner="waiter") as handle:
+        return handle.token

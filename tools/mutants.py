@@ -430,6 +430,58 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:\n",
         ("tests/test_codecs.py::test_custom_codecs_are_checked",),
     ),
+    # -- tests that can fail (issue "Trust"): the hit path, wake-ups, refresh, two tiers ---
+    Mutant(
+        "hit-is-one-get",
+        "a fresh L2 entry is served from its one GET (no script, no lock)",
+        "cacheguard/cache/guard.py",
+        "            if left > 0:  # the hit path: keep it short\n",
+        "            if left > 0 and False:\n",
+        ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
+    ),
+    Mutant(
+        "l1-hit-sends-nothing",
+        "an L1 hit is served from the process's memory, without a Redis command",
+        "cacheguard/cache/guard.py",
+        "            kept = l1.get(name)\n",
+        "            kept = ABSENT\n",
+        ("tests/test_cache.py::test_an_l1_hit_sends_nothing",),
+    ),
+    Mutant(
+        "cache-waiter-woken-by-announcement",
+        "a fill's end announces the stored entry, waking the key's waiters in other processes",
+        "cacheguard/cache/scripts.py",
+        "  redis.call('PUBLISH', channel, 'V' .. begun_us .. ':' .. entry)\n",
+        "",
+        (
+            "tests/test_cache_processes.py::"
+            "test_waiter_in_another_process_is_woken_by_the_fills_announcement",
+        ),
+    ),
+    Mutant(
+        "fill-end-releases-hold",
+        "a fill's end releases its read hold on the key's lock",
+        "cacheguard/cache/scripts.py",
+        "  drop(s, owner, 'r')\n",
+        "",
+        ("tests/test_cache.py::test_early_refresh_reloads_in_background",),
+    ),
+    Mutant(
+        "refresh-loads-itself",
+        "a refresh waits for a fill under way and then loads; it never takes that fill's value",
+        "cacheguard/cache/flow.py",
+        "for message in messages if not refresh else ():",
+        "for message in messages:",
+        ("tests/test_cache.py::test_explicit_refresh_waits_for_a_fill_in_progress",),
+    ),
+    Mutant(
+        "two-tier-owners-distinct",
+        "two processes' two-tier locks are distinct owners in Redis, so they exclude each other",
+        "cacheguard/locks/two_tier.py",
+        'return f"{process_id()}:tt{self._instance}"',
+        'return f"{process_id()}:tt"',
+        ("tests/test_two_tier.py::test_other_processes_are_excluded_through_redis_until_release",),
+    ),
 )
 
 

@@ -56,10 +56,12 @@ class TcpProxy:
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
 
-    def drop_subscribers(self) -> None:
+    def drop_subscribers(self) -> int:
+        """Close the subscribed connections; returns how many there were."""
         with self._mutex:
             sockets, self._subscribers = list(self._subscribers), set()
         self._close(sockets)
+        return len(sockets)
 
     def close(self) -> None:
         self._closed = True

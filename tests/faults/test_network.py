@@ -11,9 +11,10 @@ import pytest
 import redis
 
 from cacheguard import MISSING, CacheGuard, CacheGuardError
+from cacheguard.locks.notifier import notifier_for
 from cacheguard.testing import OwnedRedisServer
 from tests.faults.proxy import TcpProxy
-from tests.helpers import start_gated_fill
+from tests.helpers import start_gated_fill, subscribers, wait_until
 
 CONNECT, SOCKET, WAIT = 0.5, 0.5, 1.0
 DEADLINE = WAIT + CONNECT + SOCKET + 0.5
@@ -117,9 +118,15 @@ def test_waiters_finish_when_their_pubsub_connection_dies(
     pool = [threading.Thread(target=wait_for_it) for _ in range(4)]
     for t in pool:
         t.start()
-    time.sleep(0.5)  # the waiters are subscribed and waiting
-    proxy.drop_subscribers()  # the subscription dies
-    time.sleep(0.3)
+    direct = redis.Redis(port=owned_redis.port)
+    channel = waiters.keys("k").released_channel
+    # The waiters' fill waits on the key's channel (the filler subscribes to nothing).
+    assert wait_until(lambda: subscribers(direct, channel) >= 1)
+    notifier = notifier_for(waiters.client)
+    connects = notifier.reconnects
+    assert proxy.drop_subscribers() == 1  # the subscription dies
+    # The waiters' notifier saw it die and connected again.
+    assert wait_until(lambda: notifier.reconnects > connects)
     release.set()
     fill.join(10)
     for t in pool:
@@ -127,4 +134,4 @@ def test_waiters_finish_when_their_pubsub_connection_dies(
     print("\nwaiters after a dropped subscription:", [f"{s:.2f}s" for s, _ in results])
     assert [v for _, v in results] == ["filled"] * 4
     assert all(seconds < 10 for seconds, _ in results)
-    assert redis.Redis(port=owned_redis.port).get("net:{k}:v") is not None
+    assert direct.get("net:{k}:v") is not None
