@@ -22,7 +22,14 @@ programming errors, not runtime conditions.
 
 from __future__ import annotations
 
+from typing import Final
+
+import redis
+from redis.exceptions import NoPermissionError
+
 __all__ = [
+    "REDIS_DOWN",
+    "REDIS_UNREACHABLE",
     "BackendUnavailable",
     "CacheGuardError",
     "FillFailed",
@@ -111,6 +118,14 @@ class BackendUnavailable(CacheGuardError):
 
     The original redis-py exception is chained as ``__cause__``.
     """
+
+
+# The one home of "Redis is down" (the sync and asyncio clients raise the same
+# classes; a socket timeout is an OSError too). Unreachable: no answer at all.
+REDIS_UNREACHABLE: Final = (redis.ConnectionError, redis.TimeoutError, OSError)
+# Down for us: unreachable, or refusing our keys (an ACL user without the
+# namespace's key pattern). Every cacheguard policy treats both alike.
+REDIS_DOWN: Final = (*REDIS_UNREACHABLE, NoPermissionError)
 
 
 class SerializationError(CacheGuardError):

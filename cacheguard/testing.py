@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import redis
 
-from cacheguard.exceptions import BackendUnavailable
+from cacheguard.exceptions import REDIS_UNREACHABLE, BackendUnavailable
 
 __all__ = [
     "OwnedRedisServer",
@@ -73,7 +73,7 @@ def _wait_for_ping(url: str, deadline: float) -> None:
                 return
             finally:
                 client.close()
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except REDIS_UNREACHABLE as exc:
             last = exc
             time.sleep(0.02)
     raise BackendUnavailable(f"Redis at {url} did not answer PING: {last}")

@@ -53,6 +53,7 @@ from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight, SingleFlight
 from cacheguard.cache.stats import Stats, StatsRecorder
 from cacheguard.cache.watermark import collecting
 from cacheguard.exceptions import (
+    REDIS_DOWN,
     BackendUnavailable,
     LockTimeout,
     RecursiveLoadError,
@@ -78,9 +79,6 @@ log = logging.getLogger("cacheguard")
 
 T = TypeVar("T")
 BackendPolicy = Literal["bypass", "raise"]
-
-# Redis unusable for us: unreachable, or refusing our keys (an ACL without them).
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError, NoPermissionError)
 
 _NUMBERS = (int, float)  # exact classes: bool is refused by check_positive
 # XFetch refreshes with probability exp(-time_left / (beta * load_duration)).
@@ -337,7 +335,7 @@ class CacheGuard:
             return MISSING
         try:
             entry = self._fetch(name)
-        except _REDIS_DOWN as exc:
+        except REDIS_DOWN as exc:
             self._backend_failed(name, exc)
             if self.on_backend_error == "raise":
                 raise BackendUnavailable(f"Redis unreachable reading {name!r}: {exc}") from exc
@@ -379,7 +377,7 @@ class CacheGuard:
             raise BackendUnavailable("Redis unavailable reading the watermark (circuit open)")
         try:
             raw = self.client.get(self._watermark_key)
-        except _REDIS_DOWN as exc:
+        except REDIS_DOWN as exc:
             self._backend_failed(self._watermark_key, exc)
             raise BackendUnavailable(f"Redis unreachable reading the watermark: {exc}") from exc
         self._breaker.success()
@@ -420,7 +418,7 @@ class CacheGuard:
             if highest > stamp:  # a version ran ahead of the sequence: lift the sequence
                 RAISE_WATERMARK(self.client, [self._watermark_key], [highest])
             self._breaker.success()
-        except _REDIS_DOWN as exc:
+        except REDIS_DOWN as exc:
             self._backend_failed(names[0], exc)
             raise BackendUnavailable(
                 f"Redis unreachable invalidating {', '.join(map(repr, names))}: {exc}"
@@ -450,7 +448,7 @@ class CacheGuard:
                 for suffix in ("}:v", "}:rw"):  # a value, or a lock hash (a fill under way)
                     if key.endswith(suffix):
                         names.add(name_from_tag(key[len(head) : -len(suffix)]))
-        except _REDIS_DOWN as exc:
+        except REDIS_DOWN as exc:
             self._backend_failed(prefix, exc)
             raise BackendUnavailable(f"Redis unreachable scanning {prefix!r}*: {exc}") from exc
         ordered = sorted(names)
@@ -482,7 +480,7 @@ class CacheGuard:
             pipe.get(self._prefix_stamp_key(prefix))
         try:
             stamps = [int(raw) for raw in pipe.execute() if raw is not None]
-        except (*_REDIS_DOWN, redis.ResponseError, ValueError) as exc:
+        except (*REDIS_DOWN, redis.ResponseError, ValueError) as exc:
             log.info("prefix stamps of %r unreadable, its fill will not store: %s", name, exc)
             return -1  # the load is done and its value is returned; just do not store it
         return -1 if stamps and max(stamps) > snapshot else snapshot
@@ -562,7 +560,7 @@ class CacheGuard:
             sealed = self._flights.seal(flight)
             try:
                 entry = self._fetch(name)
-            except _REDIS_DOWN:
+            except REDIS_DOWN:
                 break
             if entry is None or self._clock() >= entry.expires_at:
                 break  # invalidated again: late followers must load it themselves
@@ -588,7 +586,7 @@ class CacheGuard:
         """The stored entry of ``name`` even past its logical expiry, or None."""
         try:
             return self._fetch(name)
-        except _REDIS_DOWN:
+        except REDIS_DOWN:
             return None
 
     def _fetch(self, name: str) -> Entry | None:
@@ -627,7 +625,7 @@ class CacheGuard:
         sealed = flight.generation  # flights are born sealed for this first GET
         try:
             entry = self._fetch(name)
-        except _REDIS_DOWN as exc:
+        except REDIS_DOWN as exc:
             return self._bypass(name, load, exc), self._flights.seal(flight)
         self._breaker.success()
         if entry is not None:
@@ -898,7 +896,7 @@ class CacheGuard:
     def _redis(self, name: str, call: Callable[..., Any], *args: Any) -> Any:
         try:
             return call(*args)
-        except _REDIS_DOWN as exc:
+        except REDIS_DOWN as exc:
             raise BackendUnavailable(f"Redis unreachable for {name!r}: {exc}") from exc
 
     def _begin(self, name: str, keys: ResourceKeys, owner: str, refresh: bool) -> Begin:

@@ -30,6 +30,7 @@ import redis
 from redis.connection import AbstractConnection
 
 from cacheguard._identity import on_fork_in_child
+from cacheguard.exceptions import REDIS_UNREACHABLE
 
 __all__ = ["Notifier", "Subscription", "notifier_for"]
 
@@ -229,7 +230,7 @@ class Notifier:
             return  # the listener subscribes everything once it (re)connects
         try:
             conn.send_command("SUBSCRIBE", *[c.name for c in channels], check_health=False)
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except REDIS_UNREACHABLE as exc:
             log.warning("subscribe failed, reconnecting: %s", exc)
             self._drop_locked()
             return
@@ -282,7 +283,7 @@ class Notifier:
             except Exception as exc:
                 if self._stopped.is_set():
                     return  # closed under our feet on purpose
-                if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                if isinstance(exc, REDIS_UNREACHABLE):
                     log.warning("release-notification connection lost: %s", exc)
                 else:  # a malformed message must not kill the listener
                     log.exception("unexpected error in the release-notification listener")
@@ -296,7 +297,7 @@ class Notifier:
         try:
             conn = self._connect()
             conn.connect()
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except REDIS_UNREACHABLE as exc:
             log.debug("release-notification connection failed: %s", exc)
             return False
         with self._mutex:
@@ -364,7 +365,7 @@ class Notifier:
                 del self._channels[c.name]
             try:
                 self._conn.send_command("UNSUBSCRIBE", *[c.name for c in idle], check_health=False)
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            except REDIS_UNREACHABLE as exc:
                 log.warning("unsubscribe failed, reconnecting: %s", exc)
                 self._drop_locked()
                 return

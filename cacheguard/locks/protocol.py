@@ -32,13 +32,12 @@ from typing import Any, Final, Literal
 
 from cacheguard.backoff import Backoff
 from cacheguard.exceptions import LockTimeout, LockUpgradeError
+from cacheguard.steps import Subscribe, Wait
 
 __all__ = [
     "Attempt",
     "Mode",
-    "Sleep",
     "Step",
-    "Subscribe",
     "TryAcquire",
     "Withdraw",
     "acquire_flow",
@@ -69,29 +68,13 @@ class TryAcquire:
     __slots__ = ()
 
 
-class Subscribe:
-    """Step: subscribe to the release channel; answer ``True`` once confirmed."""
-
-    __slots__ = ("timeout",)
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-
-
 class Withdraw:
     """Step: a writer gives up; remove its waiting mark; answer ``None``."""
 
     __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    """Step: wait for a release notification or ``seconds``; answer ``None``."""
-
-    seconds: float
-
-
-Step = TryAcquire | Subscribe | Sleep | Withdraw
+Step = TryAcquire | Subscribe | Wait | Withdraw
 TRY: Final = TryAcquire()
 WITHDRAW: Final = Withdraw()
 
@@ -146,4 +129,4 @@ def acquire_flow(
         delay = delays.next_delay()
         if attempt.retry_in > 0:
             delay = min(delay, attempt.retry_in + LEASE_END_MARGIN)
-        yield Sleep(min(delay, remaining))
+        yield Wait(min(delay, remaining))  # the messages only wake us: ignored

@@ -37,14 +37,12 @@ import redis
 
 from cacheguard._identity import thread_owner
 from cacheguard.backoff import Backoff
-from cacheguard.exceptions import BackendUnavailable, LockLostError, LockUpgradeError
+from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockLostError, LockUpgradeError
 from cacheguard.keys import ResourceKeys, check_namespace
 from cacheguard.locks.notifier import Notifier, Subscription, notifier_for
 from cacheguard.locks.protocol import (
     Attempt,
     Mode,
-    Sleep,
-    Subscribe,
     TryAcquire,
     Withdraw,
     acquire_flow,
@@ -52,16 +50,13 @@ from cacheguard.locks.protocol import (
 )
 from cacheguard.locks.scripts import ACQUIRE, RELEASE, RENEW, WITHDRAW
 from cacheguard.locks.watchdog import Watchdog, default_watchdog
+from cacheguard.steps import Subscribe, Wait
 
 __all__ = ["LockHandle", "RedisRWLock", "check_positive", "release_on_exit"]
 
 log = logging.getLogger("cacheguard.lock")
 
 LostCallback = Callable[["LockHandle"], None]
-
-# Unreachable, or refusing our keys (an ACL user without the namespace's pattern).
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.NoPermissionError)
-
 
 # The longest duration any setting accepts. Redis keeps expiry times in ms as a
 # 64-bit count from the epoch; a bound far below that (and above any sane
@@ -293,9 +288,9 @@ class RedisRWLock:
                         self.keys.released_channel
                     )
                     reply = subscription.open(step.timeout)
-                elif isinstance(step, Sleep):
+                elif isinstance(step, Wait):
                     assert subscription is not None
-                    subscription.wait(step.seconds)
+                    reply = subscription.wait(step.seconds)
                 elif isinstance(step, Withdraw):
                     self._call(WITHDRAW, [self.keys.lock], [owner, self.keys.released_channel])
                 step = flow.send(reply)
@@ -408,7 +403,7 @@ class RedisRWLock:
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
             return script(self.client, keys, args)
-        except _REDIS_DOWN as exc:
+        except REDIS_DOWN as exc:
             raise BackendUnavailable(
                 f"Redis unreachable or refusing while working on lock {self.name!r}: {exc}"
             ) from exc

@@ -38,6 +38,8 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
+from cacheguard.exceptions import REDIS_UNREACHABLE
+
 __all__ = [
     "ACQUIRE",
     "LOCK_PRELUDE",
@@ -426,7 +428,7 @@ def run_pipelined(client: redis.Redis, calls: list[ScriptCall]) -> list[Any]:
             client.script_load(script.source)
         results = execute()
     for r in results:
-        if isinstance(r, (redis.ConnectionError, redis.TimeoutError)):
+        if isinstance(r, REDIS_UNREACHABLE):
             raise r
     return results
 

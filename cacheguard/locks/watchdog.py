@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from cacheguard._identity import on_fork_in_child
+from cacheguard.exceptions import REDIS_UNREACHABLE
 from cacheguard.locks.scripts import RELEASE, RENEW, ScriptCall, run_pipelined
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ class Watchdog:
         for client, entries in by_client.values():
             try:
                 results = _run_batch(client, entries)
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            except REDIS_UNREACHABLE as exc:
                 log.warning("lease renewal failed, will retry: %s", exc)
                 self._after_error(entries)
                 continue
