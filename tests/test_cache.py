@@ -141,7 +141,7 @@ def test_long_keys_are_hashed(client: redis.Redis, namespace: str) -> None:
 
     loader = CacheLoader(guard, key="k:{x}", load=length, ttl=60)
     name = loader.key(x="y" * 5000)
-    assert len(name) == guard.max_key_length
+    assert len(name) == guard.settings.max_key_length
     assert loader.get(x="y" * 5000) == 5000
     assert loader.key(x="y" * 4999) != name
 
@@ -662,7 +662,7 @@ def test_envelope_fields(client: redis.Redis, namespace: str) -> None:
     assert entry.version == 0
     assert entry.load_duration >= 0
     assert abs(entry.created - time.time()) < 60
-    raw = pack_entry(guard.codec, "x", created=1.0, ttl=2.0, version=3, load_duration=0.5)
+    raw = pack_entry(guard.settings.codec, "x", created=1.0, ttl=2.0, version=3, load_duration=0.5)
     assert raw[:2] == b"\xcb\x01"
 
 

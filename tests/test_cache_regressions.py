@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from cacheguard import MISSING, BackendUnavailable, CacheGuard, CacheLoader, cached_with_lock
+from cacheguard.cache import flow, wire
 from cacheguard.cache.codec import Codec, MsgpackCodec
 from cacheguard.cache.entry import pack_entry
 from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
@@ -105,14 +106,14 @@ def test_redis_failing_at_fill_end_does_not_load_twice(
     client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = make_guard(client, namespace)
-    real_end = guard._end
+    real_end = wire.FILL_END
     calls: list[int] = []
 
-    def end_fails_once(*args: Any, **kwargs: Any) -> bool:
-        real_end(*args, **kwargs)  # releases in Redis, then the reply is "lost"
-        raise BackendUnavailable("injected: connection dropped at fill end")
+    def end_fails_once(client: redis.Redis, keys: list[str], args: list[Any]) -> Any:
+        real_end(client, keys, args)  # releases in Redis, then the reply is "lost"
+        raise redis.ConnectionError("injected: connection dropped at fill end")
 
-    monkeypatch.setattr(guard, "_end", end_fails_once)
+    monkeypatch.setattr(wire, "FILL_END", end_fails_once)
 
     def load() -> str:
         calls.append(1)
@@ -232,14 +233,14 @@ def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
     release, fill = start_gated_fill(filler, "k", "new")
     decoded: list[Any] = []
     handled = threading.Event()
-    real_message = waiter._message
+    real_message = flow.parse_message
 
-    def message(name: str, payload: bytes) -> Any:
-        decoded.append(real_message(name, payload))
+    def message(payload: bytes, decode: Any) -> Any:
+        decoded.append(real_message(payload, decode))
         handled.set()
         return decoded[-1]
 
-    monkeypatch.setattr(waiter, "_message", message)
+    monkeypatch.setattr(flow, "parse_message", message)
     got: list[Any] = []
     reader = threading.Thread(target=lambda: got.append(waiter.get_or_load("k", str, ttl=60)))
     reader.start()

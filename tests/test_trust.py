@@ -157,7 +157,7 @@ def test_l1_survives_racing_threads(
                 assert guard.get_or_load(name, lambda n=name: n, ttl=60) == name
                 assert guard.peek(name) in (name, MISSING)
                 if i % 9 == index:
-                    guard._drop_l1([name])  # what an invalidation message does
+                    guard._l1.drop([name])  # what an invalidation message does
 
         run_threads(8, work)
     finally:
@@ -175,7 +175,7 @@ def test_an_l1_copy_never_outlives_its_entry(
         loads.append(1)
         return len(loads)
 
-    assert wait_until(lambda: guard._l1_guard() is not None)  # the L1 feed is live
+    assert wait_until(lambda: guard._l1.guard() is not None)  # the L1 feed is live
     assert guard.get_or_load("k", load, ttl=0.3) == 1
     assert guard._l1 is not None
     assert "k" in guard._l1
@@ -188,14 +188,14 @@ def test_l1_refuses_a_copy_read_before_an_invalidation(
 ) -> None:
     guard = make_guard(client, namespace, l1_maxsize=100, l1_ttl=30)
     guards.append(guard)
-    assert wait_until(lambda: guard._l1_guard() is not None)
+    assert wait_until(lambda: guard._l1.guard() is not None)
     guard.get_or_load("k", lambda: "old", ttl=60)
     assert guard._l1 is not None
-    guard._l1.clear()
-    seen = guard._l1_guard()  # a reader takes this, then reads "old" from Redis ...
+    guard._l1.tier.clear()
+    seen = guard._l1.guard()  # a reader takes this, then reads "old" from Redis ...
     assert seen is not None
     guard.invalidate("k")  # ... a writer invalidates meanwhile ...
-    guard._keep_l1("k", "old", 60, seen)  # ... and the reader tries to keep its copy
+    guard._l1.keep("k", "old", 60, seen)  # ... and the reader tries to keep its copy
     assert "k" not in guard._l1
 
 

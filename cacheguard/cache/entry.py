@@ -17,15 +17,36 @@ another codec) raise ``ValueError``; the cache treats that as a miss.
 from __future__ import annotations
 
 import struct
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from cacheguard.cache.codec import Codec, reader_for
 
-__all__ = ["HEADER_SIZE", "Entry", "pack_entry", "unpack_entry"]
+__all__ = ["HEADER_SIZE", "MISSING", "Entry", "Missing", "pack_entry", "unpack_entry"]
 
 _MAGIC = b"\xcb\x01"
 _HEADER = struct.Struct("<2sBddqd")
 HEADER_SIZE = _HEADER.size
+
+
+class Missing:
+    """The type of :data:`MISSING`: "nothing cached" from ``peek``, "the guard's
+    default" for a ``none_ttl`` argument."""
+
+    _instance: Missing | None = None
+
+    def __new__(cls) -> Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Final = Missing()
 
 
 class Entry(NamedTuple):

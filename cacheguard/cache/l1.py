@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-__all__ = ["ABSENT", "LocalTier"]
+__all__ = ["ABSENT", "L1Feed", "Listener", "LocalTier"]
 
 
 class _Absent:
@@ -93,3 +93,81 @@ class LocalTier:
     def __contains__(self, name: object) -> bool:
         """Whether a live copy of ``name`` is kept."""
         return isinstance(name, str) and self.get(name) is not ABSENT
+
+
+class Listener(Protocol):
+    """The invalidation feed's subscription (sync or asyncio notifier alike)."""
+
+    def live_token(self) -> object | None: ...
+
+    def close(self) -> None: ...
+
+
+class L1Feed:
+    """A guard's L1: the copies, and the invalidation feed that keeps them honest.
+
+    ``listen(timeout)`` subscribes to the namespace's invalidation channel with
+    :meth:`on_message` and :meth:`on_gap` as callbacks (waiting up to ``timeout``
+    for the confirmation). A copy is kept only while that subscription is live
+    and unchanged since before the value was read (:meth:`guard`, :meth:`keep`).
+    """
+
+    def __init__(self, tier: LocalTier, listen: Callable[[float], Listener]) -> None:
+        self.tier = tier
+        self._listen = listen
+        self._listener: Listener | None = None
+        self._mutex = threading.Lock()
+        self._closed = False
+
+    def start(self, timeout: float) -> None:
+        with self._mutex:
+            if self._listener is None and not self._closed:
+                self._listener = self._listen(timeout)
+
+    def guard(self) -> tuple[int, object] | None:
+        """What must not change between reading a value and keeping it: the L1
+        epoch (no drop meanwhile) and the listener's live token (no gap in the
+        feed). None: the feed is not live right now."""
+        listener = self._listener
+        if listener is None:
+            self.start(0.0)  # a fork left us without one: subscribe again
+            listener = self._listener
+            if listener is None:
+                return None
+        token = listener.live_token()
+        return None if token is None else (self.tier.epoch, token)
+
+    def keep(self, name: str, value: Any, lifetime: float, seen: tuple[int, object]) -> None:
+        listener = self._listener
+        if listener is not None and listener.live_token() is seen[1]:
+            self.tier.put(name, value, lifetime, seen[0])
+
+    def drop(self, names: Iterable[str]) -> None:
+        self.tier.drop(names)
+
+    def on_message(self, payload: bytes) -> None:
+        self.tier.drop([payload.decode("utf-8", "surrogateescape")])
+
+    def on_gap(self) -> None:
+        self.tier.clear()  # invalidations may have been missed
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+        self.tier.clear()  # no invalidations reach it any more
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tier
+
+    def __len__(self) -> int:
+        return len(self.tier)
+
+    def reset_after_fork(self) -> None:
+        """The parent's subscription is gone with its notifier: drop what the parent
+        kept and subscribe again on first use (no threads start inside a fork hook)."""
+        self._mutex = threading.Lock()
+        self.tier.reset_after_fork()
+        self._listener = None

@@ -21,9 +21,10 @@ import functools
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from cacheguard.cache.guard import MISSING, CacheGuard, _Missing
+from cacheguard.cache.entry import MISSING, Missing
+from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import KeyBuilder
-from cacheguard.locks.redis_rwlock import check_positive
+from cacheguard.checks import check_positive
 
 __all__ = ["CacheLoader", "CachedFunction", "cached_with_lock"]
 
@@ -41,7 +42,7 @@ class CacheLoader(Generic[P, R]):
         key: str | None,
         load: Callable[P, R],
         ttl: float,
-        none_ttl: float | _Missing | None = MISSING,
+        none_ttl: float | Missing | None = MISSING,
     ) -> None:
         if not isinstance(guard, CacheGuard):
             raise TypeError(f"guard must be a CacheGuard, not {type(guard).__name__}")
@@ -58,7 +59,7 @@ class CacheLoader(Generic[P, R]):
                 none_ttl,
             )
         )
-        self._keys = KeyBuilder(load, key, max_length=guard.max_key_length)
+        self._keys = KeyBuilder(load, key, max_length=guard.settings.max_key_length)
 
     def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """The key name of this call (inside the guard's namespace)."""
@@ -67,7 +68,9 @@ class CacheLoader(Generic[P, R]):
     def get(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """The cached value, loaded once across all processes if missing."""
         name = self._keys.build(args, kwargs)
-        return self.guard._get(name, lambda: self.load(*args, **kwargs), self.ttl, self.none_ttl)
+        return self.guard.get_or_load(
+            name, lambda: self.load(*args, **kwargs), ttl=self.ttl, none_ttl=self.none_ttl
+        )
 
     def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Load now and store (under the key's locks, once across processes)."""
@@ -80,9 +83,9 @@ class CacheLoader(Generic[P, R]):
         """Drop the cached value without locking (fills in flight fail their store)."""
         self.guard.invalidate(self._keys.build(args, kwargs))
 
-    def peek(self, *args: P.args, **kwargs: P.kwargs) -> R | _Missing:
+    def peek(self, *args: P.args, **kwargs: P.kwargs) -> R | Missing:
         """The cached value, or :data:`MISSING`; never loads."""
-        value: R | _Missing = self.guard.peek(self._keys.build(args, kwargs))
+        value: R | Missing = self.guard.peek(self._keys.build(args, kwargs))
         return value
 
 
@@ -147,7 +150,7 @@ class _BoundCachedFunction(Generic[R]):
     def refresh(self, *args: Any, **kwargs: Any) -> R:
         return self._cached.refresh(self._instance, *args, **kwargs)
 
-    def peek(self, *args: Any, **kwargs: Any) -> R | _Missing:
+    def peek(self, *args: Any, **kwargs: Any) -> R | Missing:
         return self._cached.peek(self._instance, *args, **kwargs)
 
     def key(self, *args: Any, **kwargs: Any) -> str:
@@ -159,7 +162,7 @@ def cached_with_lock(
     *,
     key: str | None = None,
     ttl: float,
-    none_ttl: float | _Missing | None = MISSING,
+    none_ttl: float | Missing | None = MISSING,
 ) -> Callable[[Callable[P, R]], CachedFunction[P, R]]:
     """Read calls of the decorated function (or method) through ``guard``.
 

@@ -26,7 +26,6 @@ Leases
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ import redis
 
 from cacheguard._identity import thread_owner
 from cacheguard.backoff import Backoff
+from cacheguard.checks import check_positive
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockLostError, LockUpgradeError
 from cacheguard.keys import ResourceKeys, check_namespace
 from cacheguard.locks.notifier import Notifier, Subscription, notifier_for
@@ -57,25 +57,6 @@ __all__ = ["LockHandle", "RedisRWLock", "check_positive", "release_on_exit"]
 log = logging.getLogger("cacheguard.lock")
 
 LostCallback = Callable[["LockHandle"], None]
-
-# The longest duration any setting accepts. Redis keeps expiry times in ms as a
-# 64-bit count from the epoch; a bound far below that (and above any sane
-# lease, TTL or timeout) turns a typo such as 1e300 into an error at once.
-MAX_SECONDS = 10 * 365 * 24 * 3600.0
-
-
-def check_positive(what: str, value: object) -> float:
-    """``value`` as a float if it is a number in (0, MAX_SECONDS] (ten years), else
-    ValueError/TypeError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
-    if value > MAX_SECONDS:
-        raise ValueError(
-            f"{what} must be at most {MAX_SECONDS:.0f} seconds (ten years), got {value!r}"
-        )
-    return float(value)
 
 
 class LockHandle:

@@ -265,7 +265,8 @@ class ModelTracker:
                 continue
             if rows and all(set(fields) <= set(r) for r in rows):
                 names |= {
-                    render_key(template, r, max_length=self.guard.max_key_length) for r in rows
+                    render_key(template, r, max_length=self.guard.settings.max_key_length)
+                    for r in rows
                 }
             else:
                 later.append(template)
@@ -403,7 +404,7 @@ class ModelTracker:
 
     def _fixed(self, spec: _ModelKeys) -> set[str]:
         return {
-            render_key(t, {}, max_length=self.guard.max_key_length)
+            render_key(t, {}, max_length=self.guard.settings.max_key_length)
             for t, fields in spec.fields.items()
             if not fields
         }
@@ -419,7 +420,7 @@ class ModelTracker:
         for template, fields in spec.fields.items():
             if skip_none and any(values.get(f) is None for f in fields):
                 continue  # a new object's generated id: named after the INSERT
-            names.add(render_key(template, values, max_length=self.guard.max_key_length))
+            names.add(render_key(template, values, max_length=self.guard.settings.max_key_length))
         return names
 
 

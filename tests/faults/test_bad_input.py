@@ -72,7 +72,7 @@ def test_odd_key_arguments_stay_inside_the_namespace_and_apart(
     assert loader.get(menu_id) == menu_id
     assert loader.peek(menu_id) == menu_id
     name = loader.key(menu_id)
-    assert len(name) <= guard.max_key_length
+    assert len(name) <= guard.settings.max_key_length
     keys = ResourceKeys(namespace, name)
     written = [k.decode("utf-8", "surrogateescape") for k in client.scan_iter(f"{namespace}:*")]
     assert written, "nothing was written"

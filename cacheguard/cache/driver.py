@@ -1,0 +1,170 @@
+"""The sync driver of the fill flow: carries out its steps with blocking calls.
+
+It decides nothing: every step of :func:`cacheguard.cache.flow.fill_flow` maps
+to one call here, I/O errors are thrown back into the flow (Redis being down as
+:class:`BackendUnavailable`), and whatever it holds (the local read lock, the
+subscription) is released when the flow ends, however it ends. The asyncio
+driver (:mod:`cacheguard.aio.driver`) is the same with awaits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import redis
+
+from cacheguard.cache.flow import (
+    Adopt,
+    Call,
+    Disown,
+    Drain,
+    HoldLocal,
+    Load,
+    LoadUnlocked,
+    Lookup,
+    Outcome,
+    ReadStamps,
+    ReleaseLater,
+    Seal,
+    Step,
+)
+from cacheguard.cache.loading import Loads
+from cacheguard.cache.singleflight import VALID_FOR_ALL
+from cacheguard.cache.watermark import collecting
+from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable
+from cacheguard.locks.notifier import Subscription, notifier_for
+from cacheguard.locks.redis_rwlock import LockHandle
+from cacheguard.locks.two_tier import TwoTierRWLock
+from cacheguard.steps import Subscribe, Wait
+
+__all__ = ["drive_fill", "get_raw"]
+
+
+def get_raw(client: redis.Redis, key: str) -> Any:
+    """GET ``key``: bytes, None, or the error a non-string key gave (someone else's
+    key: the flow treats it as corrupt). Redis being down raises."""
+    try:
+        return client.get(key)
+    except REDIS_DOWN:
+        raise
+    except redis.ResponseError as exc:
+        return exc
+
+
+class _Fill:
+    __slots__ = (
+        "client",
+        "handle",
+        "last_renewed",
+        "load",
+        "loads",
+        "local",
+        "lock",
+        "name",
+        "seal",
+        "sealed",
+        "subscription",
+    )
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        lock: TwoTierRWLock,
+        loads: Loads,
+        name: str,
+        load: Callable[[], Any],
+        seal: Callable[[], int],
+    ) -> None:
+        self.client, self.lock, self.loads, self.name = client, lock, loads, name
+        self.load, self.seal = load, seal
+        self.sealed = VALID_FOR_ALL
+        self.subscription: Subscription | None = None
+        self.handle: LockHandle | None = None
+        self.last_renewed: float | None = None
+        self.local = False
+
+    def answer(self, step: Step) -> Any:
+        if isinstance(step, Call):
+            script, keys, args = step.call
+            return script(self.client, keys, args)
+        if isinstance(step, Seal):
+            self.sealed = self.seal()
+        elif isinstance(step, Lookup):
+            return get_raw(self.client, self.lock.remote.keys.value)
+        elif isinstance(step, Subscribe):
+            channel = self.lock.remote.keys.released_channel
+            self.subscription = notifier_for(self.client).subscription(channel)
+            return self.subscription.open(step.timeout)
+        elif isinstance(step, Wait):
+            assert self.subscription is not None
+            return self.subscription.wait(step.seconds)
+        elif isinstance(step, Drain):
+            assert self.subscription is not None
+            self.subscription.drain()
+        elif isinstance(step, HoldLocal):
+            self.lock.local.acquire_read(step.timeout)
+            self.local = True
+        elif isinstance(step, Load):
+            with collecting() as snapshots:
+                value, seconds = self.loads.run(self.name, self.load)
+            return value, seconds, min(snapshots, default=None)
+        elif isinstance(step, LoadUnlocked):
+            return self.loads.run(self.name, self.load)[0]
+        elif isinstance(step, Adopt):
+            owner = self.lock.owner
+            self.handle = self.lock.remote.adopt(
+                "read", owner, step.epoch, renew_for=step.renew_for
+            )
+        elif isinstance(step, Disown):
+            assert self.handle is not None
+            self.last_renewed = self.lock.remote.disown(self.handle)
+        elif isinstance(step, ReleaseLater):
+            assert self.handle is not None
+            self.lock.remote.release_in_background(self.handle, self.last_renewed)
+        elif isinstance(step, ReadStamps):
+            pipe = self.client.pipeline(transaction=False)
+            for key in step.keys:
+                pipe.get(key)
+            return pipe.execute()
+        return None
+
+    def close(self) -> None:
+        if self.subscription is not None:
+            self.subscription.close()
+        if self.local:
+            self.lock.local.release_read()
+
+
+def drive_fill(
+    flow: Generator[Step, Any, Outcome],
+    *,
+    client: redis.Redis,
+    lock: TwoTierRWLock,
+    loads: Loads,
+    name: str,
+    load: Callable[[], Any],
+    seal: Callable[[], int],
+) -> tuple[Outcome, int]:
+    """Run ``flow`` to its end; its outcome and the flight generation below which
+    followers may share it (the last seal; 0 for a private outcome)."""
+    fill = _Fill(client, lock, loads, name, load, seal)
+    try:
+        step = next(flow)
+        while True:
+            try:
+                reply = fill.answer(step)
+            except REDIS_DOWN as exc:
+                error = BackendUnavailable(f"Redis unreachable for {name!r}: {exc}")
+                error.__cause__ = exc
+                step = flow.throw(error)
+            except BaseException as exc:
+                step = flow.throw(exc)
+            else:
+                step = flow.send(reply)
+    except StopIteration as done:
+        outcome: Outcome = done.value
+        return outcome, 0 if outcome.private else fill.sealed
+    finally:
+        flow.close()
+        fill.close()

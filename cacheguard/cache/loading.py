@@ -1,0 +1,65 @@
+"""Running loaders: counted, timed, and refused when they would wait for themselves.
+
+A loader that asks for its own key (directly, or through another loader)
+would wait for its own fill until ``wait_timeout``. The names being loaded are
+kept in a context variable, which is per thread for threads and per task for
+asyncio tasks, so both drivers detect it the same way and fail at once with
+:class:`RecursiveLoadError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from cacheguard.cache.stats import StatsRecorder
+from cacheguard.exceptions import RecursiveLoadError
+
+__all__ = ["Loads"]
+
+# (id of the Loads, name) pairs loading in this thread or task: immutable, so a
+# task started by a loader sees its parent's names without sharing a set.
+_LOADING: ContextVar[frozenset[tuple[int, str]]] = ContextVar(
+    "cacheguard_loading", default=frozenset()
+)
+
+
+class Loads:
+    """One guard's loader bookkeeping."""
+
+    __slots__ = ("_stats", "_timer")
+
+    def __init__(self, stats: StatsRecorder, timer: Callable[[], float]) -> None:
+        self._stats = stats
+        self._timer = timer
+
+    def refuse_recursion(self, name: str) -> None:
+        """A loader asking for its own key would wait for itself: fail at once."""
+        if (id(self), name) in _LOADING.get():
+            error = RecursiveLoadError(key=name)
+            self._stats.count("load_errors", name, error=error)
+            raise error
+
+    @contextmanager
+    def loading(self, name: str) -> Iterator[Callable[[], float]]:
+        """Mark ``name`` as being loaded here; yields a function giving the seconds
+        since the start. Counts the load, or its error."""
+        token = _LOADING.set(_LOADING.get() | {(id(self), name)})
+        start = self._timer()
+        try:
+            yield lambda: self._timer() - start
+        except BaseException as exc:
+            self._stats.count("load_errors", name, self._timer() - start, error=exc)
+            raise
+        else:
+            self._stats.count("loads", name, self._timer() - start)
+        finally:
+            _LOADING.reset(token)
+
+    def run(self, name: str, load: Callable[[], Any]) -> tuple[Any, float]:
+        """``load()`` counted and timed: ``(value, seconds)``."""
+        with self.loading(name) as elapsed:
+            value = load()
+            return value, elapsed()

@@ -1,0 +1,119 @@
+"""The settings of a guard: one frozen, self-validating record shared by
+:class:`~cacheguard.CacheGuard` and :class:`~cacheguard.aio.AsyncCacheGuard`.
+
+Every number is checked against what Redis accepts when the record is made, so
+a bad setting fails at construction with a clear ``ValueError``/``TypeError``,
+never later inside a script call. ``docs/guide.md`` explains each one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from cacheguard.cache.codec import Codec, MsgpackCodec, check_codec
+from cacheguard.checks import (
+    check_choice,
+    check_int,
+    check_non_negative,
+    check_positive,
+    check_ratio,
+)
+from cacheguard.keys import check_namespace
+
+__all__ = ["BackendPolicy", "GuardSettings", "TimeoutPolicy", "client_options"]
+
+TimeoutPolicy = Literal["load", "raise", "stale"]
+BackendPolicy = Literal["bypass", "raise"]
+
+_TIMEOUT_POLICIES: Final = ("load", "raise", "stale")
+_BACKEND_POLICIES: Final = ("bypass", "raise")
+
+
+@dataclass(frozen=True, slots=True)
+class GuardSettings:
+    """Validated settings; the defaults suit most services."""
+
+    namespace: str = "cg"
+    lease: float = 30.0
+    wait_timeout: float = 10.0
+    on_timeout: TimeoutPolicy = "load"
+    on_backend_error: BackendPolicy = "bypass"
+    codec: Codec = field(default_factory=MsgpackCodec)
+    ttl_jitter: float = 0.1
+    none_ttl: float | None = 30.0
+    stale_ttl: float = 0.0
+    early_refresh_beta: float = 1.0
+    l1_maxsize: int = 0
+    l1_ttl: float = 5.0
+    max_value_bytes: int = 8 * 1024 * 1024
+    announce_value_bytes: int = 64 * 1024
+    version_ttl: float = 7 * 24 * 3600.0
+    max_key_length: int = 200
+    max_fill_retries: int = 3
+    max_load_time: float = 60.0
+    breaker_failures: int = 3
+    breaker_cooldown: float = 2.0
+
+    def __post_init__(self) -> None:
+        checked: dict[str, Any] = {
+            "namespace": check_namespace(self.namespace),
+            "lease": check_positive("lease", self.lease),
+            "wait_timeout": check_positive("wait_timeout", self.wait_timeout),
+            "on_timeout": check_choice("on_timeout", self.on_timeout, _TIMEOUT_POLICIES),
+            "on_backend_error": check_choice(
+                "on_backend_error", self.on_backend_error, _BACKEND_POLICIES
+            ),
+            "codec": check_codec(self.codec if self.codec is not None else MsgpackCodec()),
+            "ttl_jitter": check_ratio("ttl_jitter", self.ttl_jitter),
+            "none_ttl": None
+            if self.none_ttl is None
+            else check_positive("none_ttl", self.none_ttl),
+            "stale_ttl": check_non_negative("stale_ttl", self.stale_ttl),
+            "early_refresh_beta": check_non_negative("early_refresh_beta", self.early_refresh_beta),
+            "l1_maxsize": check_int("l1_maxsize (0 turns L1 off)", self.l1_maxsize, minimum=0),
+            "l1_ttl": check_positive("l1_ttl", self.l1_ttl),
+            "max_value_bytes": check_int("max_value_bytes", self.max_value_bytes, minimum=1),
+            "announce_value_bytes": check_int(
+                "announce_value_bytes", self.announce_value_bytes, minimum=1
+            ),
+            "version_ttl": check_positive("version_ttl", self.version_ttl),
+            # Long enough for a shortened name: its digest and a readable head.
+            "max_key_length": check_int("max_key_length", self.max_key_length, minimum=80),
+            "max_fill_retries": check_int("max_fill_retries", self.max_fill_retries, minimum=0),
+            "max_load_time": check_positive("max_load_time", self.max_load_time),
+            "breaker_failures": check_int("breaker_failures", self.breaker_failures, minimum=1),
+            "breaker_cooldown": check_positive("breaker_cooldown", self.breaker_cooldown),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def lease_ms(self) -> int:
+        return max(1, int(self.lease * 1000))
+
+    @property
+    def version_ttl_ms(self) -> int:
+        return int(self.version_ttl * 1000)
+
+    def kept_for(self, lifetime: float) -> float:
+        """How long Redis keeps an entry of ``lifetime``: its life, the stale window,
+        and for ``on_timeout="stale"`` one more lifetime, served only to readers
+        whose wait for a fresh value timed out."""
+        return lifetime + self.stale_ttl + (lifetime if self.on_timeout == "stale" else 0.0)
+
+
+def client_options(connect_timeout: float, socket_timeout: float) -> dict[str, Any]:
+    """redis-py client options of ``from_url`` (sync and asyncio alike): fail fast
+    when Redis is down, and no retries of the client's own. A script whose reply was
+    lost may have run, and running it again is not safe (a second hold, a false
+    "lock lost"); connections broken while idle are replaced when taken from the pool.
+    """
+    return {
+        "socket_connect_timeout": check_positive("connect_timeout", connect_timeout),
+        "socket_timeout": check_positive("socket_timeout", socket_timeout),
+        "retry": Retry(NoBackoff(), 0),
+    }

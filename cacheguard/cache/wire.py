@@ -1,0 +1,158 @@
+"""The cache scripts' wire format: call builders and reply/message parsers, no I/O.
+
+Each builder returns a :data:`~cacheguard.locks.scripts.ScriptCall` (script,
+KEYS, ARGV) in the order the script's contract in :mod:`cacheguard.cache.scripts`
+states; each parser turns a raw reply into a typed value. The fill flow uses
+them, so the sync and asyncio drivers only send calls and hand back replies.
+Scripted tests feed these parsers every reply shape, with no Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cacheguard.cache.entry import Entry
+from cacheguard.cache.scripts import FILL_BEGIN, FILL_END, INVALIDATE, RAISE_WATERMARK
+from cacheguard.keys import ResourceKeys
+from cacheguard.locks.scripts import ScriptCall
+
+__all__ = [
+    "Begin",
+    "Decode",
+    "Message",
+    "fill_begin_call",
+    "fill_end_call",
+    "invalidate_call",
+    "parse_fill_begin",
+    "parse_message",
+    "raise_watermark_call",
+]
+
+# Raw bytes (or the error a GET got, e.g. WRONGTYPE) -> an entry, None if unusable.
+Decode = Callable[[Any], "Entry | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """The parsed reply of fill_begin."""
+
+    # "expired": a value past its expiry that Redis still keeps (stale windows)
+    kind: Literal["hit", "fill", "busy", "corrupt", "expired"]
+    entry: Entry | None = None  # hit
+    version: str = "0"  # fill: the version to compare at the store; busy: see since_us
+    epoch: str = ""  # fill: our read hold's epoch
+    begun_ms: int = 0  # fill: server time at the start
+    # fill: when it began; busy: take announcements only of fills begun since then
+    # whose entries are of ``version`` or newer
+    since_us: int = 0
+    wait: float = 0.0  # busy: seconds until worth retrying
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A parsed announcement on the key's channel."""
+
+    kind: Literal["value", "stored", "not_stored", "aborted", "released"]
+    entry: Entry | None = None
+    fill_began_us: int = 0  # value: when the fill that stored it began
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def fill_begin_call(
+    keys: ResourceKeys, *, owner: str, lease_ms: int, refresh: bool, version_ttl_ms: int
+) -> ScriptCall:
+    return (
+        FILL_BEGIN,
+        [keys.value, keys.lock, keys.version],
+        [owner, lease_ms, "1" if refresh else "0", version_ttl_ms],
+    )
+
+
+def parse_fill_begin(reply: Sequence[Any], decode: Decode, now: float) -> Begin:
+    """``now``: wall-clock seconds, to tell a live value from one kept past expiry."""
+    status = int(reply[0])
+    if status == 0:
+        entry = decode(reply[1])
+        if entry is None:
+            return Begin("corrupt")
+        if now >= entry.expires_at:  # kept only for stale serving
+            return Begin("expired")
+        return Begin("hit", entry=entry)
+    if status == 1:
+        return Begin(
+            "fill",
+            version=_text(reply[1]),
+            epoch=_text(reply[2]),
+            begun_ms=int(reply[3]),
+            since_us=int(reply[4]),
+        )
+    return Begin(
+        "busy",
+        wait=max(int(reply[1]), 0) / 1000.0,
+        since_us=int(reply[3]),
+        version=_text(reply[4]),
+    )
+
+
+def fill_end_call(
+    keys: ResourceKeys,
+    *,
+    owner: str,
+    begin: Begin,
+    version_ttl_ms: int,
+    data: bytes,
+    px: int,
+    announce_limit: int,
+    failed: bool,
+    snapshot: int | None,
+) -> ScriptCall:
+    return (
+        FILL_END,
+        [keys.value, keys.lock, keys.version],
+        [
+            owner,
+            begin.epoch,
+            begin.version,
+            begin.begun_ms,
+            version_ttl_ms,
+            data,
+            px,
+            keys.released_channel,
+            announce_limit,
+            "1" if failed else "0",
+            "" if snapshot is None else snapshot,
+            begin.since_us,
+        ],
+    )
+
+
+def parse_message(payload: bytes, decode: Decode) -> Message:
+    kind = payload[:1]
+    if kind == b"V":
+        began, _, data = payload[1:].partition(b":")
+        entry = decode(data) if began.isdigit() else None
+        if entry is None:
+            return Message("stored")  # read it from the key instead
+        return Message("value", entry, int(began))
+    if kind == b"S":
+        return Message("stored")
+    if kind == b"A":
+        return Message("aborted")
+    if kind == b"N":
+        return Message("not_stored")
+    return Message("released")
+
+
+def invalidate_call(
+    keys: ResourceKeys, *, version_ttl_ms: int, l1_channel: str, name: str, stamp: int
+) -> ScriptCall:
+    return (INVALIDATE, [keys.value, keys.version], [version_ttl_ms, l1_channel, name, stamp])
+
+
+def raise_watermark_call(watermark_key: str, highest: int) -> ScriptCall:
+    return (RAISE_WATERMARK, [watermark_key], [highest])
