@@ -156,10 +156,8 @@ def wait_for_announced_fill(url: str, namespace: str, name: str, in_wait: Any) -
     wake this waiter a minute long: the fill-wait backoff here, the filler's lease
     (the parent's guard) and ``wait_timeout``. Sets ``in_wait`` as the waiter starts
     waiting on the key's channel (after its subscription and its second look)."""
-    import cacheguard.cache.guard as guard_module
     from cacheguard.locks.notifier import Subscription
 
-    guard_module._WAIT_BACKOFF = functools.partial(Backoff, initial=60.0, cap=60.0)
     real_wait = Subscription.wait
 
     def wait(self: Subscription, seconds: float) -> list[bytes]:
@@ -170,6 +168,7 @@ def wait_for_announced_fill(url: str, namespace: str, name: str, in_wait: Any) -
     guard = CacheGuard(
         client_for(url), namespace=namespace, wait_timeout=120, on_timeout="raise", lease=60
     )
+    guard._wait_backoff = functools.partial(Backoff, initial=60.0, cap=60.0)
     loads: list[int] = []
 
     def load() -> str:

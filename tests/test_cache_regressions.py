@@ -12,7 +12,7 @@ import msgpack
 import pytest
 import redis
 
-from cacheguard import MISSING, BackendUnavailable, CacheGuard, CacheLoader, cached_with_lock
+from cacheguard import MISSING, CacheGuard, CacheLoader, cached_with_lock
 from cacheguard.cache import flow, wire
 from cacheguard.cache.codec import Codec, MsgpackCodec
 from cacheguard.cache.entry import pack_entry

@@ -245,8 +245,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-body-error-wins",
         "the body's error reaches the caller even when the closing invalidation fails",
         "cacheguard/cache/guard.py",
-        "                    add_note(\n                        body_error,\n",
-        "                    raise closing_error\n                    add_note(\n                        body_error,\n",
+        "                    add_note(body_error, closing_failed_note(ordered, closing_error))\n",
+        "                    raise closing_error\n",
         ("tests/test_trust.py::test_the_bodys_error_wins_over_a_failing_closing_invalidation",),
     ),
     Mutant(
@@ -309,8 +309,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "breaker-guards-peek",
         "an open circuit keeps peek off Redis",
         "cacheguard/cache/guard.py",
-        '        if not self._breaker.allow():\n            if policy == "raise":\n                raise BackendUnavailable(f"Redis unavailable reading {name!r}',
-        '        if False:\n            if policy == "raise":\n                raise BackendUnavailable(f"Redis unavailable reading {name!r}',
+        '        closed = self._circuit_open(f"reading {name!r}")\n',
+        "        closed = None\n",
         ("tests/test_trust.py::test_every_entry_point_honours_an_open_circuit",),
     ),
     Mutant(
@@ -431,9 +431,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "hit-is-one-get",
         "a fresh L2 entry is served from its one GET (no script, no lock)",
-        "cacheguard/cache/guard.py",
-        "            if verdict <= REFRESH:\n",
-        "            if verdict <= REFRESH and False:\n",
+        "cacheguard/cache/core.py",
+        "        if verdict <= REFRESH:\n",
+        "        if verdict <= REFRESH and False:\n",
         ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
     ),
     Mutant(

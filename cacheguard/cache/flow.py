@@ -37,6 +37,7 @@ Every loop is bounded by the deadline and by ``max_fill_retries``; none recurses
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Generator
@@ -95,8 +96,7 @@ XFETCH_HORIZON: Final = 40.0
 # The safety-net timer of a waiting fill. The filler's announcement wakes waiters;
 # a dead filler is retried when its lease ends (the begin script says when). The
 # timer only covers a lost announcement, so it need not fire during a normal load.
-WAIT_INITIAL: Final = 0.5
-WAIT_CAP: Final = 1.0
+WAIT_BACKOFF: Final = functools.partial(Backoff, initial=0.5, cap=1.0)
 
 # -- the hit path's choice ------------------------------------------------------------
 
@@ -248,6 +248,7 @@ class FillJob:
     decode: Decode  # counts what does not decode
     decode_quiet: Decode  # bytes already counted by the GET before
     backend_failed: Callable[[str, BaseException], None]
+    backoff: Callable[[], Backoff] = WAIT_BACKOFF  # the timer behind announcements
 
 
 def fill_flow(
@@ -327,7 +328,7 @@ def fill_flow(
             if remaining <= 0:
                 return (yield from timed_out_flow(job, stale, timer() - start))
             if delays is None:
-                delays = Backoff(initial=WAIT_INITIAL, cap=WAIT_CAP)
+                delays = job.backoff()
             delay = min(delays.next_delay(), remaining)
             if begin.wait > 0:
                 delay = min(delay, begin.wait + RETRY_MARGIN)

@@ -9,49 +9,35 @@ sync driver (:mod:`cacheguard.cache.driver`); the others wait for its result.
 Write path (``write``): the keys' write locks in one global order, then bump
 their versions and delete them, run the body, delete again, release.
 
-The guard is the front; its parts are the settings (:mod:`.settings`), L1
-(:mod:`.l1`), invalidation (:mod:`.invalidation`), loader bookkeeping
-(:mod:`.loading`) and the driver. The asyncio twin is
-:class:`cacheguard.aio.AsyncCacheGuard`, on the same parts.
+The guard is a front on :class:`~cacheguard.cache.core.GuardCore` (settings, L1,
+invalidation, loader bookkeeping, and every decision that is not I/O); it adds
+the blocking I/O. :class:`cacheguard.aio.AsyncCacheGuard` is its asyncio twin.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import redis
 
 from cacheguard._identity import on_fork_in_child
-from cacheguard.cache.breaker import CircuitBreaker
+from cacheguard.cache.core import GuardCore, add_note, closing_failed_note, value_key
 from cacheguard.cache.driver import drive_fill, get_raw
-from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
-from cacheguard.cache.flow import (
-    REFRESH,
-    STALE,
-    FillJob,
-    Outcome,
-    fill_flow,
-    judge,
-    timed_out_flow,
-)
-from cacheguard.cache.invalidation import SCAN_BATCH, Invalidation
-from cacheguard.cache.l1 import ABSENT, L1Feed, LocalTier
-from cacheguard.cache.loading import Loads
+from cacheguard.cache.entry import MISSING, Entry, Missing
+from cacheguard.cache.flow import Outcome, Step, fill_flow, timed_out_flow
+from cacheguard.cache.invalidation import SCAN_BATCH
+from cacheguard.cache.l1 import ABSENT, L1Feed, Listener, LocalTier
 from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight, SingleFlight
-from cacheguard.cache.stats import Stats, StatsRecorder
-from cacheguard.checks import MAX_SECONDS, check_positive
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable
-from cacheguard.keys import ResourceKeys
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.locks.scripts import run_pipelined
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
@@ -62,10 +48,8 @@ log = logging.getLogger("cacheguard")
 
 T = TypeVar("T")
 
-_NUMBERS: Final = (int, float)  # exact classes: bool is refused by check_positive
 
-
-class CacheGuard:
+class CacheGuard(GuardCore):
     """A read-through cache on Redis that loads each missing key once, everywhere.
 
     Every keyword but the last four is a setting of :class:`GuardSettings` (see
@@ -87,12 +71,16 @@ class CacheGuard:
             raise ValueError(
                 "CacheGuard needs a client with decode_responses=False (it stores bytes)"
             )
+        config = GuardSettings(**settings)
+        super().__init__(
+            config,
+            on_event=on_event,
+            timer=timer,
+            clock=clock,
+            rng=rng,
+            flight_event=threading.Event,
+        )
         self.client = client
-        self.settings = config = GuardSettings(**settings)
-        self.namespace = config.namespace
-        self._timer = timer
-        self._clock = clock
-        self._rng = rng
         self._locks = LockFactory(
             client,
             namespace=config.namespace,
@@ -100,18 +88,8 @@ class CacheGuard:
             timeout=config.wait_timeout,
             timer=timer,
         )
-        self._flights = SingleFlight()
-        self._refreshes = SingleFlight()
-        self._stats = StatsRecorder(on_event)
-        self._breaker = CircuitBreaker(
-            failures=config.breaker_failures, cooldown=config.breaker_cooldown, timer=timer
-        )
-        self._loads = Loads(self._stats, timer)
-        self._invalidation = Invalidation(config.namespace, config.version_ttl_ms)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_mutex = threading.Lock()
-        self._closed = False
-        self._l1: L1Feed | None = None
         if config.l1_maxsize:
             self._l1 = L1Feed(
                 LocalTier(maxsize=config.l1_maxsize, ttl=config.l1_ttl, timer=timer),
@@ -144,12 +122,6 @@ class CacheGuard:
         """The two-tier read-write lock of resource ``name`` (shared in this process)."""
         return self._locks.rwlock(name)
 
-    def stats(self) -> Stats:
-        return self._stats.snapshot()
-
-    def keys(self, name: str) -> ResourceKeys:
-        return ResourceKeys(self.namespace, name)
-
     def get_or_load(
         self,
         name: str,
@@ -159,8 +131,7 @@ class CacheGuard:
         none_ttl: float | Missing | None = MISSING,
     ) -> T:
         """The cached value of ``name``, loaded by ``load()`` once if missing."""
-        if not (ttl.__class__ in _NUMBERS and 0 < ttl <= MAX_SECONDS):  # the hit path: cheap
-            ttl = check_positive("ttl", ttl)
+        ttl = self._ttl(ttl)
         l1 = self._l1
         if l1 is not None:
             kept = l1.tier.get(name)
@@ -174,10 +145,10 @@ class CacheGuard:
                 break
             self._loads.refuse_recursion(name)  # the leader may be this very thread's loader
             if not flight.wait(self.settings.wait_timeout - (self._timer() - start)):
-                job = self._job(name, ttl, none_ttl)
+                lock = self.rwlock(name)
                 waited = self._timer() - start
-                outcome, _ = self._drive(name, load, timed_out_flow(job, None, waited))
-                return outcome.value  # type: ignore[no-any-return]
+                flow = timed_out_flow(self._job(name, lock, ttl, none_ttl), None, waited)
+                return self._drive(name, lock, load, flow)[0].value  # type: ignore[no-any-return]
             if flight.serves(joined):
                 if flight.error is not None:
                     raise flight.error
@@ -202,22 +173,21 @@ class CacheGuard:
             value = self._l1.tier.get(name)
             if value is not ABSENT:
                 return value
-        policy = self.settings.on_backend_error
-        if not self._breaker.allow():
-            if policy == "raise":
-                raise BackendUnavailable(f"Redis unavailable reading {name!r} (circuit open)")
+        raising = self.settings.on_backend_error == "raise"
+        closed = self._circuit_open(f"reading {name!r}")
+        if closed is not None:
+            if raising:
+                raise closed
             return MISSING
         try:
             entry = self._fetch(name)
         except REDIS_DOWN as exc:
             self._backend_failed(name, exc)
-            if policy == "raise":
+            if raising:
                 raise BackendUnavailable(f"Redis unreachable reading {name!r}: {exc}") from exc
             return MISSING
         self._breaker.success()
-        if entry is None or self._clock() >= entry.expires_at:
-            return MISSING
-        return entry.value
+        return self._peeked(entry)
 
     def refresh(
         self,
@@ -232,7 +202,7 @@ class CacheGuard:
         With Redis unreachable (or the circuit open) ``on_backend_error`` applies as
         for reads: ``bypass`` returns a fresh load without storing it, ``raise``
         raises :class:`BackendUnavailable`."""
-        ttl = check_positive("ttl", ttl)
+        ttl = self._ttl(ttl)
         self._loads.refuse_recursion(name)
         if not self._breaker.allow():
             return self._bypass(name, load, None)
@@ -248,8 +218,9 @@ class CacheGuard:
         a later invalidation replaced (see ``cache/watermark.py``). Raises
         :class:`BackendUnavailable` when Redis is unreachable."""
         key = self._invalidation.watermark_key
-        if not self._breaker.allow():
-            raise BackendUnavailable("Redis unavailable reading the watermark (circuit open)")
+        closed = self._circuit_open("reading the watermark")
+        if closed is not None:
+            raise closed
         try:
             raw = self.client.get(key)
         except REDIS_DOWN as exc:
@@ -272,8 +243,9 @@ class CacheGuard:
         if self._l1 is not None:
             self._l1.drop(names)
         listed = ", ".join(map(repr, names))
-        if not self._breaker.allow():
-            raise BackendUnavailable(f"Redis unavailable invalidating {listed} (circuit open)")
+        closed = self._circuit_open(f"invalidating {listed}")
+        if closed is not None:
+            raise closed
         invalidation = self._invalidation
         try:
             # One number for the whole call, taken first: the keys' scripts then run
@@ -319,12 +291,6 @@ class CacheGuard:
             self.invalidate(*ordered[start : start + SCAN_BATCH])
         return len(ordered)
 
-    def watch_prefix(self, prefix: str) -> None:
-        """Make fills of keys under ``prefix`` honour its prefix invalidations (see
-        :meth:`invalidate_prefix`) in this process. The SQLAlchemy hooks watch
-        their templates' prefixes; ``invalidate_prefix`` watches its own."""
-        self._invalidation.watch(prefix)
-
     @contextmanager
     def write(self, *names: str, timeout: float | None = None) -> Iterator[None]:
         """The write path around a database update and commit.
@@ -336,10 +302,9 @@ class CacheGuard:
         ordered = sorted(set(names))
         if not ordered:
             raise ValueError("write() needs at least one key name")
-        if not self._breaker.allow():
-            raise BackendUnavailable(
-                f"Redis unavailable writing {', '.join(map(repr, ordered))} (circuit open)"
-            )
+        closed = self._circuit_open(f"writing {', '.join(map(repr, ordered))}")
+        if closed is not None:
+            raise closed
         # The holds belong to the entering thread; the exit may run in another one
         # (ASGI servers run a sync dependency's enter and exit in two worker threads).
         holder = threading.get_ident()
@@ -358,11 +323,7 @@ class CacheGuard:
                 try:
                     self.invalidate(*ordered)
                 except Exception as closing_error:
-                    add_note(
-                        body_error,
-                        f"cacheguard: the closing invalidation of {ordered!r} also failed: "
-                        f"{type(closing_error).__name__}: {closing_error}",
-                    )
+                    add_note(body_error, closing_failed_note(ordered, closing_error))
                 raise
             self.invalidate(*ordered)
         finally:
@@ -408,28 +369,19 @@ class CacheGuard:
         :mod:`cacheguard.cache.singleflight`)."""
         if not self._breaker.allow():
             return self._bypass(name, load, None), self._flights.seal(flight)
-        l1 = self._l1
-        l1_seen = l1.guard() if l1 is not None else None  # before the GET
+        l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
         sealed = flight.generation  # flights are born sealed for this first GET
+        raw: Any
         try:
-            entry = self._fetch(name)
+            raw = self.client.get(value_key(self.namespace, name))
         except REDIS_DOWN as exc:
             return self._bypass(name, load, exc), self._flights.seal(flight)
+        except redis.ResponseError as exc:  # e.g. WRONGTYPE: someone else's key
+            raw = exc
         self._breaker.success()
-        if entry is not None:  # the hit path: keep it short
-            now = self._clock()
-            verdict = judge(entry, now, self.settings, self._rng)
-            if verdict <= REFRESH:
-                self._stats.count("l2_hits", name)
-                if verdict == REFRESH:
-                    self._refresh_in_background(name, load, ttl, none_ttl)
-                if l1_seen is not None:
-                    l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
-                return entry.value, sealed
-            if verdict == STALE:  # inside the stale window: serve, reload in background
-                self._stats.count("stale_served", name)
-                self._refresh_in_background(name, load, ttl, none_ttl)
-                return entry.value, sealed
+        served, entry = self._served(name, raw, l1_seen, load, ttl, none_ttl)
+        if served:
+            return entry.value, sealed  # type: ignore[union-attr]
         self._stats.count("misses", name)
         try:
             outcome, valid_below = self._fill(
@@ -444,10 +396,7 @@ class CacheGuard:
             )
         except BackendUnavailable as exc:  # raised before any load ran (see _fill)
             return self._bypass(name, load, exc), self._flights.seal(flight)
-        if l1_seen is not None:
-            lifetime = _l1_lifetime(outcome, self._clock(), ttl, self.settings.ttl_jitter)
-            if lifetime > 0:
-                l1.keep(name, outcome.value, lifetime, l1_seen)  # type: ignore[union-attr]
+        self._keep_filled(name, outcome, l1_seen, ttl)
         return outcome.value, valid_below
 
     def _reread_for_late_followers(
@@ -471,39 +420,12 @@ class CacheGuard:
     def _fetch(self, name: str) -> Entry | None:
         """GET and decode the entry of ``name``; corrupt or foreign data is a miss.
         A lost connection raises (callers apply their own policy)."""
-        raw = get_raw(self.client, _value_key(self.namespace, name))
-        return self._decode(name, raw) if raw is not None else None
-
-    def _decode(self, name: str, raw: Any, *, count: bool = True) -> Entry | None:
-        if raw is None:
-            return None
-        try:
-            if isinstance(raw, Exception):  # e.g. WRONGTYPE: someone else's key
-                raise ValueError(f"the key is not ours: {raw}")
-            if not isinstance(raw, bytes):
-                raise ValueError(f"expected bytes from Redis, got {type(raw).__name__}")
-            return unpack_entry(self.settings.codec, raw)
-        except ValueError as exc:
-            if count:
-                self._stats.count("corrupt_entries", name, error=exc)
-                log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
-            return None
+        return self._decode(name, get_raw(self.client, value_key(self.namespace, name)))
 
     def _bypass(self, name: str, load: Callable[[], T], exc: BaseException | None) -> T:
         """Redis is down (or the breaker is open): load directly, or raise."""
-        if exc is not None:
-            self._backend_failed(name, exc)
-        if self.settings.on_backend_error == "raise":
-            raise BackendUnavailable(
-                f"Redis unavailable for {name!r}"
-                + (f": {exc}" if exc is not None else " (circuit open)")
-            ) from exc
+        self._refuse_bypass(name, exc)
         return self._loads.run(name, load)[0]  # type: ignore[no-any-return]
-
-    def _backend_failed(self, name: str, exc: BaseException) -> None:
-        self._breaker.failure()
-        self._stats.count("backend_errors", name, error=exc)
-        log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
 
     def _refresh_in_background(
         self, name: str, load: Callable[[], Any], ttl: float, none_ttl: float | Missing | None
@@ -541,26 +463,6 @@ class CacheGuard:
 
     # -- the fill ----------------------------------------------------------------------------
 
-    def _job(self, name: str, ttl: float, none_ttl: float | Missing | None) -> FillJob:
-        lock = self.rwlock(name)
-        return FillJob(
-            name=name,
-            keys=lock.remote.keys,
-            owner=lock.owner,
-            settings=self.settings,
-            ttl=ttl,
-            none_ttl=none_ttl,
-            writing_here=lock.local.is_write_held_by_me(),
-            stamp_keys=self._invalidation.stamp_keys_for(name),
-            timer=self._timer,
-            clock=self._clock,
-            rng=self._rng,
-            count=self._stats.count,
-            decode=functools.partial(self._decode, name),
-            decode_quiet=functools.partial(self._decode, name, count=False),
-            backend_failed=self._backend_failed,
-        )
-
     def _fill(
         self,
         name: str,
@@ -577,35 +479,35 @@ class CacheGuard:
         """Run the fill flow for ``name``: its outcome and the flight generation
         below which followers may share it."""
         self._loads.refuse_recursion(name)
+        lock = self.rwlock(name)  # one instance for the job and the driver: one owner
         flow = fill_flow(
-            self._job(name, ttl, none_ttl),
+            self._job(name, lock, ttl, none_ttl),
             refresh=refresh,
             background=background,
             stale=stale,
             budget=self.settings.wait_timeout if budget is None else budget,
         )
-        return self._drive(name, load, flow, seal)
+        return self._drive(name, lock, load, flow, seal)
 
     def _drive(
         self,
         name: str,
+        lock: TwoTierRWLock,
         load: Callable[[], Any],
-        flow: Any,
+        flow: Generator[Step, Any, Outcome],
         seal: Callable[[], int] | None = None,
     ) -> tuple[Outcome, int]:
         return drive_fill(
             flow,
             client=self.client,
-            lock=self.rwlock(name),
+            lock=lock,
             loads=self._loads,
             name=name,
             load=load,
             seal=seal if seal is not None else _valid_for_all,
         )
 
-    # -- L1 ------------------------------------------------------------------------------
-
-    def _listen_l1(self, timeout: float) -> Any:
+    def _listen_l1(self, timeout: float) -> Listener:
         assert self._l1 is not None
         return notifier_for(self.client).listen(
             self._invalidation.l1_channel,
@@ -617,30 +519,6 @@ class CacheGuard:
 
 def _valid_for_all() -> int:
     return VALID_FOR_ALL
-
-
-def _l1_lifetime(outcome: Outcome, now: float, ttl: float, jitter: float) -> float:
-    """How long an L1 copy of a fill's outcome may live (0: do not keep it)."""
-    if outcome.source not in ("l2", "loaded", "peer"):
-        return 0.0
-    if outcome.entry is not None:
-        return outcome.entry.expires_at - now
-    return ttl * (1 - jitter)  # our own store: its TTL was jittered, never below this
-
-
-@functools.lru_cache(maxsize=4096)
-def _value_key(namespace: str, name: str) -> str:
-    # The hit path's only key: built once per name (bounded LRU), not per call.
-    return ResourceKeys(namespace, name).value
-
-
-def add_note(error: BaseException, note: str) -> None:
-    """``error.add_note(note)`` (Python 3.11+); logged on older versions."""
-    add = getattr(error, "add_note", None)
-    if add is not None:
-        add(note)
-    else:
-        log.error("%s (while handling %r)", note, error)
 
 
 _guards: weakref.WeakSet[CacheGuard] = weakref.WeakSet()

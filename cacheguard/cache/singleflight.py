@@ -15,7 +15,9 @@ is valid for every follower (``VALID_FOR_ALL``).
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any, Final
 
 __all__ = ["VALID_FOR_ALL", "Flight", "SingleFlight"]
@@ -34,7 +36,7 @@ class Flight:
     )
 
     def __init__(self) -> None:
-        self.event: threading.Event | None = None
+        self.event: Any = None  # a threading.Event, or an asyncio.Event for tasks
         self.generation = 0
         self.newest_follower = -1  # generation the latest follower joined at
         self.result: Any = None
@@ -44,7 +46,16 @@ class Flight:
     def wait(self, timeout: float) -> bool:
         """``True`` once the leader finished, ``False`` at the timeout (followers only)."""
         assert self.event is not None, "only followers wait, and joining made the event"
-        return self.event.wait(max(timeout, 0.0))
+        return bool(self.event.wait(max(timeout, 0.0)))
+
+    async def wait_async(self, timeout: float) -> bool:
+        """:meth:`wait` for tasks (a flight of an asyncio single flight)."""
+        assert self.event is not None, "only followers wait, and joining made the event"
+        try:
+            await asyncio.wait_for(self.event.wait(), max(timeout, 0.0))
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def has_followers_from(self, generation: int) -> bool:
         """Did anyone join at ``generation`` or later (after that seal)?"""
@@ -56,11 +67,13 @@ class Flight:
 
 
 class SingleFlight:
-    """Groups concurrent calls for the same key behind one leader."""
+    """Groups concurrent calls for the same key behind one leader: threads (with
+    ``threading.Event``, the default) or the tasks of one loop (``asyncio.Event``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, event: Callable[[], Any] = threading.Event) -> None:
         self._flights: dict[str, Flight] = {}
         self._mutex = threading.Lock()
+        self._event = event
 
     def join(self, key: str) -> tuple[Flight, bool, int]:
         """The key's flight, whether the caller leads it (and must finish it), and
@@ -74,7 +87,7 @@ class SingleFlight:
                 flight.generation = 1
                 return flight, True, 0
             if flight.event is None:
-                flight.event = threading.Event()
+                flight.event = self._event()
             flight.newest_follower = flight.generation
             return flight, False, flight.generation
 

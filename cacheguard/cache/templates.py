@@ -40,6 +40,8 @@ _PLAIN = (str, int, float, bool, type(None))
 
 Binding = Literal["function", "method", "classmethod"]
 
+_BUILT_NAMES = 1024  # names remembered per function (calls by position, ints and strs)
+
 
 def shorten(name: str, max_length: int) -> str:
     """``name`` itself, or a prefix plus a digest when longer than ``max_length``."""
@@ -250,6 +252,7 @@ class KeyBuilder:
         # every parameter by position (or every one by keyword), renders straight
         # from the arguments, with no dict and no binding.
         self._plan: tuple[tuple[str, int], ...] | None = None
+        self._built: dict[tuple[Any, ...], str] = {}
         if self._template is not None and all(f in self._names for f in self._template.fields):
             self._plan = tuple(
                 (literal, -1 if field is None else self._names.index(field))
@@ -269,6 +272,7 @@ class KeyBuilder:
 
     def bind_as(self, binding: Binding) -> None:
         self.binding = binding
+        self._built.clear()
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The call's arguments by parameter name, defaults applied."""
@@ -297,6 +301,24 @@ class KeyBuilder:
         return dict(bound.arguments)
 
     def build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        if not kwargs:
+            # The hit path: a call by position with ints and strs (exact types: a
+            # bool equals an int as a dict key, a str subclass may render otherwise)
+            # names the same key every time, so its name is remembered.
+            for arg in args:
+                if arg.__class__ is not int and arg.__class__ is not str:
+                    break
+            else:
+                name = self._built.get(args)
+                if name is None:
+                    name = self._build(args, kwargs)
+                    if len(self._built) >= _BUILT_NAMES:
+                        self._built.clear()  # bounded: a new batch of hot keys refills it
+                    self._built[args] = name
+                return name
+        return self._build(args, kwargs)
+
+    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         plan = self._plan
         if plan is not None and self._simple:
             ordered: Any = None

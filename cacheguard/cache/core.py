@@ -1,0 +1,241 @@
+"""What both guards share: their parts and every decision that is not I/O.
+
+:class:`~cacheguard.CacheGuard` (sync) and :class:`~cacheguard.aio.AsyncCacheGuard`
+derive from :class:`GuardCore` and add only the I/O: they read, call scripts
+and wait, and hand what they got to the methods here (or to the fill flow), so
+a decision is written once for both.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from cacheguard.backoff import Backoff
+from cacheguard.cache.breaker import CircuitBreaker
+from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
+from cacheguard.cache.flow import REFRESH, STALE, WAIT_BACKOFF, FillJob, Outcome, judge
+from cacheguard.cache.invalidation import Invalidation
+from cacheguard.cache.l1 import L1Feed
+from cacheguard.cache.loading import Loads
+from cacheguard.cache.settings import GuardSettings
+from cacheguard.cache.singleflight import SingleFlight
+from cacheguard.cache.stats import Stats, StatsRecorder
+from cacheguard.checks import MAX_SECONDS, check_positive
+from cacheguard.exceptions import BackendUnavailable
+from cacheguard.keys import ResourceKeys
+
+__all__ = ["GuardCore", "add_note", "value_key"]
+
+log = logging.getLogger("cacheguard")
+
+_NUMBERS: Final = (int, float)  # exact classes: bool is refused by check_positive
+
+
+class _Lock(Protocol):
+    """What a fill needs of a two-tier lock, sync or asyncio."""
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def remote(self) -> Any: ...
+
+    @property
+    def local(self) -> Any: ...
+
+
+class GuardCore:
+    """Settings, counters, breaker, loader bookkeeping, invalidation layout, L1."""
+
+    def __init__(
+        self,
+        settings: GuardSettings,
+        *,
+        on_event: Callable[[Any], None] | None = None,
+        timer: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+        flight_event: Callable[[], Any],
+    ) -> None:
+        self.settings = settings
+        self.namespace = settings.namespace
+        self._timer = timer
+        self._clock = clock
+        self._rng = rng
+        self._flights = SingleFlight(flight_event)
+        self._refreshes = SingleFlight(flight_event)
+        self._stats = StatsRecorder(on_event)
+        self._breaker = CircuitBreaker(
+            failures=settings.breaker_failures, cooldown=settings.breaker_cooldown, timer=timer
+        )
+        self._loads = Loads(self._stats, timer)
+        self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms)
+        self._l1: L1Feed | None = None
+        self._closed = False
+        self._wait_backoff: Callable[[], Backoff] = WAIT_BACKOFF  # tests lengthen it
+
+    # -- public, no I/O ---------------------------------------------------------------
+
+    def stats(self) -> Stats:
+        return self._stats.snapshot()
+
+    def keys(self, name: str) -> ResourceKeys:
+        return ResourceKeys(self.namespace, name)
+
+    def watch_prefix(self, prefix: str) -> None:
+        """Make fills of keys under ``prefix`` honour its prefix invalidations (see
+        ``invalidate_prefix``) in this process. The SQLAlchemy hooks watch their
+        templates' prefixes; ``invalidate_prefix`` watches its own."""
+        self._invalidation.watch(prefix)
+
+    # -- decisions the drivers ask for --------------------------------------------------------
+
+    @staticmethod
+    def _ttl(ttl: float) -> float:
+        if ttl.__class__ in _NUMBERS and 0 < ttl <= MAX_SECONDS:  # the hit path: cheap
+            return ttl
+        return check_positive("ttl", ttl)
+
+    def _l1_seen(self) -> tuple[int, object] | None:
+        """Taken before a GET whose value L1 may keep (see :meth:`L1Feed.guard`)."""
+        return self._l1.guard() if self._l1 is not None else None
+
+    def _served(
+        self,
+        name: str,
+        raw: Any,
+        l1_seen: tuple[int, object] | None,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+    ) -> tuple[bool, Entry | None]:
+        """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
+        the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
+        past its expiry for the stale policy)."""
+        entry = self._decode(name, raw)
+        if entry is None:
+            return False, None
+        now = self._clock()
+        verdict = judge(entry, now, self.settings, self._rng)
+        if verdict <= REFRESH:
+            self._stats.count("l2_hits", name)
+            if verdict == REFRESH:
+                self._refresh_in_background(name, load, ttl, none_ttl)
+            if l1_seen is not None:
+                self._l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
+            return True, entry
+        if verdict == STALE:  # inside the stale window: serve, reload in the background
+            self._stats.count("stale_served", name)
+            self._refresh_in_background(name, load, ttl, none_ttl)
+            return True, entry
+        return False, entry
+
+    def _keep_filled(
+        self, name: str, outcome: Outcome, l1_seen: tuple[int, object] | None, ttl: float
+    ) -> None:
+        """Keep a fill's outcome in L1, for as long as its entry lives."""
+        if l1_seen is None or outcome.source not in ("l2", "loaded", "peer"):
+            return
+        if outcome.entry is not None:
+            lifetime = outcome.entry.expires_at - self._clock()
+        else:  # our own store: its TTL was jittered, never below this floor
+            lifetime = ttl * (1 - self.settings.ttl_jitter)
+        if lifetime > 0:
+            self._l1.keep(name, outcome.value, lifetime, l1_seen)  # type: ignore[union-attr]
+
+    def _peeked(self, entry: Entry | None) -> Any:
+        if entry is None or self._clock() >= entry.expires_at:
+            return MISSING
+        return entry.value
+
+    def _refresh_in_background(
+        self, name: str, load: Callable[[], Any], ttl: float, none_ttl: float | Missing | None
+    ) -> None:
+        raise NotImplementedError  # each driver runs refreshes its own way
+
+    def _decode(self, name: str, raw: Any, *, count: bool = True) -> Entry | None:
+        """An entry from what a GET or a script returned; what is not one of ours
+        (corrupt bytes, another type of key) is a miss, counted unless ``count``
+        is false (the same bytes were counted when first read)."""
+        try:
+            if raw.__class__ is bytes:
+                return unpack_entry(self.settings.codec, raw)
+            if raw is None:
+                return None
+            if isinstance(raw, Exception):
+                raise ValueError(f"the key is not ours: {raw}")
+            raise ValueError(f"expected bytes from Redis, got {type(raw).__name__}")
+        except ValueError as exc:
+            if count:
+                self._stats.count("corrupt_entries", name, error=exc)
+                log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
+            return None
+
+    def _backend_failed(self, name: str, exc: BaseException) -> None:
+        self._breaker.failure()
+        self._stats.count("backend_errors", name, error=exc)
+        log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
+
+    def _refuse_bypass(self, name: str, exc: BaseException | None) -> None:
+        """Redis is down (``exc``) or the circuit is open (None): raise under
+        ``on_backend_error="raise"``, else return (the caller loads directly)."""
+        if exc is not None:
+            self._backend_failed(name, exc)
+        if self.settings.on_backend_error == "raise":
+            raise BackendUnavailable(
+                f"Redis unavailable for {name!r}"
+                + (f": {exc}" if exc is not None else " (circuit open)")
+            ) from exc
+
+    def _circuit_open(self, what: str) -> BackendUnavailable | None:
+        """The error for ``what`` when the circuit is open, else None."""
+        if self._breaker.allow():
+            return None
+        return BackendUnavailable(f"Redis unavailable {what} (circuit open)")
+
+    def _job(self, name: str, lock: _Lock, ttl: float, none_ttl: float | Missing | None) -> FillJob:
+        return FillJob(
+            name=name,
+            keys=lock.remote.keys,
+            owner=lock.owner,
+            settings=self.settings,
+            ttl=ttl,
+            none_ttl=none_ttl,
+            writing_here=lock.local.is_write_held_by_me(),
+            stamp_keys=self._invalidation.stamp_keys_for(name),
+            timer=self._timer,
+            clock=self._clock,
+            rng=self._rng,
+            count=self._stats.count,
+            decode=functools.partial(self._decode, name),
+            decode_quiet=functools.partial(self._decode, name, count=False),
+            backend_failed=self._backend_failed,
+            backoff=self._wait_backoff,
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def value_key(namespace: str, name: str) -> str:
+    """The hit path's only key: built once per name (bounded LRU), not per call."""
+    return ResourceKeys(namespace, name).value
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` (Python 3.11+); logged on older versions."""
+    add = getattr(error, "add_note", None)
+    if add is not None:
+        add(note)
+    else:
+        log.error("%s (while handling %r)", note, error)
+
+
+def closing_failed_note(names: list[str], error: BaseException) -> str:
+    return (
+        f"cacheguard: the closing invalidation of {names!r} also failed: "
+        f"{type(error).__name__}: {error}"
+    )
