@@ -254,3 +254,25 @@ def test_the_shortcut_names_keys_like_the_template(a: str, b: Any) -> None:
     assert builder.build((a, b), {}) == expected  # every argument by position
     assert builder.build((), {"b": b, "a": a}) == expected  # every argument by keyword
     assert builder.build((a,), {"b": b}) == expected  # mixed: the general path
+
+
+def module_level_price(tier: Any, qty: Any) -> None: ...
+
+
+def test_remembered_names_keep_equal_arguments_of_other_types_apart() -> None:
+    for template in ("price:{tier}:{qty}", None):
+        builder = KeyBuilder(module_level_price, template)
+        # Equal as dict keys (1 == True == 1.0), but not always named alike.
+        calls = [(1, 2), (True, 2), (1.0, 2), ("1", 2), (1, "2"), (1, 2), (True, 2)]
+        for args in calls:
+            assert builder.build(args, {}) == builder._build(args, {}), (template, args)
+        assert builder.build((True, 2), {}) != builder.build((1, 2), {})
+
+
+def test_remembered_names_stay_bounded() -> None:
+    def one(n: int) -> None: ...
+
+    builder = KeyBuilder(one, "n:{n}")
+    for n in range(5000):
+        assert builder.build((n,), {}) == f"n:{n}"
+    assert len(builder._built) <= 1024

@@ -479,6 +479,50 @@ MUTANTS: tuple[Mutant, ...] = (
         'return f"{process_id()}:tt"',
         ("tests/test_two_tier.py::test_other_processes_are_excluded_through_redis_until_release",),
     ),
+    # -- the sans-I/O core (cache/flow.py, wire.py, templates.py) ------------------------------
+    Mutant(
+        "remembered-names-by-exact-type",
+        "a remembered key name is reused only for arguments of the same exact types "
+        "(True and 1 are equal dict keys, not equal names)",
+        "cacheguard/cache/templates.py",
+        "                if arg.__class__ is not int and arg.__class__ is not str:\n",
+        "                if not isinstance(arg, (int, str)):\n",
+        (
+            "tests/test_key_names.py::test_remembered_names_keep_equal_arguments_of_other_types_apart",
+        ),
+    ),
+    Mutant(
+        "fill-end-argv-order",
+        "fill_end gets its ARGV in the order its contract states (the store's version "
+        "check compares the version fill_begin saw)",
+        "cacheguard/cache/wire.py",
+        "            begin.epoch,\n            begin.version,\n",
+        "            begin.version,\n            begin.epoch,\n",
+        (
+            "tests/test_flow_scripted.py::"
+            "test_the_filler_adopts_its_hold_loads_and_ends_with_a_versioned_store",
+        ),
+    ),
+    Mutant(
+        "flow-drains-before-begin",
+        "announcements received before a retried begin are dropped (they are about a "
+        "state the begin re-reads)",
+        "cacheguard/cache/flow.py",
+        "            if waited_from is not None:\n                yield DRAIN",
+        "            if False:\n                yield DRAIN",
+        ("tests/test_flow_scripted.py::test_a_late_announcement_from_before_the_begin_is_ignored",),
+    ),
+    Mutant(
+        "flow-seals-before-begin",
+        "the single flight is sealed before each begin, so late followers never take an "
+        "answer read before they joined",
+        "cacheguard/cache/flow.py",
+        "        while True:\n            yield SEAL\n",
+        "        while True:\n",
+        (
+            "tests/test_flow_scripted.py::test_a_value_that_appeared_meanwhile_is_served_from_the_begin",
+        ),
+    ),
 )
 
 
