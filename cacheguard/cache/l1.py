@@ -112,7 +112,7 @@ class L1Feed:
     and unchanged since before the value was read (:meth:`guard`, :meth:`keep`).
     """
 
-    def __init__(self, tier: LocalTier, listen: Callable[[float], Listener]) -> None:
+    def __init__(self, tier: LocalTier, listen: Callable[[float], Listener | None]) -> None:
         self.tier = tier
         self._listen = listen
         self._listener: Listener | None = None
@@ -120,9 +120,18 @@ class L1Feed:
         self._closed = False
 
     def start(self, timeout: float) -> None:
+        """Subscribe, unless subscribed. ``listen`` may return None and subscribe in
+        the background (asyncio), then hand its subscription to :meth:`attach`."""
         with self._mutex:
             if self._listener is None and not self._closed:
                 self._listener = self._listen(timeout)
+
+    def attach(self, listener: Listener) -> None:
+        with self._mutex:
+            if self._closed:
+                listener.close()
+            else:
+                self._listener = listener
 
     def guard(self) -> tuple[int, object] | None:
         """What must not change between reading a value and keeping it: the L1

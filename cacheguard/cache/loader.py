@@ -12,28 +12,79 @@ Both build the key from a template naming the load function's parameters (or,
 without one, from the function's qualified name and its arguments: see
 :mod:`cacheguard.cache.templates` for what is refused and why), and offer
 ``get``/call, ``invalidate``, ``refresh`` (reload now) and ``peek`` (the cached
-value or :data:`MISSING`, no load).
+value or :data:`MISSING`, no load). With an :class:`~cacheguard.aio.AsyncCacheGuard`
+the decorator takes an ``async def`` and every method is awaited
+(:mod:`cacheguard.aio.loader`); keys and validation are shared.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import KeyBuilder
 from cacheguard.checks import check_positive
 
-__all__ = ["CacheLoader", "CachedFunction", "cached_with_lock"]
+if TYPE_CHECKING:
+    from cacheguard.aio.guard import AsyncCacheGuard
+    from cacheguard.aio.loader import AsyncCachedFunction
+
+__all__ = [
+    "BoundCachedFunction",
+    "CacheLoader",
+    "CachedFunction",
+    "Decorated",
+    "KeyedLoader",
+    "cached_with_lock",
+    "register_decorator",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class CacheLoader(Generic[P, R]):
+class KeyedLoader(Generic[P, R]):
+    """What both loaders share: the guard, the load function, the TTLs and the keys."""
+
+    guard_type: type[Any] = CacheGuard
+
+    def __init__(
+        self,
+        guard: Any,
+        *,
+        key: str | None,
+        load: Callable[P, Any],
+        ttl: float,
+        none_ttl: float | Missing | None = MISSING,
+    ) -> None:
+        if not isinstance(guard, self.guard_type):
+            raise TypeError(
+                f"guard must be a {self.guard_type.__name__}, not {type(guard).__name__}"
+            )
+        if not callable(load):
+            raise TypeError("load must be callable")
+        self.guard = guard
+        self.load = load
+        self.ttl = check_positive("ttl", ttl)
+        self.none_ttl = (
+            none_ttl
+            if none_ttl is MISSING or none_ttl is None
+            else check_positive("none_ttl", none_ttl)
+        )
+        self._keys = KeyBuilder(load, key, max_length=guard.settings.max_key_length)
+
+    def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """The key name of this call (inside the guard's namespace)."""
+        return self._keys.build(args, kwargs)
+
+
+class CacheLoader(KeyedLoader[P, R]):
     """Read-through access to one family of keys, loaded by ``load``."""
+
+    guard: CacheGuard
 
     def __init__(
         self,
@@ -44,40 +95,23 @@ class CacheLoader(Generic[P, R]):
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
     ) -> None:
-        if not isinstance(guard, CacheGuard):
-            raise TypeError(f"guard must be a CacheGuard, not {type(guard).__name__}")
-        if not callable(load):
-            raise TypeError("load must be callable")
-        self.guard = guard
-        self.load = load
-        self.ttl = check_positive("ttl", ttl)
-        self.none_ttl = (
-            none_ttl
-            if none_ttl is MISSING or none_ttl is None
-            else check_positive(
-                "none_ttl",
-                none_ttl,
-            )
-        )
-        self._keys = KeyBuilder(load, key, max_length=guard.settings.max_key_length)
-
-    def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """The key name of this call (inside the guard's namespace)."""
-        return self._keys.build(args, kwargs)
+        super().__init__(guard, key=key, load=load, ttl=ttl, none_ttl=none_ttl)
 
     def get(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """The cached value, loaded once across all processes if missing."""
         name = self._keys.build(args, kwargs)
-        return self.guard.get_or_load(
+        value: R = self.guard.get_or_load(
             name, lambda: self.load(*args, **kwargs), ttl=self.ttl, none_ttl=self.none_ttl
         )
+        return value
 
     def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Load now and store (under the key's locks, once across processes)."""
         name = self._keys.build(args, kwargs)
-        return self.guard.refresh(
+        value: R = self.guard.refresh(
             name, lambda: self.load(*args, **kwargs), ttl=self.ttl, none_ttl=self.none_ttl
         )
+        return value
 
     def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Drop the cached value without locking (fills in flight fail their store)."""
@@ -89,19 +123,19 @@ class CacheLoader(Generic[P, R]):
         return value
 
 
-class CachedFunction(CacheLoader[P, R]):
-    """A function whose calls are read through the cache (see :func:`cached_with_lock`)."""
+class Decorated:
+    """A loader placed as a decorator: unwraps ``staticmethod``/``classmethod`` and
+    binds like the descriptor it replaces (shared by the sync and async decorators)."""
 
-    def __init__(self, guard: CacheGuard, func: Callable[P, R], **settings: Any) -> None:
-        # Placed above @staticmethod / @classmethod: cache the function beneath and
-        # bind like the descriptor it replaces.
+    _keys: KeyBuilder
+
+    def _unwrap(self, func: Any) -> Callable[..., Any]:
         self._binding = "instance"
         if isinstance(func, staticmethod):
             func, self._binding = func.__func__, "static"
         elif isinstance(func, classmethod):
             func, self._binding = func.__func__, "class"
-        super().__init__(guard, load=func, **settings)
-        functools.update_wrapper(self, func)
+        return func  # type: ignore[no-any-return]
 
     def __set_name__(self, owner: type[Any], name: str) -> None:
         # Python placed us in a class body: the first argument is the instance (left
@@ -111,6 +145,32 @@ class CachedFunction(CacheLoader[P, R]):
         elif self._binding == "class":
             self._keys.bind_as("classmethod")
 
+    def __get__(self, instance: object | None, owner: type[Any]) -> Any:
+        if self._binding == "static":
+            return self
+        if self._binding == "class":
+            return BoundCachedFunction(self, owner)
+        if instance is None:
+            return self
+        return BoundCachedFunction(self, instance)
+
+
+class CachedFunction(Decorated, CacheLoader[P, R]):
+    """A function whose calls are read through the cache (see :func:`cached_with_lock`)."""
+
+    def __init__(
+        self,
+        guard: CacheGuard,
+        func: Callable[P, R],
+        *,
+        key: str | None,
+        ttl: float,
+        none_ttl: float | Missing | None = MISSING,
+    ) -> None:
+        func = self._unwrap(func)
+        CacheLoader.__init__(self, guard, key=key, load=func, ttl=ttl, none_ttl=none_ttl)
+        functools.update_wrapper(self, func)
+
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.get(*args, **kwargs)
 
@@ -118,61 +178,89 @@ class CachedFunction(CacheLoader[P, R]):
     def __get__(self, instance: None, owner: type[Any]) -> CachedFunction[P, R]: ...
 
     @overload
-    def __get__(self, instance: object, owner: type[Any]) -> _BoundCachedFunction[R]: ...
+    def __get__(self, instance: object, owner: type[Any]) -> BoundCachedFunction: ...
 
-    def __get__(
-        self, instance: object | None, owner: type[Any]
-    ) -> CachedFunction[P, R] | _BoundCachedFunction[R]:
-        if self._binding == "static":
-            return self
-        if self._binding == "class":
-            return _BoundCachedFunction(self, owner)
-        if instance is None:
-            return self
-        return _BoundCachedFunction(self, instance)
+    def __get__(self, instance: object | None, owner: type[Any]) -> Any:
+        return Decorated.__get__(self, instance, owner)
 
 
-class _BoundCachedFunction(Generic[R]):
-    """A cached method bound to its instance: ``self`` is filled in for every call."""
+class BoundCachedFunction:
+    """A cached method bound to its instance (or class): filled in for every call.
+    Its methods return what the cached function's return (awaitables for async)."""
 
     __slots__ = ("_cached", "_instance")
 
-    def __init__(self, cached: CachedFunction[Any, R], instance: object) -> None:
+    def __init__(self, cached: Any, instance: object) -> None:
         self._cached = cached
         self._instance = instance
 
-    def __call__(self, *args: Any, **kwargs: Any) -> R:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._cached.get(self._instance, *args, **kwargs)
 
-    def invalidate(self, *args: Any, **kwargs: Any) -> None:
-        self._cached.invalidate(self._instance, *args, **kwargs)
+    def invalidate(self, *args: Any, **kwargs: Any) -> Any:
+        return self._cached.invalidate(self._instance, *args, **kwargs)
 
-    def refresh(self, *args: Any, **kwargs: Any) -> R:
+    def refresh(self, *args: Any, **kwargs: Any) -> Any:
         return self._cached.refresh(self._instance, *args, **kwargs)
 
-    def peek(self, *args: Any, **kwargs: Any) -> R | Missing:
+    def peek(self, *args: Any, **kwargs: Any) -> Any:
         return self._cached.peek(self._instance, *args, **kwargs)
 
     def key(self, *args: Any, **kwargs: Any) -> str:
-        return self._cached.key(self._instance, *args, **kwargs)
+        return self._cached.key(self._instance, *args, **kwargs)  # type: ignore[no-any-return]
 
 
+@overload
 def cached_with_lock(
     guard: CacheGuard,
     *,
     key: str | None = None,
     ttl: float,
     none_ttl: float | Missing | None = MISSING,
-) -> Callable[[Callable[P, R]], CachedFunction[P, R]]:
+) -> Callable[[Callable[P, R]], CachedFunction[P, R]]: ...
+
+
+@overload
+def cached_with_lock(
+    guard: AsyncCacheGuard,
+    *,
+    key: str | None = None,
+    ttl: float,
+    none_ttl: float | Missing | None = MISSING,
+) -> Callable[[Callable[P, Any]], AsyncCachedFunction[P, Any]]: ...
+
+
+def cached_with_lock(
+    guard: Any,
+    *,
+    key: str | None = None,
+    ttl: float,
+    none_ttl: float | Missing | None = MISSING,
+) -> Callable[[Callable[P, Any]], Any]:
     """Read calls of the decorated function (or method) through ``guard``.
 
     ``key`` is a template naming the function's parameters, e.g. ``"menu:{menu_id}"``;
     without it, the key is the function's qualified name and its arguments.
     The result keeps the signature and adds ``.invalidate``, ``.refresh`` and
-    ``.peek`` taking the same arguments.
+    ``.peek`` taking the same arguments. With an ``AsyncCacheGuard``, decorate an
+    ``async def``: calls and those methods are awaited.
     """
+    make = next((_DECORATORS[t] for t in type(guard).__mro__ if t in _DECORATORS), None)
+    if make is None:
+        raise TypeError(
+            f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}"
+        )
 
-    def decorate(func: Callable[P, R]) -> CachedFunction[P, R]:
-        return CachedFunction(guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
+    def decorate(func: Callable[P, Any]) -> Any:
+        return make(guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
 
     return decorate
+
+
+# Which decorator class serves which guard class; cacheguard.aio.loader adds the
+# asyncio guard's (importing cacheguard.aio, as AsyncCacheGuard's users do, loads it).
+_DECORATORS: dict[type[Any], Callable[..., Any]] = {CacheGuard: CachedFunction}
+
+
+def register_decorator(guard_type: type[Any], decorator: Callable[..., Any]) -> None:
+    _DECORATORS[guard_type] = decorator
