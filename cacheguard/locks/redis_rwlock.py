@@ -47,12 +47,14 @@ from cacheguard.locks.watchdog import Watchdog, default_watchdog
 from cacheguard.steps import Subscribe, Wait
 
 __all__ = [
+    "HandleState",
     "LockHandle",
     "LockSettings",
     "RedisRWLock",
     "check_positive",
     "lock_settings",
     "release_on_exit",
+    "unavailable",
 ]
 
 log = logging.getLogger("cacheguard.lock")
@@ -111,19 +113,13 @@ def lock_settings(
     )
 
 
-class LockHandle:
-    """One acquisition of a :class:`RedisRWLock`.
-
-    ``token`` is the fencing token: for write holds it is strictly greater than
-    the token of every earlier write hold of this lock, so a storage system can
-    refuse writes carrying an older token. ``lost`` turns true when the watchdog
-    finds that the holding vanished; ``lost_reason`` says why.
-    """
+class HandleState:
+    """What a handle knows of its holding, and how it learns that it lost it (shared
+    by :class:`LockHandle` and the asyncio handle); ``lock`` is set by each."""
 
     __slots__ = (
         "__weakref__",
         "_on_lost",
-        "lock",
         "lost",
         "lost_reason",
         "mode",
@@ -133,15 +129,7 @@ class LockHandle:
         "writer_waiting",
     )
 
-    def __init__(
-        self,
-        lock: RedisRWLock,
-        mode: Mode,
-        owner: str,
-        token: int,
-        on_lost: LostCallback | None,
-    ) -> None:
-        self.lock = lock
+    def __init__(self, mode: Mode, owner: str, token: int, on_lost: Any) -> None:
         self.mode: Mode = mode
         self.owner = owner
         self.token = token
@@ -150,6 +138,66 @@ class LockHandle:
         self.released = False
         self.writer_waiting = False  # set by renewals: another owner's writer is queued
         self._on_lost = on_lost
+
+    @property
+    def lock_name(self) -> str:
+        raise NotImplementedError
+
+    def _mark_lost(self, why: str) -> None:
+        if self.lost or self.released:
+            return
+        self.lost = True
+        self.lost_reason = why
+        log.warning(
+            "lost the %s lock %r (owner %s, token %d): %s",
+            self.mode,
+            self.lock_name,
+            self.owner,
+            self.token,
+            why,
+        )
+        if self._on_lost is not None:
+            self._start_on_lost()
+
+    def _start_on_lost(self) -> None:
+        raise NotImplementedError
+
+    def _lost_at_release(self) -> LockLostError:
+        """Mark the handle lost (its release found the holding gone); the error to raise."""
+        self.lost = True
+        self.lost_reason = self.lost_reason or "the holding was gone at release"
+        name = self.lock_name
+        return LockLostError(
+            f"the {self.mode} lock {name!r} (token {self.token}) was lost "
+            f"before release: {self.lost_reason}; the lock now in Redis, if any, "
+            "belongs to someone else and was left alone",
+            name=name,
+            owner=self.owner,
+            mode=self.mode,
+        )
+
+
+class LockHandle(HandleState):
+    """One acquisition of a :class:`RedisRWLock`.
+
+    ``token`` is the fencing token: for write holds it is strictly greater than
+    the token of every earlier write hold of this lock, so a storage system can
+    refuse writes carrying an older token. ``lost`` turns true when the watchdog
+    finds that the holding vanished; ``lost_reason`` says why.
+    """
+
+    __slots__ = ("lock",)
+
+    def __init__(
+        self,
+        lock: RedisRWLock,
+        mode: Mode,
+        owner: str,
+        token: int,
+        on_lost: LostCallback | None,
+    ) -> None:
+        super().__init__(mode, owner, token, on_lost)
+        self.lock = lock
 
     # Used by the watchdog.
     @property
@@ -168,6 +216,10 @@ class LockHandle:
     def lease_ms(self) -> int:
         return self.lock.lease_ms
 
+    @property
+    def lock_name(self) -> str:
+        return self.lock.name
+
     def release(self) -> None:
         self.lock.release(self)
 
@@ -175,24 +227,9 @@ class LockHandle:
         """Extend the lease now; ``False`` (and marked lost) if the holding is gone."""
         return self.lock.renew(self)
 
-    def _mark_lost(self, why: str) -> None:
-        if self.lost or self.released:
-            return
-        self.lost = True
-        self.lost_reason = why
-        log.warning(
-            "lost the %s lock %r (owner %s, token %d): %s",
-            self.mode,
-            self.lock.name,
-            self.owner,
-            self.token,
-            why,
-        )
-        if self._on_lost is not None:
-            # On a thread of its own: a slow callback must not stall lease renewals.
-            threading.Thread(
-                target=self._run_on_lost, name="cacheguard-on-lost", daemon=True
-            ).start()
+    def _start_on_lost(self) -> None:
+        # On a thread of its own: a slow callback must not stall lease renewals.
+        threading.Thread(target=self._run_on_lost, name="cacheguard-on-lost", daemon=True).start()
 
     def _run_on_lost(self) -> None:
         assert self._on_lost is not None
@@ -404,16 +441,7 @@ class RedisRWLock:
                 self._watchdog.retry_release(handle, last_renewed)
             raise
         if not wire.parse_release(released):
-            handle.lost = True
-            handle.lost_reason = handle.lost_reason or "the holding was gone at release"
-            raise LockLostError(
-                f"the {handle.mode} lock {self.name!r} (token {handle.token}) was lost "
-                f"before release: {handle.lost_reason}; the lock now in Redis, if any, "
-                "belongs to someone else and was left alone",
-                name=self.name,
-                owner=handle.owner,
-                mode=handle.mode,
-            )
+            raise handle._lost_at_release()
 
     def renew(self, handle: LockHandle) -> bool:
         """Extend the lease of ``handle`` now (useful with ``watchdog=False``)."""
@@ -440,12 +468,17 @@ class RedisRWLock:
         try:
             return script(self.client, keys, args)
         except REDIS_DOWN as exc:
-            raise BackendUnavailable(
-                f"Redis unreachable or refusing while working on lock {self.name!r}: {exc}"
-            ) from exc
+            raise unavailable(self.name, exc) from exc
 
     def __repr__(self) -> str:
         return f"<RedisRWLock {self.name!r} key={self.keys.lock!r} lease={self.lease}s>"
+
+
+def unavailable(name: str, exc: Exception) -> BackendUnavailable:
+    """The error for a lock call that found Redis down (``exc`` chained by the caller)."""
+    return BackendUnavailable(
+        f"Redis unreachable or refusing while working on lock {name!r}: {exc}"
+    )
 
 
 @contextmanager
