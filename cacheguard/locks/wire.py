@@ -85,9 +85,10 @@ def parse_attempt(reply: Sequence[Any]) -> Attempt:
     """The acquire script's ``{status, value}`` reply as an :class:`Attempt`:
     ``{1, epoch}`` granted (the epoch a decimal string), ``{0, ms}`` busy for about
     ``ms`` more, ``{-1, 0}`` an upgrade refused."""
-    if len(reply) != 2:
-        raise ValueError(f"unexpected acquire reply {reply!r}")
-    status, value = int(reply[0]), int(reply[1])
+    try:
+        status, value = (int(part) for part in reply)
+    except (TypeError, ValueError):
+        raise ValueError(f"unexpected acquire reply {reply!r}") from None
     if status == 1:
         return Attempt(granted=True, epoch=value)
     if status == -1:
