@@ -33,6 +33,7 @@ from cacheguard.exceptions import (
     LockUpgradeError,
     RecursiveLoadError,
     SerializationError,
+    WrongEventLoop,
 )
 from cacheguard.locks import (
     LocalRWLock,
@@ -78,6 +79,7 @@ __all__ = [
     "TwoTierRWLock",
     "Watchdog",
     "WeakRegistry",
+    "WrongEventLoop",
     "__version__",
     "cached_with_lock",
 ]

@@ -13,7 +13,9 @@ catch the whole family at once::
     ├── SerializationError        a value could not be encoded (or a codec is misconfigured)
     ├── KeyTemplateError          a key template names a parameter the call does not have
     ├── FillFailed                another process's load kept failing while we waited
-    └── RecursiveLoadError        a loader asked for the very key it is loading
+    ├── RecursiveLoadError        a loader asked for the very key it is loading
+    └── WrongEventLoop            an asyncio object used from a second event loop
+                                  (also a RuntimeError)
 
 Bad arguments given at construction (an empty name, a lease or timeout <= 0)
 raise :class:`ValueError` or :class:`TypeError` as usual in Python; they are
@@ -41,6 +43,7 @@ __all__ = [
     "LockUpgradeError",
     "RecursiveLoadError",
     "SerializationError",
+    "WrongEventLoop",
 ]
 
 
@@ -171,3 +174,12 @@ class RecursiveLoadError(CacheGuardError):
             "or refresh its own key (load the data directly instead)"
         )
         self.key = key
+
+
+class WrongEventLoop(CacheGuardError, RuntimeError):
+    """An asyncio lock, notifier or watchdog was used from another event loop than
+    the one it was first used on.
+
+    A ``redis.asyncio`` client and everything built on it belong to one loop:
+    create one client (and its locks and guards) per event loop.
+    """

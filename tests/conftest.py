@@ -8,11 +8,13 @@ makes the fallback, or an unreachable ``REDIS_URL``, an error.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
+import redis.asyncio
 
+from cacheguard.aio import async_notifier_for
 from cacheguard.testing import RedisEndpoint, redis_server, require_real_redis
 
 
@@ -57,3 +59,13 @@ def namespace(client: redis.Redis) -> Iterator[str]:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"cacheguard: real Redis required = {require_real_redis()}"
+
+
+@pytest.fixture
+async def aclient(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """An asyncio client on the test's own event loop; the loop's notifier for it is
+    closed afterwards (its listener task must not outlive the loop)."""
+    c = redis.asyncio.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=10)
+    yield c
+    await async_notifier_for(c).aclose()
+    await c.aclose()

@@ -523,6 +523,81 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_flow_scripted.py::test_a_value_that_appeared_meanwhile_is_served_from_the_begin",
         ),
     ),
+    # -- asyncio locks (cacheguard/aio/, locks/wire.py) ------------------------------------
+    Mutant(
+        "aio-waiters-woken-by-pubsub",
+        "the asyncio notifier hands every message to the waiting tasks of its channel",
+        "cacheguard/aio/notifier.py",
+        "            for waiter in list(channel.waiters):"
+        "  # a callback may close its subscription\n"
+        "                waiter._deliver(payload)\n",
+        "",
+        (
+            "tests/test_locks_both_drivers.py::test_a_release_wakes_a_waiter_through_pubsub[async]",
+            "tests/test_aio_locks.py::"
+            "test_a_sync_holder_blocks_an_async_acquirer_and_its_release_wakes_it",
+        ),
+    ),
+    Mutant(
+        "aio-cancel-while-waiting-withdraws",
+        "a writer task cancelled while it waits withdraws its waiting mark",
+        "cacheguard/aio/rwlock.py",
+        "                except BaseException as exc:"
+        "  # the flow decides; a cancel withdraws a mark\n",
+        "                except Exception as exc:\n",
+        ("tests/test_aio_locks.py::test_a_task_cancelled_while_waiting_leaves_nothing_behind",),
+    ),
+    Mutant(
+        "aio-cancel-during-acquire-takes-back",
+        "a task cancelled during the acquire round trip takes back the hold or mark it got",
+        "cacheguard/aio/rwlock.py",
+        "            undo = self._spawn(self._undo_attempt(running, mode, owner, queued=queue))\n",
+        "            undo = self._spawn(asyncio.sleep(0))\n",
+        (
+            "tests/test_aio_locks.py::"
+            "test_a_task_cancelled_during_the_acquire_round_trip_leaks_nothing",
+        ),
+    ),
+    Mutant(
+        "aio-cancelled-body-releases",
+        "a cancelled body inside async with lock.write() releases the lock",
+        "cacheguard/aio/rwlock.py",
+        "    except BaseException:\n        try:\n            await release()\n",
+        "    except BaseException:\n        try:\n            pass\n",
+        ("tests/test_aio_locks.py::test_a_cancelled_body_releases",),
+    ),
+    Mutant(
+        "aio-watchdog-renews",
+        "the asyncio watchdog extends a live holder's lease",
+        "cacheguard/aio/watchdog.py",
+        "    return await arun_pipelined(client, [e.call() for e in entries])\n",
+        "    return [1 for _ in entries]\n",
+        ("tests/test_locks_both_drivers.py::test_the_watchdog_renews_past_the_lease[async]",),
+    ),
+    Mutant(
+        "aio-notifier-resubscribes",
+        "after a reconnect the asyncio notifier subscribes again to every channel in use",
+        "cacheguard/aio/notifier.py",
+        "        self._unsent = list(self._channels.values())\n",
+        "        self._unsent = list(self._channels.values()) if not self.reconnects else []\n",
+        ("tests/test_aio_locks.py::test_the_notifier_reconnects_and_waiters_are_still_woken",),
+    ),
+    Mutant(
+        "aio-one-event-loop",
+        "an asyncio lock, notifier or watchdog used from a second event loop fails clearly",
+        "cacheguard/aio/_loop.py",
+        "        elif self._loop() is not loop:\n",
+        "        elif False:\n",
+        ("tests/test_aio_locks.py::test_a_second_event_loop_is_refused",),
+    ),
+    Mutant(
+        "wire-acquire-argument-order",
+        "the acquire call passes its ARGV in the order of the script's contract",
+        "cacheguard/locks/wire.py",
+        "        [owner, mode, lease_ms, mark_ms, keys.released_channel],\n",
+        "        [owner, mode, mark_ms, lease_ms, keys.released_channel],\n",
+        ("tests/test_lock_wire.py::test_acquire_call_follows_its_contract",),
+    ),
 )
 
 

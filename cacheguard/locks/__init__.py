@@ -1,14 +1,16 @@
 """Locks: the local RW lock, the distributed RW lock on Redis, and the two-tier lock.
 
-Layout (each module small, each with one job):
+Layout (each module small, each with one job; the asyncio twins are in
+:mod:`cacheguard.aio`):
 
 * ``local``       -- :class:`LocalRWLock`, threads of one process
 * ``registry``    -- :class:`WeakRegistry`, per-name objects held weakly
 * ``protocol``    -- the acquire algorithm, sans I/O (shared by sync and async drivers)
 * ``scripts``     -- the Lua scripts and their KEYS/ARGV contracts
+* ``wire``        -- every lock script call (KEYS, ARGV) and reply parser, sync and asyncio
 * ``redis_rwlock``-- :class:`RedisRWLock` and :class:`LockHandle`, the sync driver
 * ``notifier``    -- one pub/sub listener per process for release wake-ups
-* ``watchdog``    -- one renewal thread per process for leases
+* ``watchdog``    -- one renewal thread per process for leases (decisions in ``LeaseBook``)
 * ``two_tier``    -- :class:`TwoTierRWLock` and :class:`LockFactory`
 """
 

@@ -22,11 +22,18 @@ The algorithm:
    first withdraws the waiting mark that holds off new readers).
 
 The loop is bounded by the deadline, never recursive.
+
+Drivers throw I/O errors into the flow (they end it). An exception thrown in
+while the flow waits (a cancelled asyncio task) means the caller gives up: a
+writer withdraws its mark first, as at the deadline. A driver whose caller gave
+up in the middle of a :class:`TryAcquire` round trip takes back what that call
+did itself (``wire.undo_attempt_call``), after it completed. The scripts' KEYS,
+ARGV and replies are in :mod:`cacheguard.locks.wire`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -41,7 +48,6 @@ __all__ = [
     "TryAcquire",
     "Withdraw",
     "acquire_flow",
-    "parse_attempt",
 ]
 
 Mode = Literal["read", "write"]
@@ -79,16 +85,6 @@ TRY: Final = TryAcquire()
 WITHDRAW: Final = Withdraw()
 
 
-def parse_attempt(reply: Sequence[Any]) -> Attempt:
-    """Turn the acquire script's ``{status, value}`` reply into an :class:`Attempt`."""
-    status, value = int(reply[0]), int(reply[1])
-    if status == 1:
-        return Attempt(granted=True, epoch=value)
-    if status == -1:
-        return Attempt(granted=False, upgrade=True)
-    return Attempt(granted=False, retry_in=max(value, 0) / 1000.0)
-
-
 def acquire_flow(
     first: Attempt,
     *,
@@ -113,7 +109,8 @@ def acquire_flow(
     delays = backoff()
     # Wait for the confirmation at most about one backoff cap: with the pub/sub
     # connection down it never comes, and the timers must take over.
-    yield Subscribe(timeout=max(min(deadline - timer(), SUBSCRIBE_WAIT_CAP), 0.0))
+    confirm_within = max(min(deadline - timer(), SUBSCRIBE_WAIT_CAP), 0.0)
+    yield from _waiting(Subscribe(timeout=confirm_within), mode)
     while True:
         attempt: Attempt = yield TRY
         if attempt.granted:
@@ -129,4 +126,18 @@ def acquire_flow(
         delay = delays.next_delay()
         if attempt.retry_in > 0:
             delay = min(delay, attempt.retry_in + LEASE_END_MARGIN)
-        yield Wait(min(delay, remaining))  # the messages only wake us: ignored
+        yield from _waiting(Wait(min(delay, remaining)), mode)  # messages only wake us
+
+
+def _waiting(step: Subscribe | Wait, mode: Mode) -> Generator[Step, Any, Any]:
+    """Yield a waiting step; if the caller gives up meanwhile (an exception thrown in,
+    such as a task's cancellation), a writer withdraws its waiting mark first."""
+    try:
+        return (yield step)
+    except GeneratorExit:  # the driver closed the flow: it may not yield any more
+        raise
+    except BaseException:
+        if mode == "write":
+            # Our mark holds off readers; do not make them wait it out.
+            yield WITHDRAW
+        raise

@@ -28,9 +28,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -39,39 +39,68 @@ from cacheguard.backoff import Backoff
 from cacheguard.checks import check_positive
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockLostError, LockUpgradeError
 from cacheguard.keys import ResourceKeys, check_namespace
+from cacheguard.locks import wire
 from cacheguard.locks.notifier import Notifier, Subscription, notifier_for
-from cacheguard.locks.protocol import (
-    Attempt,
-    Mode,
-    TryAcquire,
-    Withdraw,
-    acquire_flow,
-    parse_attempt,
-)
-from cacheguard.locks.scripts import ACQUIRE, RELEASE, RENEW, WITHDRAW
+from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
+from cacheguard.locks.scripts import LuaScript
 from cacheguard.locks.watchdog import Watchdog, default_watchdog
 from cacheguard.steps import Subscribe, Wait
 
-__all__ = ["LockHandle", "RedisRWLock", "check_positive", "release_on_exit"]
+__all__ = [
+    "HandleState",
+    "LockHandle",
+    "LockSettings",
+    "RedisRWLock",
+    "check_positive",
+    "lock_settings",
+    "release_on_exit",
+    "unavailable",
+]
 
 log = logging.getLogger("cacheguard.lock")
 
 LostCallback = Callable[["LockHandle"], None]
 
 
-class LockHandle:
-    """One acquisition of a :class:`RedisRWLock`.
+class LockSettings(NamedTuple):
+    """A lock's checked settings (shared by the sync and the asyncio lock)."""
 
-    ``token`` is the fencing token: for write holds it is strictly greater than
-    the token of every earlier write hold of this lock, so a storage system can
-    refuse writes carrying an older token. ``lost`` turns true when the watchdog
-    finds that the holding vanished; ``lost_reason`` says why.
-    """
+    name: str
+    keys: ResourceKeys
+    lease: float
+    lease_ms: int
+    timeout: float
+    mark_ms: int  # how long a waiting writer's mark lasts
+
+
+def lock_settings(
+    name: object, *, lease: object, timeout: object, namespace: str, backoff: Callable[[], Backoff]
+) -> LockSettings:
+    """Check a lock's constructor arguments (ValueError / TypeError)."""
+    if not isinstance(name, str):
+        raise TypeError(f"lock name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("lock name must not be empty")
+    checked_lease = check_positive("lease", lease)
+    checked_timeout = check_positive("timeout", timeout)
+    return LockSettings(
+        name=name,
+        keys=ResourceKeys(check_namespace(namespace), name),
+        lease=checked_lease,
+        lease_ms=max(1, int(checked_lease * 1000)),
+        timeout=checked_timeout,
+        # A waiting writer's mark outlives the longest sleep between its retries.
+        mark_ms=max(3000, int(3 * backoff().cap * 1000)),
+    )
+
+
+class HandleState:
+    """What a handle knows of its holding, and how it learns that it lost it (shared
+    by :class:`LockHandle` and the asyncio handle); ``lock`` is set by each."""
 
     __slots__ = (
         "__weakref__",
         "_on_lost",
-        "lock",
         "lost",
         "lost_reason",
         "mode",
@@ -81,15 +110,7 @@ class LockHandle:
         "writer_waiting",
     )
 
-    def __init__(
-        self,
-        lock: RedisRWLock,
-        mode: Mode,
-        owner: str,
-        token: int,
-        on_lost: LostCallback | None,
-    ) -> None:
-        self.lock = lock
+    def __init__(self, mode: Mode, owner: str, token: int, on_lost: Any) -> None:
         self.mode: Mode = mode
         self.owner = owner
         self.token = token
@@ -98,6 +119,66 @@ class LockHandle:
         self.released = False
         self.writer_waiting = False  # set by renewals: another owner's writer is queued
         self._on_lost = on_lost
+
+    @property
+    def lock_name(self) -> str:
+        raise NotImplementedError
+
+    def _mark_lost(self, why: str) -> None:
+        if self.lost or self.released:
+            return
+        self.lost = True
+        self.lost_reason = why
+        log.warning(
+            "lost the %s lock %r (owner %s, token %d): %s",
+            self.mode,
+            self.lock_name,
+            self.owner,
+            self.token,
+            why,
+        )
+        if self._on_lost is not None:
+            self._start_on_lost()
+
+    def _start_on_lost(self) -> None:
+        raise NotImplementedError
+
+    def _lost_at_release(self) -> LockLostError:
+        """Mark the handle lost (its release found the holding gone); the error to raise."""
+        self.lost = True
+        self.lost_reason = self.lost_reason or "the holding was gone at release"
+        name = self.lock_name
+        return LockLostError(
+            f"the {self.mode} lock {name!r} (token {self.token}) was lost "
+            f"before release: {self.lost_reason}; the lock now in Redis, if any, "
+            "belongs to someone else and was left alone",
+            name=name,
+            owner=self.owner,
+            mode=self.mode,
+        )
+
+
+class LockHandle(HandleState):
+    """One acquisition of a :class:`RedisRWLock`.
+
+    ``token`` is the fencing token: for write holds it is strictly greater than
+    the token of every earlier write hold of this lock, so a storage system can
+    refuse writes carrying an older token. ``lost`` turns true when the watchdog
+    finds that the holding vanished; ``lost_reason`` says why.
+    """
+
+    __slots__ = ("lock",)
+
+    def __init__(
+        self,
+        lock: RedisRWLock,
+        mode: Mode,
+        owner: str,
+        token: int,
+        on_lost: LostCallback | None,
+    ) -> None:
+        super().__init__(mode, owner, token, on_lost)
+        self.lock = lock
 
     # Used by the watchdog.
     @property
@@ -116,6 +197,10 @@ class LockHandle:
     def lease_ms(self) -> int:
         return self.lock.lease_ms
 
+    @property
+    def lock_name(self) -> str:
+        return self.lock.name
+
     def release(self) -> None:
         self.lock.release(self)
 
@@ -123,24 +208,9 @@ class LockHandle:
         """Extend the lease now; ``False`` (and marked lost) if the holding is gone."""
         return self.lock.renew(self)
 
-    def _mark_lost(self, why: str) -> None:
-        if self.lost or self.released:
-            return
-        self.lost = True
-        self.lost_reason = why
-        log.warning(
-            "lost the %s lock %r (owner %s, token %d): %s",
-            self.mode,
-            self.lock.name,
-            self.owner,
-            self.token,
-            why,
-        )
-        if self._on_lost is not None:
-            # On a thread of its own: a slow callback must not stall lease renewals.
-            threading.Thread(
-                target=self._run_on_lost, name="cacheguard-on-lost", daemon=True
-            ).start()
+    def _start_on_lost(self) -> None:
+        # On a thread of its own: a slow callback must not stall lease renewals.
+        threading.Thread(target=self._run_on_lost, name="cacheguard-on-lost", daemon=True).start()
 
     def _run_on_lost(self) -> None:
         assert self._on_lost is not None
@@ -181,16 +251,15 @@ class RedisRWLock:
         backoff: Callable[[], Backoff] = Backoff,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"lock name must be a str, not {type(name).__name__}")
-        if not name:
-            raise ValueError("lock name must not be empty")
+        settings = lock_settings(
+            name, lease=lease, timeout=timeout, namespace=namespace, backoff=backoff
+        )
         self.client = client
-        self.name = name
-        self.lease = check_positive("lease", lease)
-        self.lease_ms = max(1, int(self.lease * 1000))
-        self.timeout = check_positive("timeout", timeout)
-        self.keys = ResourceKeys(check_namespace(namespace), name)
+        self.name = settings.name
+        self.lease = settings.lease
+        self.lease_ms = settings.lease_ms
+        self.timeout = settings.timeout
+        self.keys = settings.keys
         self._watchdog: Watchdog | None
         if watchdog is True:
             self._watchdog = default_watchdog()
@@ -202,8 +271,7 @@ class RedisRWLock:
         self._on_lost = on_lost
         self._backoff = backoff
         self._timer = timer
-        # A waiting writer's mark outlives the longest sleep between its retries.
-        self._mark_ms = max(3000, int(3 * backoff().cap * 1000))
+        self._mark_ms = settings.mark_ms
 
     # -- acquiring ---------------------------------------------------------------------
 
@@ -257,27 +325,36 @@ class RedisRWLock:
             timer=self._timer,
             backoff=self._backoff,
         )
+        return self._granted(mode, owner, self._drive(flow, mode, owner))
+
+    def _drive(self, flow: Generator[Step, Any, int], mode: Mode, owner: str) -> int:
+        """Answer the flow's steps with blocking I/O; I/O errors are thrown into it."""
         subscription: Subscription | None = None
         try:
             step = next(flow)
             while True:
-                reply: Any = None
-                if isinstance(step, TryAcquire):
-                    reply = self._attempt(mode, owner, queue=True)
-                elif isinstance(step, Subscribe):
-                    subscription = self._notifier_or_default().subscription(
-                        self.keys.released_channel
-                    )
-                    reply = subscription.open(step.timeout)
-                elif isinstance(step, Wait):
-                    assert subscription is not None
-                    reply = subscription.wait(step.seconds)
-                elif isinstance(step, Withdraw):
-                    self._call(WITHDRAW, [self.keys.lock], [owner, self.keys.released_channel])
-                step = flow.send(reply)
+                try:
+                    reply: Any = None
+                    if isinstance(step, TryAcquire):
+                        reply = self._attempt(mode, owner, queue=True)
+                    elif isinstance(step, Subscribe):
+                        channel = self.keys.released_channel
+                        subscription = self._notifier_or_default().subscription(channel)
+                        reply = subscription.open(step.timeout)
+                    elif isinstance(step, Wait):
+                        assert subscription is not None
+                        reply = subscription.wait(step.seconds)
+                    else:
+                        self._call(*wire.withdraw_call(self.keys, owner))
+                except BackendUnavailable as exc:
+                    step = flow.throw(exc)
+                else:
+                    step = flow.send(reply)
         except StopIteration as done:
-            return self._granted(mode, owner, done.value)
+            epoch: int = done.value
+            return epoch
         finally:
+            flow.close()
             if subscription is not None:
                 subscription.close()
 
@@ -290,12 +367,9 @@ class RedisRWLock:
 
     def _attempt(self, mode: Mode, owner: str, *, queue: bool) -> Attempt:
         """One acquire script call; ``queue`` leaves a waiting writer's mark if busy."""
-        reply = self._call(
-            ACQUIRE,
-            [self.keys.lock, self.keys.fence],
-            [owner, mode, self.lease_ms, self._mark_ms if queue else 0, self.keys.released_channel],
-        )
-        return parse_attempt(reply)
+        mark_ms = self._mark_ms if queue else 0
+        call = wire.acquire_call(self.keys, owner, mode, lease_ms=self.lease_ms, mark_ms=mark_ms)
+        return wire.parse_attempt(self._call(*call))
 
     def _granted(
         self, mode: Mode, owner: str, token: int, renew_for: float | None = None
@@ -339,9 +413,7 @@ class RedisRWLock:
         handle.released = True
         try:
             released = self._call(
-                RELEASE,
-                [self.keys.lock],
-                [handle.owner, handle.mode, handle.token, self.keys.released_channel],
+                *wire.release_call(self.keys, handle.owner, handle.mode, handle.token)
             )
         except BackendUnavailable:
             # The hold is still in Redis: keep trying in the background until it
@@ -349,25 +421,17 @@ class RedisRWLock:
             if self._watchdog is not None:
                 self._watchdog.retry_release(handle, last_renewed)
             raise
-        if released != 1:
-            handle.lost = True
-            handle.lost_reason = handle.lost_reason or "the holding was gone at release"
-            raise LockLostError(
-                f"the {handle.mode} lock {self.name!r} (token {handle.token}) was lost "
-                f"before release: {handle.lost_reason}; the lock now in Redis, if any, "
-                "belongs to someone else and was left alone",
-                name=self.name,
-                owner=handle.owner,
-                mode=handle.mode,
-            )
+        if not wire.parse_release(released):
+            raise handle._lost_at_release()
 
     def renew(self, handle: LockHandle) -> bool:
         """Extend the lease of ``handle`` now (useful with ``watchdog=False``)."""
         if handle.released or handle.lost:
             return False
-        renewed = self._call(RENEW, [self.keys.lock], [handle.owner, handle.token, self.lease_ms])
-        handle.writer_waiting = renewed == 2
-        if renewed not in (1, 2):
+        call = wire.renew_call(self.keys, handle.owner, handle.token, self.lease_ms)
+        renewed = wire.parse_renewal(self._call(*call))
+        handle.writer_waiting = renewed is wire.Renewal.RENEWED_WRITER_WAITS
+        if renewed is wire.Renewal.GONE:
             if self._watchdog is not None:
                 self._watchdog.unwatch(handle)
             handle._mark_lost("its holding was gone at renewal")
@@ -381,16 +445,21 @@ class RedisRWLock:
             self._notifier = notifier_for(self.client)
         return self._notifier
 
-    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+    def _call(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
         try:
             return script(self.client, keys, args)
         except REDIS_DOWN as exc:
-            raise BackendUnavailable(
-                f"Redis unreachable or refusing while working on lock {self.name!r}: {exc}"
-            ) from exc
+            raise unavailable(self.name, exc) from exc
 
     def __repr__(self) -> str:
         return f"<RedisRWLock {self.name!r} key={self.keys.lock!r} lease={self.lease}s>"
+
+
+def unavailable(name: str, exc: Exception) -> BackendUnavailable:
+    """The error for a lock call that found Redis down (``exc`` chained by the caller)."""
+    return BackendUnavailable(
+        f"Redis unreachable or refusing while working on lock {name!r}: {exc}"
+    )
 
 
 @contextmanager

@@ -2,7 +2,9 @@
 
 Each is one atomic round trip. Time comes from the Redis server (``TIME``), so
 the clocks of client hosts never matter. Scripts are sent with EVALSHA and
-loaded on NOSCRIPT (see :class:`LuaScript`).
+loaded on NOSCRIPT (see :class:`LuaScript`), by the sync and the asyncio clients
+alike. :mod:`cacheguard.locks.wire` builds every call of these scripts (KEYS and
+ARGV in the order of each contract) and parses their replies.
 
 Layout of the lock hash ``<ns>:{<name>}:rw`` (one hash per lock):
 
@@ -33,9 +35,12 @@ keep the hash alive. The hash's own TTL is the latest lease or mark in it.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
+import redis.asyncio
+import redis.asyncio.client
+import redis.client
 from redis.exceptions import NoScriptError
 
 from cacheguard.exceptions import REDIS_UNREACHABLE
@@ -48,6 +53,7 @@ __all__ = [
     "WITHDRAW",
     "LuaScript",
     "ScriptCall",
+    "arun_pipelined",
     "run_pipelined",
 ]
 
@@ -389,7 +395,11 @@ WITHDRAW_CONTRACT = """\
 
 
 class LuaScript:
-    """A script sent by EVALSHA, loaded on NOSCRIPT; no per-client state."""
+    """A script sent by EVALSHA, loaded on NOSCRIPT; no per-client state.
+
+    ``script(client, keys, args)`` on a ``redis.Redis``; ``await script.acall(client,
+    keys, args)`` on a ``redis.asyncio.Redis``.
+    """
 
     __slots__ = ("sha", "source")
 
@@ -405,6 +415,14 @@ class LuaScript:
             client.script_load(self.source)
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
+    async def acall(self, client: redis.asyncio.Redis, keys: list[str], args: list[Any]) -> Any:
+        """The same call on an asyncio client."""
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await client.script_load(self.source)
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+
 
 ScriptCall = tuple[LuaScript, list[str], list[Any]]
 
@@ -415,22 +433,49 @@ def run_pipelined(client: redis.Redis, calls: list[ScriptCall]) -> list[Any]:
     Returns one result per call; an error reply comes back as the exception
     object (the caller decides), while a lost connection raises.
     """
-
-    def execute() -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        return list(pipe.execute(raise_on_error=False))
-
-    results = execute()
-    if any(isinstance(r, NoScriptError) for r in results):
-        for script in {script for script, _, _ in calls}:  # server restarted or flushed
+    results = _queued(client.pipeline(transaction=False), calls).execute(raise_on_error=False)
+    if _needs_reload(results):
+        for script in _scripts_of(calls):  # server restarted or flushed
             client.script_load(script.source)
-        results = execute()
+        results = _queued(client.pipeline(transaction=False), calls).execute(raise_on_error=False)
+    return _checked(results)
+
+
+async def arun_pipelined(client: redis.asyncio.Redis, calls: list[ScriptCall]) -> list[Any]:
+    """:func:`run_pipelined` on an asyncio client."""
+    pipe = _queued(client.pipeline(transaction=False), calls)
+    results = await pipe.execute(raise_on_error=False)
+    if _needs_reload(results):
+        for script in _scripts_of(calls):
+            await client.script_load(script.source)
+        pipe = _queued(client.pipeline(transaction=False), calls)
+        results = await pipe.execute(raise_on_error=False)
+    return _checked(results)
+
+
+_Pipeline = TypeVar("_Pipeline", redis.client.Pipeline, redis.asyncio.client.Pipeline)
+
+
+def _queued(pipe: _Pipeline, calls: list[ScriptCall]) -> _Pipeline:
+    for script, keys, args in calls:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    return pipe
+
+
+def _needs_reload(results: list[Any]) -> bool:
+    return any(isinstance(r, NoScriptError) for r in results)
+
+
+def _scripts_of(calls: list[ScriptCall]) -> set[LuaScript]:
+    return {script for script, _, _ in calls}
+
+
+def _checked(results: list[Any]) -> list[Any]:
+    """``results`` as a list; raises the first "Redis unreachable" error among them."""
     for r in results:
         if isinstance(r, REDIS_UNREACHABLE):
             raise r
-    return results
+    return list(results)
 
 
 ACQUIRE = LuaScript(ACQUIRE_CONTRACT + LOCK_PRELUDE + _ACQUIRE_BODY)

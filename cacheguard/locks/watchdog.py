@@ -23,38 +23,65 @@ pipelined round trip.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import redis
 
 from cacheguard._identity import on_fork_in_child
 from cacheguard.exceptions import REDIS_UNREACHABLE
-from cacheguard.locks.scripts import RELEASE, RENEW, ScriptCall, run_pipelined
+from cacheguard.keys import ResourceKeys
+from cacheguard.locks import wire
+from cacheguard.locks.scripts import ScriptCall, run_pipelined
 
 if TYPE_CHECKING:
+    from cacheguard.locks.protocol import Mode
     from cacheguard.locks.redis_rwlock import LockHandle
 
-__all__ = ["Watchdog", "default_watchdog"]
+__all__ = ["LeaseBook", "Watchdog", "WatchedHandle", "default_watchdog"]
 
 log = logging.getLogger("cacheguard.watchdog")
 
 _RETRY_AFTER_ERROR = 0.5  # s before retrying a renewal or release that failed
 
-# Renew script answers.
-_GONE, _RENEWED, _RENEWED_WRITER_WAITS = 0, 1, 2
+
+class WatchedHandle(Protocol):
+    """What a watchdog needs of a handle (the sync and the asyncio handle alike)."""
+
+    owner: str
+    mode: Mode
+    token: int
+    writer_waiting: bool
+
+    @property
+    def client(self) -> Any: ...
+
+    @property
+    def keys(self) -> ResourceKeys: ...
+
+    @property
+    def lease(self) -> float: ...
+
+    @property
+    def lease_ms(self) -> int: ...
+
+    def _mark_lost(self, why: str) -> None: ...
 
 
-class _Entry:
+H = TypeVar("H", bound=WatchedHandle)
+
+
+class _Entry(Generic[H]):
     __slots__ = ("due", "handle", "last_renewed", "releasing", "renew_until")
 
     def __init__(
         self,
-        handle: LockHandle,
+        handle: H,
         now: float,
         *,
         releasing: bool = False,
@@ -66,39 +93,152 @@ class _Entry:
         self.renew_until = renew_until
         self.due = now + (_RETRY_AFTER_ERROR if releasing else handle.lease / 3)
 
+    def call(self) -> ScriptCall:
+        """This entry's script call: finish the release, or renew."""
+        h = self.handle
+        if self.releasing:
+            return wire.release_call(h.keys, h.owner, h.mode, h.token)
+        return wire.renew_call(h.keys, h.owner, h.token, h.lease_ms)
 
-_all_watchdogs: weakref.WeakSet[Watchdog] = weakref.WeakSet()
 
+class LeaseBook(Generic[H]):
+    """The watched handles and every decision about them, shared by the thread of
+    :class:`Watchdog` and the task of the asyncio watchdog; no I/O here.
 
-class Watchdog:
-    """Renews the leases of watched handles from one daemon thread."""
+    Subclasses decide how the renewals run (``_add`` wakes them) and set
+    ``_guard``: a mutex for a thread, nothing for a task on one loop.
+    """
+
+    _guard: contextlib.AbstractContextManager[Any]
 
     def __init__(self, *, timer: Callable[[], float] = time.monotonic) -> None:
         self._timer = timer
-        self._reset()
+        self._entries: dict[int, _Entry[H]] = {}
         self.renewals = 0  # successful renewals, for tests and stats
-        _all_watchdogs.add(self)
 
-    def _reset(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._entries: dict[int, _Entry] = {}
-        self._thread: threading.Thread | None = None
-        self._wake_at = float("inf")  # when the thread plans to wake next
-
-    def watch(self, handle: LockHandle, *, renew_for: float | None = None) -> None:
+    def watch(self, handle: H, *, renew_for: float | None = None) -> None:
         """Renew ``handle`` until released; with ``renew_for``, only for that many
         seconds: then the holding is left to expire and the handle is marked lost."""
         now = self._timer()
         self._add(_Entry(handle, now, renew_until=None if renew_for is None else now + renew_for))
 
-    def retry_release(self, handle: LockHandle, last_renewed: float | None = None) -> None:
+    def retry_release(self, handle: H, last_renewed: float | None = None) -> None:
         """Keep trying to release ``handle`` (its release failed: Redis unreachable)."""
         entry = _Entry(handle, self._timer(), releasing=True)
         if last_renewed is not None:
             entry.last_renewed = last_renewed
         self._add(entry)
 
-    def _add(self, entry: _Entry) -> None:
+    def _add(self, entry: _Entry[H]) -> None:
+        raise NotImplementedError
+
+    def unwatch(self, handle: H) -> float | None:
+        """Stop renewing ``handle``; returns when it was last renewed (None: not watched)."""
+        with self._guard:
+            entry = self._entries.pop(id(handle), None)
+            return entry.last_renewed if entry is not None else None
+
+    def watching(self, handle: H) -> bool:
+        with self._guard:
+            entry = self._entries.get(id(handle))
+            return entry is not None and entry.handle is handle and not entry.releasing
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._entries)
+
+    # -- what is due when, and what an answer means ----------------------------------
+
+    def _due(self, now: float) -> tuple[list[_Entry[H]], float]:
+        """(the entries due at ``now``, when the soonest is due: ``inf`` if none is
+        watched); the caller holds the guard."""
+        if not self._entries:
+            return [], float("inf")
+        soonest = min(e.due for e in self._entries.values())
+        if soonest > now:
+            return [], soonest
+        return [e for e in self._entries.values() if e.due <= now], soonest
+
+    def _batches(self, due: list[_Entry[H]]) -> list[list[_Entry[H]]]:
+        """``due`` grouped by client, one round trip each; entries past their renewal
+        limit are lost here instead."""
+        now = self._timer()
+        by_client: dict[int, list[_Entry[H]]] = {}
+        for entry in due:
+            if not entry.releasing and entry.renew_until is not None and now >= entry.renew_until:
+                # A cache fill whose loader overran max_load_time: stop renewing, so
+                # its hold ends with its lease and writers of the key get in.
+                self._lose(entry, "held longer than its renewal limit (max_load_time)")
+                continue
+            by_client.setdefault(id(entry.handle.client), []).append(entry)
+        return list(by_client.values())
+
+    def _settle_batch(self, entries: list[_Entry[H]], results: list[Any]) -> None:
+        now = self._timer()
+        for entry, result in zip(entries, results, strict=True):
+            self._settle(entry, result, now)
+
+    def _settle(self, entry: _Entry[H], result: Any, now: float) -> None:
+        handle = entry.handle
+        if isinstance(result, Exception):  # an error reply: transient, retry
+            log.warning("lease renewal of %r got an error reply, will retry: %s", handle, result)
+            self._after_error([entry])
+            return
+        if entry.releasing:  # a release that had failed went through now
+            self._forget(entry)
+            return
+        renewal = wire.parse_renewal(result)
+        if renewal is wire.Renewal.GONE:
+            self._lose(entry, "its holding was gone at renewal")
+            return
+        entry.last_renewed = now
+        entry.due = now + handle.lease / 3
+        handle.writer_waiting = renewal is wire.Renewal.RENEWED_WRITER_WAITS
+        self.renewals += 1
+
+    def _after_error(self, entries: list[_Entry[H]]) -> None:
+        now = self._timer()
+        for entry in entries:
+            if now - entry.last_renewed >= entry.handle.lease:
+                if entry.releasing:
+                    self._forget(entry)  # expired by now anyway: nothing left to release
+                else:
+                    self._lose(entry, "no renewal succeeded for a whole lease")
+            else:
+                entry.due = now + min(_RETRY_AFTER_ERROR, entry.handle.lease / 3)
+
+    def _forget(self, entry: _Entry[H]) -> None:
+        with self._guard:
+            if self._entries.get(id(entry.handle)) is entry:
+                del self._entries[id(entry.handle)]
+
+    def _lose(self, entry: _Entry[H], why: str) -> None:
+        with self._guard:
+            # Released meanwhile? Then "gone" is expected, not a loss.
+            if self._entries.get(id(entry.handle)) is not entry:
+                return
+            del self._entries[id(entry.handle)]
+        entry.handle._mark_lost(why)
+
+
+_all_watchdogs: weakref.WeakSet[Watchdog] = weakref.WeakSet()
+
+
+class Watchdog(LeaseBook["LockHandle"]):
+    """Renews the leases of watched handles from one daemon thread."""
+
+    def __init__(self, *, timer: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(timer=timer)
+        self._reset()
+        _all_watchdogs.add(self)
+
+    def _reset(self) -> None:
+        self._cond = self._guard = threading.Condition(threading.Lock())
+        self._entries = {}
+        self._thread: threading.Thread | None = None
+        self._wake_at = float("inf")  # when the thread plans to wake next
+
+    def _add(self, entry: _Entry[LockHandle]) -> None:
         with self._cond:
             self._entries[id(entry.handle)] = entry
             if self._thread is None:  # the loop never exits; a fork resets this object
@@ -111,122 +251,40 @@ class Watchdog:
             if entry.due < self._wake_at:
                 self._cond.notify()
 
-    def unwatch(self, handle: LockHandle) -> float | None:
-        """Stop renewing ``handle``; returns when it was last renewed (None: not watched)."""
-        with self._cond:
-            entry = self._entries.pop(id(handle), None)
-            return entry.last_renewed if entry is not None else None
-
-    def watching(self, handle: LockHandle) -> bool:
-        with self._cond:
-            entry = self._entries.get(id(handle))
-            return entry is not None and entry.handle is handle and not entry.releasing
-
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._entries)
-
     # -- the thread --------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while True:
-                    if not self._entries:
-                        # Nothing to renew: park until something is watched.
-                        self._wake_at = float("inf")
-                        self._cond.wait()
-                        continue
                     now = self._timer()
-                    soonest = min(e.due for e in self._entries.values())
-                    if soonest <= now:
-                        due = [e for e in self._entries.values() if e.due <= now]
+                    due, soonest = self._due(now)
+                    if due:
                         self._wake_at = now
                         break
+                    # Nothing watched: park until something is.
                     self._wake_at = soonest
-                    self._cond.wait(soonest - now)
+                    self._cond.wait(None if soonest == float("inf") else soonest - now)
             try:
                 self._work(due)
             except Exception:  # keep renewing the others whatever one batch did
                 log.exception("unexpected error while renewing leases")
                 self._after_error(due)
 
-    def _work(self, due: list[_Entry]) -> None:
-        now = self._timer()
-        by_client: dict[int, tuple[redis.Redis, list[_Entry]]] = {}
-        for entry in due:
-            if not entry.releasing and entry.renew_until is not None and now >= entry.renew_until:
-                # A cache fill whose loader overran max_load_time: stop renewing, so
-                # its hold ends with its lease and writers of the key get in.
-                self._lose(entry, "held longer than its renewal limit (max_load_time)")
-                continue
-            client = entry.handle.client
-            by_client.setdefault(id(client), (client, []))[1].append(entry)
-        for client, entries in by_client.values():
+    def _work(self, due: list[_Entry[LockHandle]]) -> None:
+        for entries in self._batches(due):
             try:
-                results = _run_batch(client, entries)
+                results = _run_batch(entries[0].handle.client, entries)
             except REDIS_UNREACHABLE as exc:
                 log.warning("lease renewal failed, will retry: %s", exc)
                 self._after_error(entries)
                 continue
-            now = self._timer()
-            for entry, result in zip(entries, results, strict=True):
-                self._settle(entry, result, now)
-
-    def _settle(self, entry: _Entry, result: Any, now: float) -> None:
-        handle = entry.handle
-        if isinstance(result, Exception):  # an error reply: transient, retry
-            log.warning("lease renewal of %r got an error reply, will retry: %s", handle, result)
-            self._after_error([entry])
-            return
-        if entry.releasing:  # a release that had failed went through now
-            self._forget(entry)
-            return
-        if result == _GONE:
-            self._lose(entry, "its holding was gone at renewal")
-            return
-        entry.last_renewed = now
-        entry.due = now + handle.lease / 3
-        handle.writer_waiting = result == _RENEWED_WRITER_WAITS
-        self.renewals += 1
-
-    def _after_error(self, entries: list[_Entry]) -> None:
-        now = self._timer()
-        for entry in entries:
-            if now - entry.last_renewed >= entry.handle.lease:
-                if entry.releasing:
-                    self._forget(entry)  # expired by now anyway: nothing left to release
-                else:
-                    self._lose(entry, "no renewal succeeded for a whole lease")
-            else:
-                entry.due = now + min(_RETRY_AFTER_ERROR, entry.handle.lease / 3)
-
-    def _forget(self, entry: _Entry) -> None:
-        with self._cond:
-            if self._entries.get(id(entry.handle)) is entry:
-                del self._entries[id(entry.handle)]
-
-    def _lose(self, entry: _Entry, why: str) -> None:
-        with self._cond:
-            # Released meanwhile? Then "gone" is expected, not a loss.
-            if self._entries.get(id(entry.handle)) is not entry:
-                return
-            del self._entries[id(entry.handle)]
-        entry.handle._mark_lost(why)
+            self._settle_batch(entries, results)
 
 
-def _run_batch(client: redis.Redis, entries: list[_Entry]) -> list[Any]:
+def _run_batch(client: redis.Redis, entries: list[_Entry[LockHandle]]) -> list[Any]:
     """Renew (or finish releasing) ``entries``, all on ``client``, in one round trip."""
-    calls: list[ScriptCall] = []
-    for e in entries:
-        h = e.handle
-        if e.releasing:
-            calls.append(
-                (RELEASE, [h.keys.lock], [h.owner, h.mode, h.token, h.keys.released_channel])
-            )
-        else:
-            calls.append((RENEW, [h.keys.lock], [h.owner, h.token, h.lease_ms]))
-    return run_pipelined(client, calls)
+    return run_pipelined(client, [e.call() for e in entries])
 
 
 _default: Watchdog | None = None

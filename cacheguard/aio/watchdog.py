@@ -1,0 +1,133 @@
+"""Lease renewal on asyncio: one renewal task per event loop.
+
+The rules are the sync watchdog's (:mod:`cacheguard.locks.watchdog`), and so are
+the decisions: both keep their handles in a :class:`~cacheguard.locks.watchdog.LeaseBook`,
+which says what is due when and what each answer means. Every ``lease / 3`` the
+due handles are renewed, all handles on one client in one pipelined round trip;
+a handle with ``renew_for`` is left to expire (and marked lost) past that limit;
+a release that failed because Redis was down is retried until it goes through or
+the lease would have ended anyway; a renewal answering that another owner's writer
+waits sets ``handle.writer_waiting``.
+
+The task exists only while something is watched: with nothing left it ends, and
+the next :meth:`AsyncWatchdog.watch` starts a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio
+
+from cacheguard._identity import on_fork_in_child
+from cacheguard.aio._loop import LoopBinding
+from cacheguard.exceptions import REDIS_UNREACHABLE
+from cacheguard.locks.scripts import arun_pipelined
+from cacheguard.locks.watchdog import LeaseBook, _Entry
+
+if TYPE_CHECKING:
+    from cacheguard.aio.rwlock import AsyncLockHandle
+
+__all__ = ["AsyncWatchdog", "default_async_watchdog"]
+
+log = logging.getLogger("cacheguard.watchdog")
+
+
+class AsyncWatchdog(LeaseBook["AsyncLockHandle"]):
+    """Renews the leases of watched handles from one task on one event loop."""
+
+    def __init__(self, *, timer: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(timer=timer)
+        self._guard = contextlib.nullcontext()  # one loop: nothing runs in between
+        self._binding = LoopBinding("this AsyncWatchdog")
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._wake_at = float("inf")  # when the task plans to wake next
+
+    def _add(self, entry: _Entry[AsyncLockHandle]) -> None:
+        loop = self._binding.check()
+        self._entries[id(entry.handle)] = entry
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._run(), name="cacheguard-watchdog")
+        elif entry.due < self._wake_at and self._wake is not None:
+            self._wake.set()
+
+    def close(self) -> None:
+        """Stop the renewal task (the handles stay watched; the next watch restarts it)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        try:
+            while True:
+                now = self._timer()
+                due, soonest = self._due(now)
+                if not due:
+                    if soonest == float("inf"):
+                        return  # nothing watched: the next watch starts a new task
+                    self._wake_at = soonest
+                    wake.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(wake.wait(), soonest - now)
+                    continue
+                self._wake_at = now
+                try:
+                    await self._work(due)
+                except Exception:  # keep renewing the others whatever one batch did
+                    log.exception("unexpected error while renewing leases")
+                    self._after_error(due)
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+                self._wake_at = float("inf")
+
+    async def _work(self, due: list[_Entry[AsyncLockHandle]]) -> None:
+        for entries in self._batches(due):
+            try:
+                results = await _run_batch(entries[0].handle.client, entries)
+            except REDIS_UNREACHABLE as exc:
+                log.warning("lease renewal failed, will retry: %s", exc)
+                self._after_error(entries)
+                continue
+            self._settle_batch(entries, results)
+
+
+async def _run_batch(
+    client: redis.asyncio.Redis, entries: list[_Entry[AsyncLockHandle]]
+) -> list[Any]:
+    """Renew (or finish releasing) ``entries``, all on ``client``, in one round trip."""
+    return await arun_pipelined(client, [e.call() for e in entries])
+
+
+# -- one watchdog per event loop ---------------------------------------------------------
+
+_watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncWatchdog] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def default_async_watchdog() -> AsyncWatchdog:
+    """The running event loop's watchdog, created on first use."""
+    loop = asyncio.get_running_loop()
+    dog = _watchdogs.get(loop)
+    if dog is None:
+        dog = _watchdogs[loop] = AsyncWatchdog()
+        dog._binding.check()
+    return dog
+
+
+def _reset_after_fork() -> None:
+    # A forked child runs none of its parent's loops: it starts with no watchdogs.
+    _watchdogs.clear()
+
+
+on_fork_in_child(_reset_after_fork)
