@@ -1,0 +1,203 @@
+"""The asyncio driver of the fill flow: carries out its steps with awaits.
+
+The twin of :mod:`cacheguard.cache.driver`, step for step: it decides nothing,
+throws I/O errors back into the flow (Redis being down as
+:class:`BackendUnavailable`), and releases what it holds (the task's local read
+lock, the subscription) when the flow ends, however it ends, cancellation
+included. A fill's read hold is renewed by the loop's watchdog task while the
+loader runs; a cancelled filler still ends its fill (the end script runs
+shielded), so no fill is left stranded for its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Generator
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from cacheguard.aio.notifier import AsyncSubscription, async_notifier_for
+from cacheguard.aio.rwlock import AsyncLockHandle
+from cacheguard.aio.two_tier import AsyncTwoTierRWLock
+from cacheguard.cache.flow import (
+    Adopt,
+    Call,
+    Disown,
+    Drain,
+    HoldLocal,
+    Load,
+    LoadUnlocked,
+    Lookup,
+    Outcome,
+    ReadStamps,
+    ReleaseLater,
+    Seal,
+    Step,
+)
+from cacheguard.cache.loading import Loads
+from cacheguard.cache.singleflight import VALID_FOR_ALL
+from cacheguard.cache.watermark import collecting
+from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable
+from cacheguard.steps import Subscribe, Wait
+
+__all__ = ["aget_raw", "arun_load", "drive_fill_async"]
+
+
+async def aget_raw(client: redis.asyncio.Redis, key: str) -> Any:
+    """GET ``key``: bytes, None, or the error a non-string key gave. Redis being
+    down raises."""
+    try:
+        return await client.get(key)
+    except REDIS_DOWN:
+        raise
+    except redis.ResponseError as exc:
+        return exc
+
+
+async def arun_load(loads: Loads, name: str, load: Callable[[], Any]) -> tuple[Any, float]:
+    """``load()`` counted and timed; an async loader is awaited, a sync one called."""
+    with loads.loading(name) as elapsed:
+        value = load()
+        if inspect.isawaitable(value):
+            value = await value
+        return value, elapsed()
+
+
+class _Fill:
+    __slots__ = (
+        "cancelled",
+        "client",
+        "handle",
+        "last_renewed",
+        "load",
+        "loads",
+        "local",
+        "lock",
+        "name",
+        "seal",
+        "sealed",
+        "subscription",
+    )
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        lock: AsyncTwoTierRWLock,
+        loads: Loads,
+        name: str,
+        load: Callable[[], Any],
+        seal: Callable[[], int],
+    ) -> None:
+        self.client, self.lock, self.loads, self.name = client, lock, loads, name
+        self.load, self.seal = load, seal
+        self.sealed = VALID_FOR_ALL
+        self.subscription: AsyncSubscription | None = None
+        self.handle: AsyncLockHandle | None = None
+        self.last_renewed: float | None = None
+        self.local = False
+        self.cancelled = False  # cancelled during a script call, which was let finish
+
+    async def answer(self, step: Step) -> Any:
+        if isinstance(step, Call):
+            # Shielded: a begin that made us the filler, or an end, must be seen
+            # through, or the fill would stay stranded until its lease ends.
+            script, keys, args = step.call
+            call = asyncio.ensure_future(script.acall(self.client, keys, args))
+            try:
+                return await asyncio.shield(call)
+            except asyncio.CancelledError:
+                self.cancelled = True
+                return await call
+        if isinstance(step, Seal):
+            self.sealed = self.seal()
+        elif isinstance(step, Lookup):
+            return await aget_raw(self.client, self.lock.remote.keys.value)
+        elif isinstance(step, Subscribe):
+            channel = self.lock.remote.keys.released_channel
+            self.subscription = async_notifier_for(self.client).subscription(channel)
+            return await self.subscription.open(step.timeout)
+        elif isinstance(step, Wait):
+            assert self.subscription is not None
+            return await self.subscription.wait(step.seconds)
+        elif isinstance(step, Drain):
+            assert self.subscription is not None
+            self.subscription.drain()
+        elif isinstance(step, HoldLocal):
+            await self.lock.local.acquire_read(step.timeout)
+            self.local = True
+        elif isinstance(step, Load):
+            with collecting() as snapshots:
+                value, seconds = await arun_load(self.loads, self.name, self.load)
+            return value, seconds, min(snapshots, default=None)
+        elif isinstance(step, LoadUnlocked):
+            return (await arun_load(self.loads, self.name, self.load))[0]
+        elif isinstance(step, Adopt):
+            owner = self.lock.owner
+            self.handle = self.lock.remote.adopt(
+                "read", owner, step.epoch, renew_for=step.renew_for
+            )
+        elif isinstance(step, Disown):
+            assert self.handle is not None
+            self.last_renewed = self.lock.remote.disown(self.handle)
+        elif isinstance(step, ReleaseLater):
+            assert self.handle is not None
+            self.lock.remote.release_in_background(self.handle, self.last_renewed)
+        elif isinstance(step, ReadStamps):
+            pipe = self.client.pipeline(transaction=False)
+            for key in step.keys:
+                pipe.get(key)
+            return await pipe.execute()
+        return None
+
+    def close(self) -> None:
+        if self.subscription is not None:
+            self.subscription.close()
+        if self.local:
+            self.lock.local.release_read()
+
+
+# Steps that do not wait: a cancellation deferred by a script call is thrown into
+# the flow at the first step that would (the flow then ends its fill, if any).
+_NO_WAIT = (Call, Seal, Drain, Adopt, Disown, ReleaseLater)
+
+
+async def drive_fill_async(
+    flow: Generator[Step, Any, Outcome],
+    *,
+    client: redis.asyncio.Redis,
+    lock: AsyncTwoTierRWLock,
+    loads: Loads,
+    name: str,
+    load: Callable[[], Any],
+    seal: Callable[[], int],
+) -> tuple[Outcome, int]:
+    """Run ``flow`` to its end; its outcome and the flight generation below which
+    followers may share it (the last seal; 0 for a private outcome)."""
+    fill = _Fill(client, lock, loads, name, load, seal)
+    try:
+        step = next(flow)
+        while True:
+            if fill.cancelled and not isinstance(step, _NO_WAIT):
+                step = flow.throw(asyncio.CancelledError())
+                continue
+            try:
+                reply = await fill.answer(step)
+            except REDIS_DOWN as exc:
+                error = BackendUnavailable(f"Redis unreachable for {name!r}: {exc}")
+                error.__cause__ = exc
+                step = flow.throw(error)
+            except BaseException as exc:
+                step = flow.throw(exc)
+            else:
+                step = flow.send(reply)
+    except StopIteration as done:
+        if fill.cancelled:
+            raise asyncio.CancelledError from None
+        outcome: Outcome = done.value
+        return outcome, 0 if outcome.private else fill.sealed
+    finally:
+        flow.close()
+        fill.close()
