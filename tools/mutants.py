@@ -523,6 +523,41 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_flow_scripted.py::test_a_value_that_appeared_meanwhile_is_served_from_the_begin",
         ),
     ),
+    # -- the asyncio guard (cacheguard/aio/guard.py, driver.py) -------------------------------
+    Mutant(
+        "aio-cancelled-leader-frees-followers",
+        "followers of a leader task that was cancelled carry on (one of them loads); "
+        "they do not inherit its cancellation",
+        "cacheguard/aio/guard.py",
+        "        except asyncio.CancelledError:\n"
+        "            self._flights.finish(name, flight, valid_below=0)",
+        "        except KeyboardInterrupt:\n"
+        "            self._flights.finish(name, flight, valid_below=0)",
+        (
+            "tests/test_aio_guard.py::"
+            "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
+        ),
+    ),
+    Mutant(
+        "aio-cancelled-filler-ends-its-fill",
+        "a filler task cancelled while loading still ends its fill and releases its hold",
+        "cacheguard/aio/driver.py",
+        "            except BaseException as exc:\n                step = flow.throw(exc)\n",
+        "            except Exception as exc:\n                step = flow.throw(exc)\n",
+        (
+            "tests/test_aio_guard.py::"
+            "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
+        ),
+    ),
+    Mutant(
+        "aio-guard-one-event-loop",
+        "an AsyncCacheGuard used from a second event loop fails with WrongEventLoop",
+        "cacheguard/aio/guard.py",
+        '        """The cached value of ``name``, loaded by ``load()`` once if missing."""\n'
+        "        self._binding.check()\n",
+        '        """The cached value of ``name``, loaded by ``load()`` once if missing."""\n',
+        ("tests/test_aio_guard.py::test_a_guard_used_from_a_second_event_loop_fails_clearly",),
+    ),
     # -- asyncio locks (cacheguard/aio/, locks/wire.py) ------------------------------------
     Mutant(
         "aio-waiters-woken-by-pubsub",

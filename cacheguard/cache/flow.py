@@ -373,6 +373,8 @@ def _fill(job: FillJob, begin: Begin) -> Generator[Step, Any, Outcome]:
     yield Adopt(int(begin.epoch), job.settings.max_load_time)
     try:
         value, seconds, snapshot = yield LOAD
+    except GeneratorExit:
+        raise  # the driver closed us mid-load: no more steps may be asked for
     except BaseException:
         yield from _end(job, begin, None, 0.0, failed=True, snapshot=None)
         raise

@@ -1,0 +1,348 @@
+"""The cache's guarantees, written once and run against both guards (sync and
+asyncio) on the real Redis; then the two side by side on one namespace.
+
+Every test gets a ``make`` fixture that builds guards of the parametrised kind;
+``tests/guard_drivers.py`` gives both the same awaitable face.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from cacheguard import MISSING, BackendUnavailable, CacheGuard, LockTimeout, RecursiveLoadError
+from cacheguard.aio import AsyncCacheGuard
+from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
+from tests.helpers import subscribers, wait_until
+
+Make = Callable[..., Guard]
+
+
+@pytest.fixture(params=KINDS)
+async def make(
+    request: pytest.FixtureRequest, redis_url: str, namespace: str
+) -> AsyncIterator[Make]:
+    made: list[Guard] = []
+
+    def build(*, kind: str | None = None, url: str | None = None, **settings: Any) -> Guard:
+        settings.setdefault("namespace", namespace)
+        settings.setdefault("ttl_jitter", 0)
+        which = kind or request.param
+        if which == "sync":
+            guard: CacheGuard | AsyncCacheGuard = CacheGuard(
+                redis.Redis.from_url(url or redis_url, socket_timeout=10), **settings
+            )
+        else:
+            guard = AsyncCacheGuard(
+                redis.asyncio.Redis.from_url(url or redis_url, socket_timeout=10), **settings
+            )
+        made.append(Guard(which, guard))
+        return made[-1]
+
+    yield build
+    for guard in made:
+        await guard.close()
+
+
+class Loads:
+    """A loader that counts its calls; ``gate`` holds it until set."""
+
+    def __init__(self, value: Any = "v", *, gate: threading.Event | None = None) -> None:
+        self.value = value
+        self.calls = 0
+        self.started = threading.Event()
+        self.gate = gate
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        self.started.set()
+        if self.gate is None:
+            return self.value
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a worker thread of the sync guard: block
+            assert self.gate.wait(30), "the test never opened the gate"
+            return self.value
+        return self._gated()  # on the loop (the asyncio guard): an awaitable
+
+    async def _gated(self) -> Any:
+        assert self.gate is not None
+        assert await asyncio.to_thread(self.gate.wait, 30), "the test never opened the gate"
+        return self.value
+
+
+async def started(loads: Loads) -> None:
+    assert await asyncio.to_thread(loads.started.wait, 10), "the loader never started"
+
+
+def lock_hash(client: redis.Redis, guard: Guard, name: str) -> dict[bytes, bytes]:
+    return client.hgetall(guard.keys(name).lock)  # type: ignore[return-value]
+
+
+# -- one guard -----------------------------------------------------------------------------
+
+
+async def test_a_stampede_loads_once(make: Make) -> None:
+    guard = make()
+    gate = threading.Event()
+    loads = Loads({"rows": [1, 2, 3]}, gate=gate)
+    callers = [
+        asyncio.ensure_future(guard.get_or_load("menu:list", loads, ttl=60)) for _ in range(40)
+    ]
+    await started(loads)
+    gate.set()
+    values = await asyncio.gather(*callers)
+    assert values == [{"rows": [1, 2, 3]}] * 40
+    assert loads.calls == 1
+    assert await guard.get_or_load("menu:list", loads, ttl=60) == {"rows": [1, 2, 3]}
+    assert loads.calls == 1
+    assert guard.stats().loads == 1
+
+
+async def test_invalidate_makes_the_next_read_load(make: Make) -> None:
+    guard = make()
+    assert await guard.get_or_load("k", Loads("old"), ttl=60) == "old"
+    assert await guard.peek("k") == "old"
+    await guard.invalidate("k")
+    assert await guard.peek("k") is MISSING
+    assert await guard.get_or_load("k", Loads("new"), ttl=60) == "new"
+
+
+async def test_a_value_loaded_during_a_write_is_not_stored(make: Make, client: redis.Redis) -> None:
+    guard, other = make(), make()
+    async with guard.write("k"):
+        # The writer itself may read (it sees its own uncommitted state) but stores nothing.
+        assert await guard.get_or_load("k", Loads("uncommitted"), ttl=60) == "uncommitted"
+        assert await other.peek("k") is MISSING
+    assert not client.exists(guard.keys("k").value)
+    assert await other.get_or_load("k", Loads("committed"), ttl=60) == "committed"
+
+
+async def test_a_reader_waits_for_the_writer_and_gets_the_new_value(
+    make: Make, client: redis.Redis
+) -> None:
+    writer, reader = make(), make(lease=5)
+    assert await reader.get_or_load("k", Loads("old"), ttl=60) == "old"
+    async with writer.write("k"):
+        read = asyncio.ensure_future(reader.get_or_load("k", Loads("new"), ttl=60))
+        # The reader is waiting on the key's channel once Redis shows it subscribed.
+        assert await asyncio.to_thread(
+            wait_until, lambda: subscribers(client, reader.keys("k").released_channel) >= 1, 10
+        )
+        assert not read.done()
+    assert await read == "new"
+
+
+async def test_negative_caching(make: Make) -> None:
+    guard = make(none_ttl=30)
+    loads = Loads(None)
+    assert await guard.get_or_load("missing", loads, ttl=60) is None
+    assert await guard.get_or_load("missing", loads, ttl=60) is None
+    assert loads.calls == 1
+    no_negative = make(none_ttl=None)
+    loads = Loads(None)
+    assert await no_negative.get_or_load("missing2", loads, ttl=60) is None
+    assert await no_negative.get_or_load("missing2", loads, ttl=60) is None
+    assert loads.calls == 2
+
+
+async def test_a_failing_loader_leaves_no_hold_and_the_next_call_loads(
+    make: Make, client: redis.Redis
+) -> None:
+    guard = make()
+
+    def broken() -> Any:
+        raise ZeroDivisionError("db down")
+
+    with pytest.raises(ZeroDivisionError):
+        await guard.get_or_load("k", broken, ttl=60)
+    assert lock_hash(client, guard, "k") == {}
+    assert await guard.get_or_load("k", Loads("fine"), ttl=60) == "fine"
+    assert guard.stats().load_errors == 1
+
+
+@pytest.mark.parametrize("policy", ["raise", "load", "stale"])
+async def test_the_timeout_policy(make: Make, policy: str) -> None:
+    writer = make()
+    reader = make(wait_timeout=0.3, on_timeout=policy)
+    assert await reader.get_or_load("k", Loads("old"), ttl=0.2) == "old"
+    async with writer.write("k"):
+        if policy == "raise":
+            with pytest.raises(LockTimeout):
+                await reader.get_or_load("k", Loads("unlocked"), ttl=60)
+        elif policy == "load":
+            assert await reader.get_or_load("k", Loads("unlocked"), ttl=60) == "unlocked"
+        else:  # the write invalidated "old": nothing stale is left to serve, so it loads
+            assert await reader.get_or_load("k", Loads("unlocked"), ttl=60) == "unlocked"
+    assert reader.stats().wait_timeouts == 1
+
+
+async def test_the_stale_policy_serves_the_last_value(make: Make) -> None:
+    filler = make(lease=5)
+    reader = make(wait_timeout=0.3, on_timeout="stale")
+    assert await reader.get_or_load("k", Loads("old"), ttl=0.2) == "old"
+    await asyncio.sleep(0.3)  # the subject: the entry's expiry (kept past it for timeouts)
+    gate = threading.Event()
+    slow = Loads("new", gate=gate)
+    filling = asyncio.ensure_future(filler.get_or_load("k", slow, ttl=60))
+    await started(slow)
+    try:
+        assert await reader.get_or_load("k", Loads("unlocked"), ttl=60) == "old"
+    finally:
+        gate.set()
+    assert await filling == "new"
+    assert reader.stats().stale_served == 1
+
+
+async def test_refresh_loads_now(make: Make) -> None:
+    guard = make()
+    assert await guard.get_or_load("k", Loads("v1"), ttl=60) == "v1"
+    assert await guard.refresh("k", Loads("v2"), ttl=60) == "v2"
+    assert await guard.peek("k") == "v2"
+
+
+async def test_a_loader_reading_its_own_key_fails_at_once(make: Make) -> None:
+    guard = make(wait_timeout=30)
+    if guard.kind == "async":
+
+        async def inner() -> Any:
+            return await guard.guard.get_or_load("k", Loads("x"), ttl=60)  # type: ignore[misc]
+
+    else:
+
+        def inner() -> Any:
+            return guard.guard.get_or_load("k", Loads("x"), ttl=60)
+
+    with pytest.raises(RecursiveLoadError):
+        await guard.get_or_load("k", inner, ttl=60)
+
+
+async def test_redis_down_bypasses_or_raises(make: Make) -> None:
+    down = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    bypass = make(url=down, on_backend_error="bypass")
+    assert await bypass.get_or_load("k", Loads("direct"), ttl=60) == "direct"
+    assert bypass.stats().backend_errors >= 1
+    raising = make(url=down, on_backend_error="raise")
+    with pytest.raises(BackendUnavailable):
+        await raising.get_or_load("k", Loads("direct"), ttl=60)
+    with pytest.raises(BackendUnavailable):
+        await raising.invalidate("k")
+
+
+async def test_loaders_and_the_decorator(make: Make) -> None:
+    guard = make()
+    rows = {7: {"id": 7, "name": "Soups"}}
+    loader = guard.loader(key="menu:{menu_id}", load=lambda menu_id: rows[menu_id], ttl=60)
+    assert await loader.get(7) == {"id": 7, "name": "Soups"}
+    assert await loader.peek(7) == {"id": 7, "name": "Soups"}
+    rows[7] = {"id": 7, "name": "Salads"}
+    await loader.invalidate(7)
+    assert await loader.get(7) == {"id": 7, "name": "Salads"}
+
+    calls: list[int] = []
+
+    @guard.decorate(key="menu:list", ttl=60)
+    def list_menus() -> list[int]:
+        calls.append(1)
+        return [7]
+
+    assert await list_menus() == [7]
+    assert await list_menus() == [7]
+    assert calls == [1]
+    await list_menus.invalidate()
+    assert await list_menus.peek() is MISSING
+
+
+async def test_a_waiter_in_another_process_is_woken_by_the_announcement(
+    make: Make, client: redis.Redis
+) -> None:
+    """Another guard on its own client (another process's worth) waits for the
+    fill with every timer a minute long: only the fill's announcement wakes it."""
+    filler = make(lease=60)
+    waiter = make(lease=60, wait_timeout=120, on_timeout="raise")
+    waiter.guard._wait_backoff = NO_TIMER_WAKE_UP
+    gate = threading.Event()
+    slow = Loads("filled", gate=gate)
+    filling = asyncio.ensure_future(filler.get_or_load("k", slow, ttl=60))
+    await started(slow)
+    waiting = asyncio.ensure_future(waiter.get_or_load("k", Loads("waiter"), ttl=60))
+    assert await asyncio.to_thread(
+        wait_until, lambda: subscribers(client, waiter.keys("k").released_channel) >= 1, 10
+    )
+    gate.set()
+    assert await asyncio.wait_for(waiting, 20) == "filled"
+    assert await filling == "filled"
+
+
+# -- sync and asyncio side by side -------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", KINDS)
+async def test_sync_and_async_processes_load_a_cold_key_once(
+    make: Make, first: str, client: redis.Redis
+) -> None:
+    second = "async" if first == "sync" else "sync"
+    a, b = make(kind=first), make(kind=second)
+    gate = threading.Event()
+    loads = Loads("once", gate=gate)
+    leader = asyncio.ensure_future(a.get_or_load("k", loads, ttl=60))
+    await started(loads)
+    others = [asyncio.ensure_future(g.get_or_load("k", loads, ttl=60)) for g in (a, b) * 10]
+    # The other process's callers wait on the key's channel before the load ends.
+    assert await asyncio.to_thread(
+        wait_until, lambda: subscribers(client, b.keys("k").released_channel) >= 1, 10
+    )
+    gate.set()
+    assert await leader == "once"
+    assert await asyncio.gather(*others) == ["once"] * 20
+    assert loads.calls == 1
+
+
+async def test_a_sync_write_invalidates_what_async_readers_see(make: Make) -> None:
+    sync, aio = make(kind="sync"), make(kind="async")
+    assert await aio.get_or_load("k", Loads("v1"), ttl=60) == "v1"
+    async with sync.write("k"):
+        pass
+    assert await aio.peek("k") is MISSING
+    assert await aio.get_or_load("k", Loads("v2"), ttl=60) == "v2"
+    assert await sync.peek("k") == "v2"
+
+
+async def test_an_async_write_excludes_a_sync_fill(make: Make, client: redis.Redis) -> None:
+    sync, aio = make(kind="sync", lease=5), make(kind="async")
+    async with aio.write("k"):
+        read = asyncio.ensure_future(sync.get_or_load("k", Loads("after"), ttl=60))
+        assert await asyncio.to_thread(
+            wait_until, lambda: subscribers(client, sync.keys("k").released_channel) >= 1, 10
+        )
+        assert not read.done()
+    assert await read == "after"
+
+
+def test_the_sync_test_face_calls_real_threads() -> None:
+    """The sync face really runs the blocking guard off the loop (else the
+    concurrency tests above would run callers one by one)."""
+    seen: set[int] = set()
+
+    async def main() -> None:
+        guard = Guard("sync", object())  # type: ignore[arg-type]
+        await asyncio.gather(
+            *(guard._call(lambda: seen.add(threading.get_ident())) for _ in range(8))
+        )
+
+    asyncio.run(main())
+    assert threading.get_ident() not in seen
+
+
+async def test_time_is_not_asserted(make: Make) -> None:
+    """A smoke test that the fixture builds the parametrised kind."""
+    guard = make()
+    assert isinstance(guard.guard, CacheGuard if guard.kind == "sync" else AsyncCacheGuard)
+    assert time.monotonic() > 0
