@@ -558,6 +558,28 @@ MUTANTS: tuple[Mutant, ...] = (
         '        """The cached value of ``name``, loaded by ``load()`` once if missing."""\n',
         ("tests/test_aio_guard.py::test_a_guard_used_from_a_second_event_loop_fails_clearly",),
     ),
+    Mutant(
+        "async-tracker-own-session-class",
+        "tracking an async_sessionmaker tracks its sessions only, never every Session "
+        "of the program",
+        "cacheguard/sqlalchemy/guards.py",
+        "        if sync_class is Session:\n",
+        "        if False:\n",
+        ("tests/test_sqlalchemy_async.py::test_mismatched_guards_and_factories_are_refused",),
+    ),
+    Mutant(
+        "async-session-hooks-hold-the-keys",
+        "an AsyncSession's flush write-locks and invalidates its keys until the commit",
+        "cacheguard/sqlalchemy/guards.py",
+        "    def acquire_write(self, lock: Any, timeout: float | None) -> None:\n"
+        "        self._run(lock.acquire_write(timeout))\n",
+        "    def acquire_write(self, lock: Any, timeout: float | None) -> None:\n"
+        "        lock.acquire_write(timeout).close()\n",
+        (
+            "tests/test_sqlalchemy_async.py::"
+            "test_a_reader_waits_for_the_transaction_and_sees_the_commit",
+        ),
+    ),
     # -- asyncio locks (cacheguard/aio/, locks/wire.py) ------------------------------------
     Mutant(
         "aio-waiters-woken-by-pubsub",

@@ -14,8 +14,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-__all__ = ["sqlite_engine"]
+__all__ = ["sqlite_async_engine", "sqlite_engine"]
 
 
 def sqlite_engine(url: str, **engine_options: Any) -> sa.Engine:
@@ -24,7 +25,21 @@ def sqlite_engine(url: str, **engine_options: Any) -> sa.Engine:
         raise ValueError(f"sqlite_engine needs a sqlite:// URL, got {url!r}")
     engine_options.setdefault("connect_args", {}).setdefault("timeout", 30)
     engine = sa.create_engine(url, **engine_options)
+    _real_transactions(engine)
+    return engine
 
+
+def sqlite_async_engine(url: str, **engine_options: Any) -> AsyncEngine:
+    """The same for ``sqlite+aiosqlite:///path`` (an ``AsyncEngine``)."""
+    if not url.startswith("sqlite+aiosqlite"):
+        raise ValueError(f"sqlite_async_engine needs a sqlite+aiosqlite:// URL, got {url!r}")
+    engine_options.setdefault("connect_args", {}).setdefault("timeout", 30)
+    engine = create_async_engine(url, **engine_options)
+    _real_transactions(engine.sync_engine)
+    return engine
+
+
+def _real_transactions(engine: sa.Engine) -> None:
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, record: Any) -> None:
         dbapi_connection.isolation_level = None  # we send BEGIN ourselves
@@ -35,5 +50,3 @@ def sqlite_engine(url: str, **engine_options: Any) -> sa.Engine:
     @event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:
         connection.exec_driver_sql("BEGIN")
-
-    return engine

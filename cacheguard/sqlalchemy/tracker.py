@@ -22,6 +22,11 @@ One transaction of a tracked session, from begin to end:
 
 Locks are held by the watchdog's renewals for as long as the transaction is
 open; a process that dies mid-transaction frees them when its lease ends.
+
+With an :class:`~cacheguard.aio.AsyncCacheGuard` and an ``async_sessionmaker`` the
+same hooks run: ``AsyncSession`` runs its sync session, and so these events, in a
+greenlet of the calling task, where the guard's coroutines are awaited in place
+(``sqlalchemy.util.await_only``). Locks then belong to that task.
 """
 
 from __future__ import annotations
@@ -40,11 +45,10 @@ from sqlalchemy import event
 from sqlalchemy.orm import Mapper, ORMExecuteState, Session, SessionTransaction
 
 from cacheguard._identity import on_fork_in_child
-from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import render_key, template_fields
 from cacheguard.cache.watermark import note_snapshot, snapshot_opened
 from cacheguard.exceptions import BackendUnavailable, KeyTemplateError
-from cacheguard.locks.two_tier import TwoTierRWLock
+from cacheguard.sqlalchemy.guards import GuardIO, guard_io, session_class_of
 
 __all__ = ["CACHE_KEYS_ATTRIBUTE", "ModelTracker", "track_models"]
 
@@ -83,7 +87,7 @@ class _TransactionLocks:
     """What one session holds for its current outermost transaction."""
 
     snapshot_watermark: int | None = None
-    locks: dict[str, tuple[TwoTierRWLock, int]] = field(default_factory=dict)
+    locks: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (lock, holder)
     # Keyed by id(): holding the transactions would keep the session alive, and a
     # dropped session must be collected to release its locks. Entries end with them.
     by_transaction: dict[int, set[str]] = field(default_factory=dict)
@@ -100,19 +104,19 @@ class ModelTracker:
 
     def __init__(
         self,
-        guard: CacheGuard,
+        guard: Any,
         session_factory: Any,
         models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
         *,
         lock_timeout: float | None = None,
         max_rows: int = 1000,
     ) -> None:
-        if not isinstance(guard, CacheGuard):
-            raise TypeError(f"guard must be a CacheGuard, not {type(guard).__name__}")
         if not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError("max_rows must be an int >= 1")
         self.guard = guard
+        self._io: GuardIO = guard_io(guard)  # TypeError for anything but the two guards
         self.session_factory = session_factory
+        self._events_target = session_class_of(guard, session_factory)
         self.lock_timeout = lock_timeout
         self.max_rows = max_rows
         self._models = _check_models(models)
@@ -135,13 +139,13 @@ class ModelTracker:
                 if fields:  # fills under it honour this model's prefix invalidations
                     guard.watch_prefix(_literal_prefix(template))
         for name in _SESSION_EVENTS:
-            event.listen(session_factory, name, getattr(self, f"_on_{name}"))
+            event.listen(self._events_target, name, getattr(self, f"_on_{name}"))
 
     def remove(self) -> None:
         """Uninstall the hooks (transactions already open keep what they hold)."""
         for name in _SESSION_EVENTS:
-            if event.contains(self.session_factory, name, getattr(self, f"_on_{name}")):
-                event.remove(self.session_factory, name, getattr(self, f"_on_{name}"))
+            if event.contains(self._events_target, name, getattr(self, f"_on_{name}")):
+                event.remove(self._events_target, name, getattr(self, f"_on_{name}"))
         for target, name, listener in self._history_listeners:
             if event.contains(target, name, listener):
                 event.remove(target, name, listener)
@@ -170,7 +174,7 @@ class ModelTracker:
         if state.snapshot_watermark is not None:
             return  # a second connection or a savepoint of the same transaction
         try:
-            state.snapshot_watermark = self.guard.watermark()
+            state.snapshot_watermark = self._io.watermark()
         except BackendUnavailable as exc:
             # Unknown: no fill from this snapshot may store (-1 is below every version).
             state.snapshot_watermark = -1
@@ -265,7 +269,7 @@ class ModelTracker:
                 continue
             if rows and all(set(fields) <= set(r) for r in rows):
                 names |= {
-                    render_key(template, r, max_length=self.guard.settings.max_key_length)
+                    render_key(template, r, max_length=self._io.settings.max_key_length)
                     for r in rows
                 }
             else:
@@ -331,7 +335,7 @@ class ModelTracker:
         outermost transaction ends (nothing is locked; see docs/design.md)."""
         prefix = _literal_prefix(template)
         self._state(session).prefixes.add(prefix)
-        self.guard.invalidate_prefix(prefix)
+        self._io.invalidate_prefix(prefix)
 
     # -- locks ---------------------------------------------------------------------------------
 
@@ -350,13 +354,13 @@ class ModelTracker:
             # A session dropped without close(): release when it is collected (by a
             # background thread: the collector may run inside any lock of ours).
             _start_orphan_thread()
-            state.finalizer = weakref.finalize(session, _release_later, self.guard, state)
-        me = threading.get_ident()
+            state.finalizer = weakref.finalize(session, _release_later, self._io, state)
+        me = self._io.holder()
         for name in fresh:  # one global order within each batch
-            lock = self.guard.rwlock(name)
-            lock.acquire_write(self.lock_timeout)
+            lock = self._io.rwlock(name)
+            self._io.acquire_write(lock, self.lock_timeout)
             state.locks[name] = (lock, me)
-        self.guard.invalidate(*fresh)
+        self._io.invalidate(*fresh)
 
     # -- transaction end -----------------------------------------------------------------------
 
@@ -372,7 +376,7 @@ class ModelTracker:
         if state is None:
             return
         if transaction.parent is None:
-            _release_all(self.guard, state)
+            _release_all(self._io, state)
             return
         if not transaction.nested:
             return  # a flush's internal subtransaction
@@ -385,7 +389,7 @@ class ModelTracker:
             return
         # Rolled back: what only this savepoint touched is as before; let it go.
         still = set().union(*state.by_transaction.values())
-        _release(self.guard, state, sorted(own - still))
+        _release(self._io, state, sorted(own - still))
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -404,7 +408,7 @@ class ModelTracker:
 
     def _fixed(self, spec: _ModelKeys) -> set[str]:
         return {
-            render_key(t, {}, max_length=self.guard.settings.max_key_length)
+            render_key(t, {}, max_length=self._io.settings.max_key_length)
             for t, fields in spec.fields.items()
             if not fields
         }
@@ -420,12 +424,12 @@ class ModelTracker:
         for template, fields in spec.fields.items():
             if skip_none and any(values.get(f) is None for f in fields):
                 continue  # a new object's generated id: named after the INSERT
-            names.add(render_key(template, values, max_length=self.guard.settings.max_key_length))
+            names.add(render_key(template, values, max_length=self._io.settings.max_key_length))
         return names
 
 
 def track_models(
-    guard: CacheGuard,
+    guard: Any,
     session_factory: Any,
     models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
     *,
@@ -438,7 +442,9 @@ def track_models(
     ``{Menu: ("menu:list", "menu:{id}")}``; fields name the model's column
     attributes. A list of classes reads each one's ``__cache_keys__`` instead.
     ``session_factory`` is a ``sessionmaker``, a ``Session`` subclass or a
-    ``scoped_session``. ``lock_timeout`` bounds each write-lock wait (default:
+    ``scoped_session``; with an :class:`~cacheguard.aio.AsyncCacheGuard`, an
+    ``async_sessionmaker`` (or an ``AsyncSession`` subclass with a
+    ``sync_session_class`` of its own). ``lock_timeout`` bounds each write-lock wait (default:
     the guard's ``wait_timeout``); statements touching more than ``max_rows``
     rows invalidate their model's templates by prefix.
     """
@@ -547,7 +553,7 @@ def _enclosing(transaction: SessionTransaction) -> SessionTransaction | None:
     return parent
 
 
-def _release(guard: CacheGuard, state: _TransactionLocks, names: list[str]) -> None:
+def _release(guard: GuardIO, state: _TransactionLocks, names: list[str]) -> None:
     """Invalidate ``names`` once more (locked or not: a lock that timed out still
     leaves a change behind), then release the locks among them. Never raises: it
     runs after the database has committed or rolled back."""
@@ -563,12 +569,12 @@ def _release(guard: CacheGuard, state: _TransactionLocks, names: list[str]) -> N
             continue
         lock, holder = held
         try:
-            lock.release_write(holder=holder)
+            guard.release_write(lock, holder)
         except Exception:
             log.exception("releasing the write lock of %r failed", name)
 
 
-def _release_all(guard: CacheGuard, state: _TransactionLocks) -> None:
+def _release_all(guard: GuardIO, state: _TransactionLocks) -> None:
     """The outermost transaction ended: invalidate everything again, release all."""
     touched = set().union(*state.by_transaction.values())
     names = list(state.locks) + sorted(touched - set(state.locks))  # locks in taking order
@@ -587,12 +593,12 @@ def _release_all(guard: CacheGuard, state: _TransactionLocks) -> None:
         state.finalizer = None
 
 
-_orphans: queue.SimpleQueue[tuple[CacheGuard, _TransactionLocks]] = queue.SimpleQueue()
+_orphans: queue.SimpleQueue[tuple[GuardIO, _TransactionLocks]] = queue.SimpleQueue()
 _orphan_thread: threading.Thread | None = None
 _orphan_mutex = threading.Lock()
 
 
-def _release_later(guard: CacheGuard, state: _TransactionLocks) -> None:
+def _release_later(guard: GuardIO, state: _TransactionLocks) -> None:
     """Finalizer of a dropped session: hand its locks to the releasing thread
     (SimpleQueue.put is safe inside the garbage collector; nothing else is)."""
     _orphans.put((guard, state))
