@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import multiprocessing as mp
 import os
@@ -138,16 +139,37 @@ def _floor_worker(threads: int, at: float, out: Any) -> None:
     out.put([(w - at) * 1000 for w in woke])
 
 
-def wake_floor(processes: int, threads: int) -> dict[str, float]:
-    """The machine's floor for waiter lag: P x T threads parked on an Event that is
-    set at a known instant, no Redis at all."""
+def wake_floor(processes: int, callers: int, *, tasks: bool = False) -> dict[str, float]:
+    """The machine's floor for waiter lag: P x T threads (or asyncio tasks) parked on
+    an Event that is set at a known instant, no Redis at all."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     at = time.time() + 2.0
-    procs = [ctx.Process(target=_floor_worker, args=(threads, at, out)) for _ in range(processes)]
+    worker = _async_floor_worker if tasks else _floor_worker
+    procs = [ctx.Process(target=worker, args=(callers, at, out)) for _ in range(processes)]
     for p in procs:
         p.start()
     lags = sorted(x for _ in procs for x in out.get(timeout=60))
     for p in procs:
         p.join(10)
     return {"lag_p50": statistics.median(lags), "lag_max": max(lags)}
+
+
+def _async_floor_worker(tasks: int, at: float, out: Any) -> None:
+    async def main() -> list[float]:
+        event = asyncio.Event()
+        woke: list[float] = []
+
+        async def wait() -> None:
+            await event.wait()
+            woke.append(time.time())
+
+        waiting = [asyncio.ensure_future(wait()) for _ in range(tasks)]
+        await asyncio.sleep(max(at - time.time() - 0.002, 0))
+        while time.time() < at:
+            pass
+        event.set()
+        await asyncio.gather(*waiting)
+        return [(w - at) * 1000 for w in woke]
+
+    out.put(asyncio.run(main()))

@@ -1,6 +1,6 @@
 """Cache benchmark: the cold-key stampede and the hit path, side by side in one run.
 
-    python bench/cache.py [--url redis://...] [--processes 4] [--threads 25]
+    python bench/cache.py [--url redis://...] [--processes 4] [--threads 25] [--tasks 50]
                           [--load-ms 50] [--rounds 3] [--write docs/benchmarks.md]
 
 Without ``--url`` it starts its own throwaway ``redis-server`` (so command counts
@@ -14,16 +14,22 @@ stampede cost (``total_commands_processed``, which counts the calls made inside
 Lua too). Connections and scripts are warmed up first, as in a running service;
 the channel's UNSUBSCRIBE (10 s after the last waiter) falls outside the window.
 The same stampede through naive cache-aside (GET, load, SET) runs beside it.
+Then on asyncio: P processes x ``--tasks`` tasks of an AsyncCacheGuard, with a
+1 ms ticker task in each loop recording its longest gap (a blocked loop shows),
+and sync and asyncio processes side by side on one key (one load expected).
 
 Hit path: one warm key, one thread, default settings: µs per ``get_or_load``,
 ``CacheLoader.get`` and a ``@cached_with_lock`` call next to a raw GET +
 ``msgpack.unpackb`` of the same payload (batches interleaved), over the network
-and with GET answered from memory (the Python cost alone); and an L1 hit.
+and with GET answered from memory (the Python cost alone); and an L1 hit. The
+asyncio guard's ``get_or_load``, ``AsyncCacheLoader.get`` and decorated ``async def``
+next to a raw ``await client.get()`` + ``msgpack.unpackb``, on one event loop.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import os
 import statistics
@@ -36,11 +42,13 @@ from typing import Any
 
 import msgpack
 import redis
+import redis.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import (
     command_calls,
+    interleaved_batches_us,
     interleaved_us,
     percentile,
     run_line,
@@ -49,6 +57,7 @@ from bench._common import (
     wake_floor,
 )
 from cacheguard import CacheGuard, CacheLoader, cached_with_lock
+from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader, async_notifier_for
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.testing import RedisEndpoint
 
@@ -59,6 +68,9 @@ MARK = "bench/cache.py"
 def _worker(
     url: str, kind: str, name: str, threads: int, load_s: float, ready: Any, go: Any, out: Any
 ) -> None:
+    if kind == "cacheguard-async":
+        asyncio.run(_async_worker(url, name, threads, load_s, ready, go, out))
+        return
     client = redis.Redis.from_url(url)
     guard = CacheGuard(client, namespace="bench", ttl_jitter=0, early_refresh_beta=0)
     # Warm up as a running service would be: pool connection, scripts, subscriber.
@@ -105,14 +117,67 @@ def _worker(
     out.put(results)
 
 
+async def _async_worker(
+    url: str, name: str, tasks: int, load_s: float, ready: Any, go: Any, out: Any
+) -> None:
+    """``tasks`` asyncio tasks of one process ask for the key at once; a ticker task
+    beside them records the longest gap between its ticks (a blocked loop shows)."""
+    guard = AsyncCacheGuard.from_url(url, namespace="bench", ttl_jitter=0, early_refresh_beta=0)
+    await guard.get_or_load(f"warm-{os.getpid()}", lambda: 1, ttl=60)
+    warm = async_notifier_for(guard.client).subscription("bench:warm")
+    await warm.open(5)
+    warm.close()
+    results: list[tuple[float, Any]] = []
+
+    async def load() -> str:
+        await asyncio.sleep(load_s)
+        results.append((time.time(), True))
+        return "value"
+
+    async def call() -> None:
+        started = time.time()
+        await guard.get_or_load(name, load, ttl=60)
+        ended = time.time()
+        results.append((ended, False))
+        results.append((ended - started, None))
+
+    ready.put(True)
+    await asyncio.to_thread(go.wait)
+    stop = asyncio.Event()
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.ensure_future(ticker())
+    await asyncio.gather(*(call() for _ in range(tasks)))
+    stop.set()
+    await ticking
+    results.append((max(gaps, default=0.0) * 1000, "gap"))
+    await guard.aclose()
+    await guard.client.aclose()
+    out.put(results)
+
+
 def stampede(
     url: str, kind: str, processes: int, threads: int, load_s: float, rnd: int
 ) -> dict[str, float]:
+    """One cold key asked by ``processes`` x ``threads`` callers; ``kind`` "mixed"
+    alternates sync (threads) and asyncio (tasks) processes."""
     name = f"stampede-{kind}-{rnd}-{time.time_ns()}"
     ready, out, go = CTX.Queue(), CTX.Queue(), CTX.Event()
+    kinds = [
+        ("cacheguard" if i % 2 else "cacheguard-async") if kind == "mixed" else kind
+        for i in range(processes)
+    ]
     procs = [
-        CTX.Process(target=_worker, args=(url, kind, name, threads, load_s, ready, go, out))
-        for _ in range(processes)
+        CTX.Process(target=_worker, args=(url, k, name, threads, load_s, ready, go, out))
+        for k in kinds
     ]
     for p in procs:
         p.start()
@@ -135,6 +200,7 @@ def stampede(
     }
     for p in procs:
         p.join(10)
+    gaps = [t for t, is_load in rows if is_load == "gap"]
     fill_ends = [t for t, is_load in rows if is_load is True]
     returns = [t for t, is_load in rows if is_load is False]
     latencies = [t * 1000 for t, is_load in rows if is_load is None]
@@ -150,6 +216,7 @@ def stampede(
         "lag_max": max(lags) if lags else 0.0,
         "lat_p50": statistics.median(latencies),
         "lat_p99": percentile(latencies, 0.99),
+        "gap_max": max(gaps, default=float("nan")),  # the loop's longest stall (asyncio)
         "breakdown": breakdown,  # type: ignore[dict-item]
     }
 
@@ -236,6 +303,88 @@ def hit_path(url: str, cycles: int) -> dict[str, dict[str, float]]:
     return results
 
 
+class _AsyncInMemory:
+    """:class:`_InMemory` for the asyncio guard."""
+
+    def __init__(self, client: redis.Redis, keys: list[str]) -> None:
+        self._data = {key: client.get(key) for key in keys}
+
+    async def get(self, key: str) -> bytes | None:
+        return self._data.get(key)
+
+
+def _async_hit_bodies(client: Any, guard: AsyncCacheGuard, raw_key: str) -> dict[str, Any]:
+    """The asyncio guard's hit paths, each a coroutine function of one cycle."""
+    value = _menu_rows()
+
+    async def load_menu(menu_id: int) -> list[dict[str, Any]]:
+        return value
+
+    menu = AsyncCacheLoader(guard, key="menu:{menu_id}", load=load_menu, ttl=3600)
+
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=3600)
+    async def cached_menu(menu_id: int) -> list[dict[str, Any]]:
+        return value
+
+    async def raw() -> None:
+        msgpack.unpackb(await client.get(raw_key))
+
+    async def get_or_load() -> None:
+        await guard.get_or_load("menu:7", lambda: value, ttl=3600)
+
+    async def loader_get() -> None:
+        await menu.get(7)
+
+    async def decorated() -> None:
+        await cached_menu(7)
+
+    return {
+        "raw await GET + unpackb": raw,
+        "get_or_load (asyncio)": get_or_load,
+        "AsyncCacheLoader.get": loader_get,
+        "@cached_with_lock (async def)": decorated,
+    }
+
+
+def async_hit_path(url: str, cycles: int) -> dict[str, dict[str, float]]:
+    """µs per hit of the asyncio guard, over the network and with GET from memory;
+    every batch runs on one event loop (the guard belongs to it)."""
+    loop = asyncio.new_event_loop()
+    sync_client = redis.Redis.from_url(url)
+    raw_key = "bench-hit:raw"
+    sync_client.set(raw_key, msgpack.packb(_menu_rows()))
+    guard = AsyncCacheGuard(redis.asyncio.Redis.from_url(url), namespace="bench-hit")
+    loop.run_until_complete(guard.get_or_load("menu:7", _menu_rows, ttl=3600))
+    memory = AsyncCacheGuard(redis.asyncio.Redis.from_url(url), namespace="bench-hit")
+    memory.client = _AsyncInMemory(sync_client, [guard.keys("menu:7").value])  # type: ignore[assignment]
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for label, bodies in (
+            ("over the network", _async_hit_bodies(guard.client, guard, raw_key)),
+            (
+                "in-memory GET (Python cost only)",
+                _async_hit_bodies(_AsyncInMemory(sync_client, [raw_key]), memory, raw_key),
+            ),
+        ):
+
+            def batch(body: Any) -> Any:
+                async def cycles_of(n: int) -> None:
+                    for _ in range(n):
+                        await body()
+
+                return lambda n: loop.run_until_complete(cycles_of(n))
+
+            batches = {name: batch(body) for name, body in bodies.items()}
+            for run in batches.values():
+                run(200)
+            results[label] = interleaved_batches_us(batches, cycles)
+    finally:
+        loop.run_until_complete(guard.aclose())
+        loop.run_until_complete(guard.client.aclose())
+        loop.close()
+    return results
+
+
 def _in_memory_guard(client: redis.Redis, guard: CacheGuard) -> CacheGuard:
     memory = CacheGuard(client, namespace="bench-hit")
     memory.client = _InMemory(client, [guard.keys("menu:7").value])  # type: ignore[assignment]
@@ -249,6 +398,10 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
         server = {"redis_version": "fakeredis"}
     load_s = args.load_ms / 1000
     runs: dict[str, list[dict[str, Any]]] = {"cacheguard": [], "naive cache-aside": []}
+    async_runs: dict[str, list[dict[str, Any]]] = {
+        "cacheguard (asyncio)": [],
+        "sync + asyncio processes": [],
+    }
     for rnd in range(args.rounds):
         runs["cacheguard"].append(
             stampede(endpoint.url, "cacheguard", args.processes, args.threads, load_s, rnd)
@@ -256,17 +409,26 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
         runs["naive cache-aside"].append(
             stampede(endpoint.url, "naive", args.processes, args.threads, load_s, rnd)
         )
+        async_runs["cacheguard (asyncio)"].append(
+            stampede(endpoint.url, "cacheguard-async", args.processes, args.tasks, load_s, rnd)
+        )
+        async_runs["sync + asyncio processes"].append(
+            stampede(endpoint.url, "mixed", args.processes, args.tasks, load_s, rnd)
+        )
     floors = [wake_floor(args.processes, args.threads) for _ in range(args.rounds)]
+    task_floors = [wake_floor(args.processes, args.tasks, tasks=True) for _ in range(args.rounds)]
     hits = hit_path(endpoint.url, args.cycles)
+    async_hits = async_hit_path(endpoint.url, args.cycles)
 
     def med(kind: str, field: str) -> float:
-        return statistics.median(r[field] for r in runs[kind])
+        return statistics.median(r[field] for r in {**runs, **async_runs}[kind])
 
     lines = [
         run_line(str(server.get("redis_version")), endpoint.kind),
         "",
         f"Command: `python bench/cache.py --processes {args.processes} --threads {args.threads} "
-        f"--load-ms {args.load_ms} --rounds {args.rounds} --cycles {args.cycles}`",
+        f"--tasks {args.tasks} --load-ms {args.load_ms} --rounds {args.rounds} "
+        f"--cycles {args.cycles}`",
         "",
         f"Cold-key stampede, {args.processes} processes x {args.threads} threads, "
         f"{args.load_ms} ms loader, median of {args.rounds} rounds (every round's figures "
@@ -295,6 +457,39 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
     )
     lines += [
         "",
+        f"The same stampede on asyncio: {args.processes} processes x {args.tasks} tasks "
+        "(one event loop each); then sync and asyncio processes side by side on the key "
+        f"(every other process a thread pool of {args.tasks}). Loop gap: the longest pause "
+        "between the ticks of a 1 ms ticker task beside the callers.",
+        "",
+        "| system | loads | waiter lag p50 ms | waiter lag max ms | latency p50 ms "
+        "| latency p99 ms | Redis commands | loop gap max ms "
+        "| rounds (loads / lag max / commands) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for kind, rounds in async_runs.items():
+        per_round = "; ".join(
+            f"{int(r['loads'])} / {r['lag_max']:.1f} / {_count(r['commands'])}" for r in rounds
+        )
+        lines.append(
+            f"| {kind} | {med(kind, 'loads'):.0f} | {med(kind, 'lag_p50'):.2f} "
+            f"| {med(kind, 'lag_max'):.2f} | {med(kind, 'lat_p50'):.1f} "
+            f"| {med(kind, 'lat_p99'):.1f} | {_count(med(kind, 'commands'))} "
+            f"| {max(r['gap_max'] for r in rounds):.1f} | {per_round} |"
+        )
+    lines.append(
+        "| floor: the same tasks woken by an asyncio.Event, no Redis | "
+        f"| {statistics.median(f['lag_p50'] for f in task_floors):.2f} "
+        f"| {statistics.median(f['lag_max'] for f in task_floors):.2f} | | | | | "
+        + "; ".join(f"- / {f['lag_max']:.1f} / -" for f in task_floors)
+        + " |"
+    )
+    hits = {
+        where: {**micros, **{k: v for k, v in async_hits[where].items()}}
+        for where, micros in hits.items()
+    }
+    lines += [
+        "",
         "Hit path, one warm key (a 20-row menu list), one thread, default settings "
         "(key template rendering included). Over the network, and with GET answered "
         "from memory (the Python cost alone, without the network's noise):",
@@ -303,8 +498,10 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
         "|---|---|---:|---:|---:|",
     ]
     for where, micros in hits.items():
-        base = micros["raw GET + unpackb"]
         for label, us in micros.items():
+            # asyncio rows against the asyncio raw GET, the others against the sync one
+            asyncio_row = label in async_hits.get(where, {})
+            base = micros["raw await GET + unpackb" if asyncio_row else "raw GET + unpackb"]
             lines.append(f"| {where} | {label} | {us:.1f} | {us - base:+.1f} | {us / base:.2f}x |")
     return "\n".join(lines)
 
@@ -318,13 +515,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", help="Redis URL (default: a throwaway redis-server)")
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--threads", type=int, default=25)
+    parser.add_argument("--tasks", type=int, default=50, help="asyncio callers per process")
     parser.add_argument("--load-ms", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cycles", type=int, default=3000, help="hit-path cycles per row")
     parser.add_argument("--write", type=Path, help="also write the tables into this Markdown file")
     args = parser.parse_args(argv)
-    if min(args.processes, args.threads, args.rounds) < 1 or args.load_ms < 0 or args.cycles < 100:
-        parser.error("processes, threads and rounds must be >= 1, load-ms >= 0, cycles >= 100")
+    if (
+        min(args.processes, args.threads, args.tasks, args.rounds) < 1
+        or args.load_ms < 0
+        or args.cycles < 100
+    ):
+        parser.error(
+            "processes, threads, tasks and rounds must be >= 1, load-ms >= 0, cycles >= 100"
+        )
     return run_report(args.url, args.write, MARK, lambda endpoint: report(endpoint, args))
 
 

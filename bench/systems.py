@@ -10,7 +10,8 @@ Every adapter answers the same three questions in its library's own idiom:
   connection a first ``get`` opens;
 - ``close()``.
 
-Sync adapters are called from threads; ``is_async`` adapters (cashews) expose
+Sync adapters are called from threads; ``is_async`` adapters (cashews, cacheguard's
+asyncio guard) expose
 coroutines of the same names and are called from asyncio tasks. Each one keeps
 its keys under its own prefix, stores values with msgpack where the library lets
 the user choose, and gets the same lock lease (``lease`` seconds) where it has one.
@@ -27,6 +28,7 @@ import msgpack
 import redis
 
 from cacheguard import CacheGuard
+from cacheguard.aio import AsyncCacheGuard, async_notifier_for
 from cacheguard.locks.notifier import notifier_for
 
 
@@ -242,8 +244,41 @@ class CacheGuardSystem:
         self.guard.client.close()
 
 
+class AsyncCacheGuardSystem:
+    """cacheguard's asyncio guard: the same algorithm, entries and defaults, awaited."""
+
+    label = "cacheguard (asyncio)"
+    is_async = True
+
+    def __init__(self, settings: Settings) -> None:
+        extra: dict[str, Any] = {"l1_maxsize": 1000, "l1_ttl": settings.ttl} if settings.l1 else {}
+        self.guard = AsyncCacheGuard.from_url(
+            settings.url, namespace=settings.prefix, lease=settings.lease, **extra
+        )
+        self.ttl = settings.ttl
+
+    async def get(self, key: str, load: Callable[[], Awaitable[Any]]) -> Any:
+        return await self.guard.get_or_load(key, load, ttl=self.ttl)
+
+    async def write(self, key: str, update: Callable[[], Awaitable[None]]) -> None:
+        async with self.guard.write(key):
+            await update()
+
+    async def warm(self) -> None:
+        subscription = async_notifier_for(self.guard.client).subscription(
+            f"{self.guard.namespace}:warm"
+        )
+        await subscription.open(5)
+        subscription.close()
+
+    async def close(self) -> None:
+        await self.guard.aclose()
+        await self.guard.client.aclose()
+
+
 SYSTEMS: dict[str, type[Any]] = {
     "cacheguard": CacheGuardSystem,
+    "cacheguard-async": AsyncCacheGuardSystem,
     "naive": Naive,
     "redis-py-lock": RedisPyLock,
     "python-redis-lock": PythonRedisLock,

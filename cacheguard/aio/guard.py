@@ -46,6 +46,7 @@ from cacheguard.cache.invalidation import SCAN_BATCH
 from cacheguard.cache.l1 import ABSENT, L1Feed, Listener, LocalTier
 from cacheguard.cache.settings import GuardSettings, client_options
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
+from cacheguard.checks import check_int
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable
 from cacheguard.locks.scripts import arun_pipelined
 
@@ -112,14 +113,23 @@ class AsyncCacheGuard(GuardCore):
         *,
         connect_timeout: float = 1.0,
         socket_timeout: float = 2.0,
+        max_connections: int = 64,
         **settings: Any,
     ) -> AsyncCacheGuard:
         """A guard on a new ``redis.asyncio`` client for ``url``; the client options
-        are :meth:`CacheGuard.from_url`'s (fail fast, no client retries)."""
-        client = redis.asyncio.Redis.from_url(
-            url, **client_options(connect_timeout, socket_timeout)
+        are :meth:`CacheGuard.from_url`'s (fail fast, no client retries).
+
+        The pool holds at most ``max_connections`` and makes a task wait for a free
+        one (up to ``socket_timeout``) rather than fail: hundreds of tasks may call
+        at once, and a refused connection would count as Redis being down."""
+        options = client_options(connect_timeout, socket_timeout)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url,
+            max_connections=check_int("max_connections", max_connections, minimum=1),
+            timeout=options["socket_timeout"],
+            **options,
         )
-        return cls(client, **settings)
+        return cls(redis.asyncio.Redis(connection_pool=pool), **settings)
 
     # -- public API -----------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar, cast
 
 from cacheguard.aio.guard import AsyncCacheGuard
 from cacheguard.cache.entry import MISSING, Missing
@@ -86,7 +86,7 @@ class AsyncCachedFunction(Decorated, AsyncCacheLoader[P, R]):
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
     ) -> None:
-        func = self._unwrap(func)
+        func = cast("Callable[P, Awaitable[R]]", self._unwrap(func))
         AsyncCacheLoader.__init__(self, guard, key=key, load=func, ttl=ttl, none_ttl=none_ttl)
         functools.update_wrapper(self, func)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast, overload
 
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
@@ -167,7 +167,7 @@ class CachedFunction(Decorated, CacheLoader[P, R]):
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
     ) -> None:
-        func = self._unwrap(func)
+        func = cast("Callable[P, R]", self._unwrap(func))
         CacheLoader.__init__(self, guard, key=key, load=func, ttl=ttl, none_ttl=none_ttl)
         functools.update_wrapper(self, func)
 
