@@ -232,6 +232,18 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
         ),
     ),
+    Mutant(
+        "writer-reads-its-own-view",
+        "a thread holding a key's write lock that reads the key loads its own view at "
+        "once, never waiting on (or taking the value of) another thread's fill of it",
+        "cacheguard/cache/guard.py",
+        "            if lock.local.is_write_held_by_me():\n",
+        "            if False:\n",
+        (
+            "tests/test_review_guard.py::"
+            "test_a_sync_writer_reads_its_own_view_while_another_thread_leads_the_key",
+        ),
+    ),
     # -- trust fixes (tests/test_trust.py) ----------------------------------------------
     Mutant(
         "write-releases-from-any-thread",
@@ -547,6 +559,18 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_aio_guard.py::"
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
+        ),
+    ),
+    Mutant(
+        "aio-writer-reads-its-own-view",
+        "a task holding a key's write lock that reads the key loads its own view at once, "
+        "never waiting on (or taking the value of) another task's fill of it",
+        "cacheguard/aio/guard.py",
+        "            if lock.local.is_write_held_by_me():\n",
+        "            if False:\n",
+        (
+            "tests/test_review_guard.py::"
+            "test_an_async_writer_reads_its_own_view_while_another_task_leads_the_key",
         ),
     ),
     Mutant(
