@@ -15,6 +15,8 @@ import redis.asyncio
 
 from cacheguard import CacheGuard
 from cacheguard.aio import AsyncCacheGuard
+from cacheguard.aio.two_tier import AsyncTwoTierRWLock
+from cacheguard.locks.scripts import LuaScript
 from tests.helpers import wait_until
 
 T = TypeVar("T")
@@ -110,3 +112,125 @@ async def test_an_async_writer_reads_its_own_view_while_another_task_leads_the_k
         assert mine == "mine"
     assert await asyncio.wait_for(reader, 10) == "committed"
     assert await aguard.peek("k") == "committed"
+
+
+# -- cancellation at each await of the asyncio fill and write path ------------------------------
+
+
+def lock_free(client: redis.Redis, guard: AsyncCacheGuard, name: str) -> bool:
+    return wait_until(lambda: not client.exists(guard.keys(name).lock), 10)
+
+
+async def test_a_filler_cancelled_twice_during_fill_begin_still_ends_its_fill(
+    aguard: AsyncCacheGuard, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fill_begin ran in Redis (we are the key's filler) and its reply is slow; the
+    # task is cancelled, then cancelled again (a timeout and a task group, say). The
+    # call must still be seen through and the fill ended, not left for its lease.
+    ran, reply = asyncio.Event(), asyncio.Event()
+    original = LuaScript.acall
+
+    async def slow_reply(self: LuaScript, aclient: Any, keys: list[str], args: list[Any]) -> Any:
+        result = await original(self, aclient, keys, args)
+        if not ran.is_set():
+            ran.set()
+            await reply.wait()
+        return result
+
+    monkeypatch.setattr(LuaScript, "acall", slow_reply)
+    calls: list[str] = []
+
+    def load() -> str:
+        calls.append("cancelled filler")
+        return "never stored"
+
+    filler = asyncio.ensure_future(aguard.get_or_load("k", load, ttl=60))
+    await asyncio.wait_for(ran.wait(), 10)
+    assert client.hgetall(aguard.keys("k").lock)  # the begin made it the filler
+    filler.cancel()
+    await asyncio.sleep(0)  # the driver catches the first cancellation
+    filler.cancel()
+    await asyncio.sleep(0)
+    reply.set()
+    with pytest.raises(asyncio.CancelledError):
+        await filler
+    assert calls == []  # a cancelled task does not go on to load
+    assert await asyncio.to_thread(lock_free, client, aguard, "k")  # lease: 120 s
+    assert len(aguard._flights) == 0
+    assert aguard.rwlock("k").local.is_free()
+    assert await in_this_task(aguard.get_or_load("k", lambda: "next", ttl=60), 10) == "next"
+
+
+async def test_a_writer_cancelled_during_its_closing_invalidation_still_invalidates(
+    aguard: AsyncCacheGuard,
+) -> None:
+    # The body returned (the transaction committed); the closing invalidation is on
+    # its way when the task is cancelled. It must still run to its end.
+    closing, go_on = asyncio.Event(), asyncio.Event()
+    done: list[tuple[str, ...]] = []
+    invalidate = aguard.invalidate
+
+    async def slow_closing(*names: str) -> None:
+        if done:  # the second call: the closing one
+            closing.set()
+            await go_on.wait()
+        await invalidate(*names)
+        done.append(names)
+
+    aguard.invalidate = slow_closing  # type: ignore[method-assign]
+
+    async def write() -> None:
+        async with aguard.write("k"):
+            pass
+
+    writer = asyncio.ensure_future(write())
+    await asyncio.wait_for(closing.wait(), 10)
+    writer.cancel()
+    await asyncio.sleep(0)
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    assert done == [("k",), ("k",)]
+    assert await aguard.watermark() == 2
+    assert aguard.rwlock("k").local.is_free()
+
+
+async def test_a_writer_cancelled_again_while_releasing_releases_every_lock(
+    aguard: AsyncCacheGuard, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inside, never = asyncio.Event(), asyncio.Event()
+    releasing, go_on = asyncio.Event(), asyncio.Event()
+    original = AsyncTwoTierRWLock.release_write
+
+    async def slow_release(self: AsyncTwoTierRWLock, *, holder: Any = None) -> None:
+        if self.name == "b":  # released first (reverse order)
+            releasing.set()
+            await go_on.wait()
+        await original(self, holder=holder)
+
+    monkeypatch.setattr(AsyncTwoTierRWLock, "release_write", slow_release)
+
+    async def write() -> None:
+        async with aguard.write("a", "b"):
+            inside.set()
+            await never.wait()
+
+    writer = asyncio.ensure_future(write())
+    await asyncio.wait_for(inside.wait(), 10)
+    writer.cancel()
+    await asyncio.wait_for(releasing.wait(), 10)
+    writer.cancel()  # cancelled again while the first release is under way
+    await asyncio.sleep(0)
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    for name in ("a", "b"):
+        assert await asyncio.to_thread(lock_free, client, aguard, name), name
+    # Free in this loop too, at once for another task (lease and wait: 120 s).
+    await in_this_task(_write_once(aguard, "a", "b"), 10)
+    assert aguard.rwlock("a").local.is_free()
+
+
+async def _write_once(guard: AsyncCacheGuard, *names: str) -> None:
+    async with guard.write(*names, timeout=5):
+        pass

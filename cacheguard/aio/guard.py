@@ -331,13 +331,11 @@ class AsyncCacheGuard(GuardCore):
                 except Exception as closing_error:
                     add_note(body_error, closing_failed_note(ordered, closing_error))
                 raise
-            await self.invalidate(*ordered)
+            # The body is done (committed): a cancellation now must not skip this.
+            await _shielded(self.invalidate(*ordered))
         finally:
-            for lock in reversed(held):
-                try:
-                    await _shielded(lock.release_write(holder=holder))
-                except Exception:
-                    log.exception("releasing the write lock of %r failed", lock.name)
+            if held:  # all of them, in one task: cancelled again, it still goes on
+                await _shielded(_release_writes(held, holder))
 
     async def aclose(self) -> None:
         """Stop background work (L1 listener, refresh tasks); the client stays open."""
@@ -520,6 +518,14 @@ class AsyncCacheGuard(GuardCore):
 
 def _valid_for_all() -> int:
     return VALID_FOR_ALL
+
+
+async def _release_writes(held: list[AsyncTwoTierRWLock], holder: asyncio.Task[Any]) -> None:
+    for lock in reversed(held):
+        try:
+            await lock.release_write(holder=holder)
+        except Exception:
+            log.exception("releasing the write lock of %r failed", lock.name)
 
 
 async def _shielded(call: Any) -> Any:
