@@ -232,6 +232,18 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
         ),
     ),
+    Mutant(
+        "writer-reads-its-own-view",
+        "a thread holding a key's write lock that reads the key loads its own view at "
+        "once, never waiting on (or taking the value of) another thread's fill of it",
+        "cacheguard/cache/guard.py",
+        "            if lock.local.is_write_held_by_me():\n",
+        "            if False:\n",
+        (
+            "tests/test_review_guard.py::"
+            "test_a_sync_writer_reads_its_own_view_while_another_thread_leads_the_key",
+        ),
+    ),
     # -- trust fixes (tests/test_trust.py) ----------------------------------------------
     Mutant(
         "write-releases-from-any-thread",
@@ -547,6 +559,52 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_aio_guard.py::"
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
+        ),
+    ),
+    Mutant(
+        "aio-fill-call-survives-a-second-cancel",
+        "a filler task cancelled again during a fill script's round trip still lets the "
+        "call finish and ends its fill (no hold left for its lease)",
+        "cacheguard/aio/driver.py",
+        "                    self.cancelled = True\n",
+        "                    self.cancelled = True\n                    return await call\n",
+        (
+            "tests/test_review_guard.py::"
+            "test_a_filler_cancelled_twice_during_fill_begin_still_ends_its_fill",
+        ),
+    ),
+    Mutant(
+        "aio-write-closing-invalidation-shielded",
+        "a writer task cancelled during the invalidation after its body still completes it",
+        "cacheguard/aio/guard.py",
+        "            await _shielded(self.invalidate(*ordered))\n        finally:\n",
+        "            await self.invalidate(*ordered)\n        finally:\n",
+        (
+            "tests/test_review_guard.py::"
+            "test_a_writer_cancelled_during_its_closing_invalidation_still_invalidates",
+        ),
+    ),
+    Mutant(
+        "aio-write-releases-every-lock",
+        "a writer task cancelled again while releasing still releases every write lock",
+        "cacheguard/aio/guard.py",
+        "                await _shielded(_release_writes(held, holder))\n",
+        "                await _release_writes(held, holder)\n",
+        (
+            "tests/test_review_guard.py::"
+            "test_a_writer_cancelled_again_while_releasing_releases_every_lock",
+        ),
+    ),
+    Mutant(
+        "aio-writer-reads-its-own-view",
+        "a task holding a key's write lock that reads the key loads its own view at once, "
+        "never waiting on (or taking the value of) another task's fill of it",
+        "cacheguard/aio/guard.py",
+        "            if lock.local.is_write_held_by_me():\n",
+        "            if False:\n",
+        (
+            "tests/test_review_guard.py::"
+            "test_an_async_writer_reads_its_own_view_while_another_task_leads_the_key",
         ),
     ),
     Mutant(

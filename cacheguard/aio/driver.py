@@ -105,12 +105,16 @@ class _Fill:
             # Shielded: a begin that made us the filler, or an end, must be seen
             # through, or the fill would stay stranded until its lease ends.
             script, keys, args = step.call
+            # Cancelled again meanwhile: still let it finish (awaiting the call itself
+            # would cancel it, and a begin that made us the filler would be stranded).
             call = asyncio.ensure_future(script.acall(self.client, keys, args))
-            try:
-                return await asyncio.shield(call)
-            except asyncio.CancelledError:
-                self.cancelled = True
-                return await call
+            while True:
+                try:
+                    return await asyncio.shield(call)
+                except asyncio.CancelledError:
+                    if call.cancelled():  # the call itself (the loop is shutting down)
+                        raise
+                    self.cancelled = True
         if isinstance(step, Seal):
             self.sealed = self.seal()
         elif isinstance(step, Lookup):

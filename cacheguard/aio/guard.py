@@ -160,8 +160,13 @@ class AsyncCacheGuard(GuardCore):
             if leader:
                 break
             self._loads.refuse_recursion(name)  # the leader may be this task's loader
+            lock = self.rwlock(name)
+            if lock.local.is_write_held_by_me():
+                # Our own write: the leader waits for us, and what it loads is not our
+                # view. Load privately (see fill_flow's writing_here), storing nothing.
+                mine, _ = await self._fill(name, load, ttl, none_ttl, refresh=False, stale=None)
+                return mine.value
             if not await flight.wait_async(self.settings.wait_timeout - (self._timer() - start)):
-                lock = self.rwlock(name)
                 waited = self._timer() - start
                 flow = timed_out_flow(self._job(name, lock, ttl, none_ttl), None, waited)
                 return (await self._drive(name, lock, load, flow))[0].value
@@ -336,13 +341,11 @@ class AsyncCacheGuard(GuardCore):
                 except Exception as closing_error:
                     add_note(body_error, closing_failed_note(ordered, closing_error))
                 raise
-            await self.invalidate(*ordered)
+            # The body is done (committed): a cancellation now must not skip this.
+            await _shielded(self.invalidate(*ordered))
         finally:
-            for lock in reversed(held):
-                try:
-                    await _shielded(lock.release_write(holder=holder))
-                except Exception:
-                    log.exception("releasing the write lock of %r failed", lock.name)
+            if held:  # all of them, in one task: cancelled again, it still goes on
+                await _shielded(_release_writes(held, holder))
 
     async def aclose(self) -> None:
         """Stop background work (L1 listener, refresh tasks); the client stays open."""
@@ -525,6 +528,14 @@ class AsyncCacheGuard(GuardCore):
 
 def _valid_for_all() -> int:
     return VALID_FOR_ALL
+
+
+async def _release_writes(held: list[AsyncTwoTierRWLock], holder: asyncio.Task[Any]) -> None:
+    for lock in reversed(held):
+        try:
+            await lock.release_write(holder=holder)
+        except Exception:
+            log.exception("releasing the write lock of %r failed", lock.name)
 
 
 async def _shielded(call: Any) -> Any:

@@ -144,8 +144,13 @@ class CacheGuard(GuardCore):
             if leader:
                 break
             self._loads.refuse_recursion(name)  # the leader may be this very thread's loader
+            lock = self.rwlock(name)
+            if lock.local.is_write_held_by_me():
+                # Our own write: the leader waits for us, and what it loads is not our
+                # view. Load privately (see fill_flow's writing_here), storing nothing.
+                mine, _ = self._fill(name, load, ttl, none_ttl, refresh=False, stale=None)
+                return mine.value  # type: ignore[no-any-return]
             if not flight.wait(self.settings.wait_timeout - (self._timer() - start)):
-                lock = self.rwlock(name)
                 waited = self._timer() - start
                 flow = timed_out_flow(self._job(name, lock, ttl, none_ttl), None, waited)
                 return self._drive(name, lock, load, flow)[0].value  # type: ignore[no-any-return]
