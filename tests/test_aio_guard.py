@@ -223,3 +223,21 @@ async def test_l1_keeps_copies_and_drops_them_on_invalidation(
     finally:
         await guard.aclose()
         await guard.client.aclose()
+
+
+async def test_background_work_starts_in_a_context_of_its_own(guard: AsyncCacheGuard) -> None:
+    """A background refresh started from inside a load is nobody's nested load: it must
+    not see the caller's keys under load (a spurious RecursiveLoadError) or its open
+    database snapshots."""
+    from cacheguard.cache.loading import _LOADING
+
+    seen: list[frozenset[tuple[int, str]]] = []
+
+    async def look() -> None:
+        seen.append(_LOADING.get())
+
+    with guard._loads.loading("outer"):
+        assert _LOADING.get()  # the caller is loading "outer"
+        guard._spawn(look(), "probe")
+    await asyncio.gather(*guard._tasks)
+    assert seen == [frozenset()]

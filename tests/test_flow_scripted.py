@@ -208,6 +208,7 @@ def test_a_lost_end_reply_keeps_the_value_and_releases_in_the_background() -> No
     )
     assert outcome.value == "v"
     assert [type(e) for e in job.failures] == [BackendUnavailable]
+    assert job.counts == []  # no answer is not a rejected store
 
 
 def test_a_newer_prefix_stamp_refuses_the_store() -> None:

@@ -638,6 +638,27 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_reader_waits_for_the_transaction_and_sees_the_commit",
         ),
     ),
+    Mutant(
+        "aio-background-work-own-context",
+        "a background refresh starts in a context of its own (not the caller's loads "
+        "or database snapshots)",
+        "cacheguard/aio/guard.py",
+        "        task = contextvars.Context().run(loop.create_task, coro, name=name)\n",
+        "        task = loop.create_task(coro, name=name)\n",
+        ("tests/test_aio_guard.py::test_background_work_starts_in_a_context_of_its_own",),
+    ),
+    Mutant(
+        "unanswered-end-is-not-a-rejection",
+        "a fill whose end script got no answer is counted as a backend error, not as a "
+        "rejected store",
+        "cacheguard/cache/flow.py",
+        "        stored = None  # no answer: not a rejection (counted as a backend error)\n",
+        "        stored = 0\n",
+        (
+            "tests/test_flow_scripted.py::"
+            "test_a_lost_end_reply_keeps_the_value_and_releases_in_the_background",
+        ),
+    ),
     # -- asyncio locks (cacheguard/aio/, locks/wire.py) ------------------------------------
     Mutant(
         "aio-waiters-woken-by-pubsub",

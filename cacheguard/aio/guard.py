@@ -24,6 +24,7 @@ A guard belongs to the event loop it is first used on (:class:`WrongEventLoop`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
 import time
@@ -450,7 +451,10 @@ class AsyncCacheGuard(GuardCore):
         self._spawn(run(), "cacheguard-refresh")
 
     def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
+        # In a context of its own: a background refresh is nobody's nested load, and
+        # the caller's open database snapshots are not its snapshots.
+        loop = asyncio.get_running_loop()
+        task = contextvars.Context().run(loop.create_task, coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

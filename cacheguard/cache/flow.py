@@ -436,10 +436,10 @@ def _end(
             raise
         # The load is done: keep its value (or its error); never load again.
         job.backend_failed(job.name, exc)
-        stored = 0
+        stored = None  # no answer: not a rejection (counted as a backend error)
     if error is not None:
         raise error
-    if data and stored != 1:
+    if data and stored == 0:
         job.count("stores_rejected", job.name)
         log.info(
             "store of %r rejected: invalidated while loading, loaded from a snapshot "
