@@ -19,8 +19,8 @@ from cacheguard.cache import (
     MsgpackCodec,
     PickleCodec,
     Stats,
-    cached_with_lock,
 )
+from cacheguard.decorator import cached_with_lock
 from cacheguard.exceptions import (
     BackendUnavailable,
     CacheGuardError,

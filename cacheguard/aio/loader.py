@@ -22,7 +22,7 @@ from typing import ParamSpec, TypeVar, cast
 
 from cacheguard.aio.guard import AsyncCacheGuard
 from cacheguard.cache.entry import MISSING, Missing
-from cacheguard.cache.loader import Decorated, KeyedLoader, register_decorator
+from cacheguard.cache.loader import Decorated, KeyedLoader
 
 __all__ = ["AsyncCacheLoader", "AsyncCachedFunction"]
 
@@ -92,6 +92,3 @@ class AsyncCachedFunction(Decorated, AsyncCacheLoader[P, R]):
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return await self.get(*args, **kwargs)
-
-
-register_decorator(AsyncCacheGuard, AsyncCachedFunction)

@@ -1,22 +1,31 @@
-"""The read-through cache: CacheGuard, CacheLoader, @cached_with_lock.
+"""The read-through cache: CacheGuard, CacheLoader (``@cached_with_lock`` is in
+:mod:`cacheguard.decorator`, for both guards).
 
 Layout:
 
-* ``guard``        -- :class:`CacheGuard`: read path, write path, fill-flow driver
-* ``flow``         -- the fill algorithm, sans I/O
+* ``flow``         -- the fill algorithm and the hit's verdict, sans I/O
+* ``wire``         -- script calls and reply / message parsers, sans I/O
 * ``scripts``      -- fill_begin / fill_end / invalidate Lua scripts
-* ``loader``       -- :class:`CacheLoader`, :func:`cached_with_lock`
+* ``core``         -- GuardCore: the parts and decisions both guards share
+* ``settings``     -- GuardSettings, validated once for both guards
+* ``guard``        -- :class:`CacheGuard`: the sync front
+* ``driver``       -- the sync driver of the fill flow
+* ``loader``       -- :class:`CacheLoader`, :class:`CachedFunction`
 * ``entry``        -- the stored envelope
 * ``codec``        -- msgpack (default), JSON, signed pickle
 * ``templates``    -- key names from templates and arguments
-* ``singleflight`` -- one thread per key per process
+* ``singleflight`` -- one caller per key per process (threads or tasks)
+* ``invalidation`` -- invalidation calls, prefix stamps
+* ``loading``      -- loaders counted, timed, recursion refused
+* ``l1``           -- the in-process tier and its invalidation feed
 * ``breaker``      -- circuit breaker for a dead Redis
 * ``stats``        -- counters and the event hook
+* ``watermark``    -- which database snapshots a load read
 """
 
 from cacheguard.cache.codec import Codec, JsonCodec, MsgpackCodec, PickleCodec
 from cacheguard.cache.guard import MISSING, CacheGuard
-from cacheguard.cache.loader import CachedFunction, CacheLoader, cached_with_lock
+from cacheguard.cache.loader import CachedFunction, CacheLoader
 from cacheguard.cache.stats import CacheEvent, Stats
 
 __all__ = [
@@ -30,5 +39,4 @@ __all__ = [
     "MsgpackCodec",
     "PickleCodec",
     "Stats",
-    "cached_with_lock",
 ]

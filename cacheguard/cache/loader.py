@@ -1,4 +1,5 @@
-"""The two ways to use the cache: explicit ``CacheLoader`` objects and ``@cached_with_lock``.
+"""The two ways to use the cache: explicit ``CacheLoader`` objects and ``@cached_with_lock``
+(:mod:`cacheguard.decorator`, which picks the sync or the asyncio class).
 
 ::
 
@@ -21,26 +22,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import KeyBuilder
 from cacheguard.checks import check_positive
 
-if TYPE_CHECKING:
-    from cacheguard.aio.guard import AsyncCacheGuard
-    from cacheguard.aio.loader import AsyncCachedFunction
-
-__all__ = [
-    "BoundCachedFunction",
-    "CacheLoader",
-    "CachedFunction",
-    "Decorated",
-    "KeyedLoader",
-    "cached_with_lock",
-    "register_decorator",
-]
+__all__ = ["BoundCachedFunction", "CacheLoader", "CachedFunction", "Decorated", "KeyedLoader"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -208,59 +197,3 @@ class BoundCachedFunction:
 
     def key(self, *args: Any, **kwargs: Any) -> str:
         return self._cached.key(self._instance, *args, **kwargs)  # type: ignore[no-any-return]
-
-
-@overload
-def cached_with_lock(
-    guard: CacheGuard,
-    *,
-    key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
-) -> Callable[[Callable[P, R]], CachedFunction[P, R]]: ...
-
-
-@overload
-def cached_with_lock(
-    guard: AsyncCacheGuard,
-    *,
-    key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
-) -> Callable[[Callable[P, Any]], AsyncCachedFunction[P, Any]]: ...
-
-
-def cached_with_lock(
-    guard: Any,
-    *,
-    key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
-) -> Callable[[Callable[P, Any]], Any]:
-    """Read calls of the decorated function (or method) through ``guard``.
-
-    ``key`` is a template naming the function's parameters, e.g. ``"menu:{menu_id}"``;
-    without it, the key is the function's qualified name and its arguments.
-    The result keeps the signature and adds ``.invalidate``, ``.refresh`` and
-    ``.peek`` taking the same arguments. With an ``AsyncCacheGuard``, decorate an
-    ``async def``: calls and those methods are awaited.
-    """
-    make = next((_DECORATORS[t] for t in type(guard).__mro__ if t in _DECORATORS), None)
-    if make is None:
-        raise TypeError(
-            f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}"
-        )
-
-    def decorate(func: Callable[P, Any]) -> Any:
-        return make(guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
-
-    return decorate
-
-
-# Which decorator class serves which guard class; cacheguard.aio.loader adds the
-# asyncio guard's (importing cacheguard.aio, as AsyncCacheGuard's users do, loads it).
-_DECORATORS: dict[type[Any], Callable[..., Any]] = {CacheGuard: CachedFunction}
-
-
-def register_decorator(guard_type: type[Any], decorator: Callable[..., Any]) -> None:
-    _DECORATORS[guard_type] = decorator
