@@ -7,8 +7,10 @@ makes the fallback, or an unreachable ``REDIS_URL``, an error.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -69,3 +71,20 @@ async def aclient(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
     yield c
     await async_notifier_for(c).aclose()
     await c.aclose()
+
+
+def _database_urls() -> list[object]:
+    urls: list[object] = [pytest.param("sqlite", id="sqlite")]
+    pg = os.environ.get("DATABASE_URL", "")
+    if pg.startswith("postgresql"):
+        urls.append(pytest.param(pg, id="postgresql"))
+    return urls
+
+
+@pytest.fixture(params=_database_urls())
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The SQLAlchemy tests' database: SQLite in a temporary file, and PostgreSQL
+    when ``DATABASE_URL`` points at one (CI sets it)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'menu.sqlite3'}"
+    return str(request.param)

@@ -8,7 +8,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -22,21 +21,6 @@ from tests import sa_support
 from tests.helpers import client_for, make_guard, wait_until
 from tests.procs import CTX, run_processes
 from tests.sa_support import Stack
-
-
-def _database_urls() -> list[object]:
-    urls: list[object] = [pytest.param("sqlite", id="sqlite")]
-    pg = os.environ.get("DATABASE_URL", "")
-    if pg.startswith("postgresql"):
-        urls.append(pytest.param(pg, id="postgresql"))
-    return urls
-
-
-@pytest.fixture(params=_database_urls())
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'menu.sqlite3'}"
-    return str(request.param)
 
 
 @pytest.fixture

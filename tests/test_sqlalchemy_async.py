@@ -5,11 +5,9 @@ same write path and the same watermark guarantee as the sync hooks."""
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,21 +28,6 @@ from cacheguard.sqlalchemy import sqlite_async_engine, track_models
 from tests import sa_support
 from tests.helpers import subscribers, wait_until
 from tests.sa_support import MENU_KEYS
-
-
-def _database_urls() -> list[object]:
-    urls: list[object] = [pytest.param("sqlite", id="sqlite")]
-    pg = os.environ.get("DATABASE_URL", "")
-    if pg.startswith("postgresql"):
-        urls.append(pytest.param(pg, id="postgresql"))
-    return urls
-
-
-@pytest.fixture(params=_database_urls())
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'menu.sqlite3'}"
-    return str(request.param)
 
 
 def async_engine(db_url: str) -> AsyncEngine:
