@@ -19,26 +19,20 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from cacheguard.aio.notifier import AsyncSubscription, async_notifier_for
-from cacheguard.aio.rwlock import AsyncLockHandle
+from cacheguard.aio.notifier import async_notifier_for
 from cacheguard.aio.two_tier import AsyncTwoTierRWLock
+from cacheguard.cache.driver import NO_IO_STEPS, FillState
 from cacheguard.cache.flow import (
-    Adopt,
     Call,
-    Disown,
-    Drain,
     HoldLocal,
     Load,
     LoadUnlocked,
     Lookup,
     Outcome,
     ReadStamps,
-    ReleaseLater,
-    Seal,
     Step,
 )
 from cacheguard.cache.loading import Loads
-from cacheguard.cache.singleflight import VALID_FOR_ALL
 from cacheguard.cache.watermark import collecting
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable
 from cacheguard.steps import Subscribe, Wait
@@ -66,41 +60,16 @@ async def arun_load(loads: Loads, name: str, load: Callable[[], Any]) -> tuple[A
         return value, elapsed()
 
 
-class _Fill:
-    __slots__ = (
-        "cancelled",
-        "client",
-        "handle",
-        "last_renewed",
-        "load",
-        "loads",
-        "local",
-        "lock",
-        "name",
-        "seal",
-        "sealed",
-        "subscription",
-    )
+class _Fill(FillState):
+    __slots__ = ("cancelled",)
 
-    def __init__(
-        self,
-        client: redis.asyncio.Redis,
-        lock: AsyncTwoTierRWLock,
-        loads: Loads,
-        name: str,
-        load: Callable[[], Any],
-        seal: Callable[[], int],
-    ) -> None:
-        self.client, self.lock, self.loads, self.name = client, lock, loads, name
-        self.load, self.seal = load, seal
-        self.sealed = VALID_FOR_ALL
-        self.subscription: AsyncSubscription | None = None
-        self.handle: AsyncLockHandle | None = None
-        self.last_renewed: float | None = None
-        self.local = False
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self.cancelled = False  # cancelled during a script call, which was let finish
 
     async def answer(self, step: Step) -> Any:
+        if isinstance(step, NO_IO_STEPS):
+            return self.answer_now(step)
         if isinstance(step, Call):
             # Shielded: a begin that made us the filler, or an end, must be seen
             # through, or the fill would stay stranded until its lease ends.
@@ -115,57 +84,35 @@ class _Fill:
                     if call.cancelled():  # the call itself (the loop is shutting down)
                         raise
                     self.cancelled = True
-        if isinstance(step, Seal):
-            self.sealed = self.seal()
-        elif isinstance(step, Lookup):
+        if isinstance(step, Lookup):
             return await aget_raw(self.client, self.lock.remote.keys.value)
-        elif isinstance(step, Subscribe):
+        if isinstance(step, Subscribe):
             channel = self.lock.remote.keys.released_channel
             self.subscription = async_notifier_for(self.client).subscription(channel)
             return await self.subscription.open(step.timeout)
-        elif isinstance(step, Wait):
-            assert self.subscription is not None
+        if isinstance(step, Wait):
             return await self.subscription.wait(step.seconds)
-        elif isinstance(step, Drain):
-            assert self.subscription is not None
-            self.subscription.drain()
-        elif isinstance(step, HoldLocal):
+        if isinstance(step, HoldLocal):
             await self.lock.local.acquire_read(step.timeout)
             self.local = True
-        elif isinstance(step, Load):
+            return None
+        if isinstance(step, Load):
             with collecting() as snapshots:
                 value, seconds = await arun_load(self.loads, self.name, self.load)
             return value, seconds, min(snapshots, default=None)
-        elif isinstance(step, LoadUnlocked):
+        if isinstance(step, LoadUnlocked):
             return (await arun_load(self.loads, self.name, self.load))[0]
-        elif isinstance(step, Adopt):
-            owner = self.lock.owner
-            self.handle = self.lock.remote.adopt(
-                "read", owner, step.epoch, renew_for=step.renew_for
-            )
-        elif isinstance(step, Disown):
-            assert self.handle is not None
-            self.last_renewed = self.lock.remote.disown(self.handle)
-        elif isinstance(step, ReleaseLater):
-            assert self.handle is not None
-            self.lock.remote.release_in_background(self.handle, self.last_renewed)
-        elif isinstance(step, ReadStamps):
+        if isinstance(step, ReadStamps):
             pipe = self.client.pipeline(transaction=False)
             for key in step.keys:
                 pipe.get(key)
             return await pipe.execute()
-        return None
-
-    def close(self) -> None:
-        if self.subscription is not None:
-            self.subscription.close()
-        if self.local:
-            self.lock.local.release_read()
+        raise TypeError(f"not a fill step: {step!r}")
 
 
 # Steps that do not wait: a cancellation deferred by a script call is thrown into
 # the flow at the first step that would (the flow then ends its fill, if any).
-_NO_WAIT = (Call, Seal, Drain, Adopt, Disown, ReleaseLater)
+_NO_WAIT = (Call, *NO_IO_STEPS)
 
 
 async def drive_fill_async(

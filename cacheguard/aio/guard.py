@@ -42,7 +42,7 @@ from cacheguard.aio.notifier import async_notifier_for
 from cacheguard.aio.two_tier import AsyncLockFactory, AsyncTwoTierRWLock
 from cacheguard.cache.core import GuardCore, add_note, closing_failed_note, value_key
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flow import Outcome, Step, fill_flow, timed_out_flow
+from cacheguard.cache.flow import Outcome, Step, timed_out_flow
 from cacheguard.cache.invalidation import SCAN_BATCH
 from cacheguard.cache.l1 import ABSENT, L1Feed, Listener, LocalTier
 from cacheguard.cache.settings import GuardSettings, client_options
@@ -473,14 +473,16 @@ class AsyncCacheGuard(GuardCore):
         seal: Callable[[], int] | None = None,
         budget: float | None = None,
     ) -> tuple[Outcome, int]:
-        self._loads.refuse_recursion(name)
         lock = self.rwlock(name)  # one instance for the job and the driver: one owner
-        flow = fill_flow(
-            self._job(name, lock, ttl, none_ttl),
+        flow = self._fill_flow(
+            name,
+            lock,
+            ttl,
+            none_ttl,
             refresh=refresh,
-            background=background,
             stale=stale,
-            budget=self.settings.wait_timeout if budget is None else budget,
+            background=background,
+            budget=budget,
         )
         return await self._drive(name, lock, load, flow, seal)
 

@@ -12,13 +12,22 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, Final, Protocol
 
 from cacheguard.backoff import Backoff
 from cacheguard.cache.breaker import CircuitBreaker
 from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
-from cacheguard.cache.flow import REFRESH, STALE, WAIT_BACKOFF, FillJob, Outcome, judge
+from cacheguard.cache.flow import (
+    REFRESH,
+    STALE,
+    WAIT_BACKOFF,
+    FillJob,
+    Outcome,
+    Step,
+    fill_flow,
+    judge,
+)
 from cacheguard.cache.invalidation import Invalidation
 from cacheguard.cache.l1 import L1Feed
 from cacheguard.cache.loading import Loads
@@ -197,6 +206,29 @@ class GuardCore:
         if self._breaker.allow():
             return None
         return BackendUnavailable(f"Redis unavailable {what} (circuit open)")
+
+    def _fill_flow(
+        self,
+        name: str,
+        lock: _Lock,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        *,
+        refresh: bool,
+        stale: Entry | None,
+        background: bool,
+        budget: float | None,
+    ) -> Generator[Step, Any, Outcome]:
+        """The fill flow of ``name`` for either driver (a loader asking for its own
+        key is refused here, before any wait)."""
+        self._loads.refuse_recursion(name)
+        return fill_flow(
+            self._job(name, lock, ttl, none_ttl),
+            refresh=refresh,
+            background=background,
+            stale=stale,
+            budget=self.settings.wait_timeout if budget is None else budget,
+        )
 
     def _job(self, name: str, lock: _Lock, ttl: float, none_ttl: float | Missing | None) -> FillJob:
         return FillJob(

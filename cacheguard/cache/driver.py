@@ -10,7 +10,7 @@ driver (:mod:`cacheguard.aio.driver`) is the same with awaits.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, Final
 
 import redis
 
@@ -33,12 +33,11 @@ from cacheguard.cache.loading import Loads
 from cacheguard.cache.singleflight import VALID_FOR_ALL
 from cacheguard.cache.watermark import collecting
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable
-from cacheguard.locks.notifier import Subscription, notifier_for
-from cacheguard.locks.redis_rwlock import LockHandle
+from cacheguard.locks.notifier import notifier_for
 from cacheguard.locks.two_tier import TwoTierRWLock
 from cacheguard.steps import Subscribe, Wait
 
-__all__ = ["drive_fill", "get_raw"]
+__all__ = ["NO_IO_STEPS", "FillState", "drive_fill", "get_raw"]
 
 
 def get_raw(client: redis.Redis, key: str) -> Any:
@@ -52,7 +51,16 @@ def get_raw(client: redis.Redis, key: str) -> Any:
         return exc
 
 
-class _Fill:
+# Steps answered without I/O, alike in both drivers (FillState.answer_now).
+NO_IO_STEPS: Final = (Seal, Drain, Adopt, Disown, ReleaseLater)
+
+
+class FillState:
+    """What a driver holds while it runs one fill flow (the local read lock, the
+    subscription, the fill's read hold), and its answers to the steps that need
+    no I/O. The sync driver below and the asyncio one (:mod:`cacheguard.aio.driver`)
+    extend it with their I/O."""
+
     __slots__ = (
         "client",
         "handle",
@@ -69,8 +77,8 @@ class _Fill:
 
     def __init__(
         self,
-        client: redis.Redis,
-        lock: TwoTierRWLock,
+        client: Any,
+        lock: Any,
         loads: Loads,
         name: str,
         load: Callable[[], Any],
@@ -79,61 +87,67 @@ class _Fill:
         self.client, self.lock, self.loads, self.name = client, lock, loads, name
         self.load, self.seal = load, seal
         self.sealed = VALID_FOR_ALL
-        self.subscription: Subscription | None = None
-        self.handle: LockHandle | None = None
+        self.subscription: Any = None  # opened by the Subscribe step
+        self.handle: Any = None  # the fill's read hold, from Adopt
         self.last_renewed: float | None = None
-        self.local = False
+        self.local = False  # the local read lock is held
 
-    def answer(self, step: Step) -> Any:
-        if isinstance(step, Call):
-            script, keys, args = step.call
-            return script(self.client, keys, args)
+    def answer_now(self, step: Step) -> None:
+        """Carry out one of :data:`NO_IO_STEPS`."""
         if isinstance(step, Seal):
             self.sealed = self.seal()
-        elif isinstance(step, Lookup):
-            return get_raw(self.client, self.lock.remote.keys.value)
-        elif isinstance(step, Subscribe):
-            channel = self.lock.remote.keys.released_channel
-            self.subscription = notifier_for(self.client).subscription(channel)
-            return self.subscription.open(step.timeout)
-        elif isinstance(step, Wait):
-            assert self.subscription is not None
-            return self.subscription.wait(step.seconds)
         elif isinstance(step, Drain):
-            assert self.subscription is not None
             self.subscription.drain()
-        elif isinstance(step, HoldLocal):
-            self.lock.local.acquire_read(step.timeout)
-            self.local = True
-        elif isinstance(step, Load):
-            with collecting() as snapshots:
-                value, seconds = self.loads.run(self.name, self.load)
-            return value, seconds, min(snapshots, default=None)
-        elif isinstance(step, LoadUnlocked):
-            return self.loads.run(self.name, self.load)[0]
         elif isinstance(step, Adopt):
             owner = self.lock.owner
             self.handle = self.lock.remote.adopt(
                 "read", owner, step.epoch, renew_for=step.renew_for
             )
         elif isinstance(step, Disown):
-            assert self.handle is not None
             self.last_renewed = self.lock.remote.disown(self.handle)
         elif isinstance(step, ReleaseLater):
-            assert self.handle is not None
             self.lock.remote.release_in_background(self.handle, self.last_renewed)
-        elif isinstance(step, ReadStamps):
-            pipe = self.client.pipeline(transaction=False)
-            for key in step.keys:
-                pipe.get(key)
-            return pipe.execute()
-        return None
 
     def close(self) -> None:
         if self.subscription is not None:
             self.subscription.close()
         if self.local:
             self.lock.local.release_read()
+
+
+class _Fill(FillState):
+    __slots__ = ()
+
+    def answer(self, step: Step) -> Any:
+        if isinstance(step, NO_IO_STEPS):
+            return self.answer_now(step)
+        if isinstance(step, Call):
+            script, keys, args = step.call
+            return script(self.client, keys, args)
+        if isinstance(step, Lookup):
+            return get_raw(self.client, self.lock.remote.keys.value)
+        if isinstance(step, Subscribe):
+            channel = self.lock.remote.keys.released_channel
+            self.subscription = notifier_for(self.client).subscription(channel)
+            return self.subscription.open(step.timeout)
+        if isinstance(step, Wait):
+            return self.subscription.wait(step.seconds)
+        if isinstance(step, HoldLocal):
+            self.lock.local.acquire_read(step.timeout)
+            self.local = True
+            return None
+        if isinstance(step, Load):
+            with collecting() as snapshots:
+                value, seconds = self.loads.run(self.name, self.load)
+            return value, seconds, min(snapshots, default=None)
+        if isinstance(step, LoadUnlocked):
+            return self.loads.run(self.name, self.load)[0]
+        if isinstance(step, ReadStamps):
+            pipe = self.client.pipeline(transaction=False)
+            for key in step.keys:
+                pipe.get(key)
+            return pipe.execute()
+        raise TypeError(f"not a fill step: {step!r}")
 
 
 def drive_fill(

@@ -32,7 +32,7 @@ from cacheguard._identity import on_fork_in_child
 from cacheguard.cache.core import GuardCore, add_note, closing_failed_note, value_key
 from cacheguard.cache.driver import drive_fill, get_raw
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flow import Outcome, Step, fill_flow, timed_out_flow
+from cacheguard.cache.flow import Outcome, Step, timed_out_flow
 from cacheguard.cache.invalidation import SCAN_BATCH
 from cacheguard.cache.l1 import ABSENT, L1Feed, Listener, LocalTier
 from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
@@ -483,14 +483,16 @@ class CacheGuard(GuardCore):
     ) -> tuple[Outcome, int]:
         """Run the fill flow for ``name``: its outcome and the flight generation
         below which followers may share it."""
-        self._loads.refuse_recursion(name)
         lock = self.rwlock(name)  # one instance for the job and the driver: one owner
-        flow = fill_flow(
-            self._job(name, lock, ttl, none_ttl),
+        flow = self._fill_flow(
+            name,
+            lock,
+            ttl,
+            none_ttl,
             refresh=refresh,
-            background=background,
             stale=stale,
-            budget=self.settings.wait_timeout if budget is None else budget,
+            background=background,
+            budget=budget,
         )
         return self._drive(name, lock, load, flow, seal)
 
