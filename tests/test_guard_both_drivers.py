@@ -346,3 +346,30 @@ async def test_time_is_not_asserted(make: Make) -> None:
     guard = make()
     assert isinstance(guard.guard, CacheGuard if guard.kind == "sync" else AsyncCacheGuard)
     assert time.monotonic() > 0
+
+
+async def test_a_loaders_own_oserror_is_its_error_not_redis_being_down(make: Make) -> None:
+    # OSError and redis.ConnectionError are how the client says Redis is down; raised
+    # by the loader they are the loader's: raised once, not a bypass that loads again.
+    guard = make()
+    calls: list[int] = []
+
+    def load() -> Any:
+        calls.append(1)
+        raise FileNotFoundError("menu.json")
+
+    with pytest.raises(FileNotFoundError, match=r"menu\.json"):
+        await guard.get_or_load("k", load, ttl=60)
+    assert calls == [1]
+    stats = guard.stats()
+    assert (stats.load_errors, stats.backend_errors) == (1, 0)
+    assert await guard.peek("k") is MISSING
+
+    def lost_its_own_redis() -> Any:
+        calls.append(2)
+        raise redis.ConnectionError("the loader's other Redis")
+
+    with pytest.raises(redis.ConnectionError, match="other Redis"):
+        await guard.refresh("k", lost_its_own_redis, ttl=60)
+    assert calls == [1, 2]
+    assert guard.stats().backend_errors == 0

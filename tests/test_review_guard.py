@@ -98,6 +98,43 @@ def test_a_sync_writer_reads_its_own_view_while_another_thread_leads_the_key(
         guard.client.close()
 
 
+def test_followers_of_an_interrupted_sync_leader_carry_on(redis_url: str, namespace: str) -> None:
+    # A KeyboardInterrupt (or SystemExit) in the leader's loader is the leader's own:
+    # a follower must not have it raised in its thread; it reads (and loads) itself.
+    guard = CacheGuard(
+        redis.Redis.from_url(redis_url, socket_timeout=10), namespace=namespace, wait_timeout=30
+    )
+    go = threading.Event()
+    got: dict[str, Any] = {}
+
+    def interrupted() -> str:
+        go.wait(30)
+        raise KeyboardInterrupt
+
+    def run(role: str, load: Any) -> None:
+        try:
+            got[role] = guard.get_or_load("k", load, ttl=60)
+        except BaseException as exc:
+            got[role] = exc
+
+    leader = threading.Thread(target=run, args=("leader", interrupted))
+    leader.start()
+    try:
+        assert wait_until(lambda: "k" in guard._flights._flights, 10)
+        follower = threading.Thread(target=run, args=("follower", lambda: "loaded again"))
+        follower.start()
+        assert wait_until(lambda: guard._flights._flights["k"].event is not None, 10)
+        go.set()
+        leader.join(30)
+        follower.join(30)
+        assert isinstance(got["leader"], KeyboardInterrupt)
+        assert got["follower"] == "loaded again"
+    finally:
+        go.set()
+        guard.close()
+        guard.client.close()
+
+
 async def test_an_async_writer_reads_its_own_view_while_another_task_leads_the_key(
     aguard: AsyncCacheGuard,
 ) -> None:
@@ -167,17 +204,19 @@ async def test_a_writer_cancelled_during_its_closing_invalidation_still_invalida
     # The body returned (the transaction committed); the closing invalidation is on
     # its way when the task is cancelled. It must still run to its end.
     closing, go_on = asyncio.Event(), asyncio.Event()
-    done: list[tuple[str, ...]] = []
-    invalidate = aguard.invalidate
+    stamps: list[int] = []
+    send = aguard.client.execute_command
 
-    async def slow_closing(*names: str) -> None:
-        if done:  # the second call: the closing one
+    async def slow_closing(*args: Any, **options: Any) -> Any:
+        if args[0] == "INCR" and stamps:  # the second stamp: the closing invalidation
             closing.set()
             await go_on.wait()
-        await invalidate(*names)
-        done.append(names)
+        reply = await send(*args, **options)
+        if args[0] == "INCR":
+            stamps.append(reply)
+        return reply
 
-    aguard.invalidate = slow_closing  # type: ignore[method-assign]
+    aguard.client.execute_command = slow_closing  # type: ignore[method-assign]
 
     async def write() -> None:
         async with aguard.write("k"):
@@ -190,7 +229,10 @@ async def test_a_writer_cancelled_during_its_closing_invalidation_still_invalida
     go_on.set()
     with pytest.raises(asyncio.CancelledError):
         await writer
-    assert done == [("k",), ("k",)]
+    aguard.client.execute_command = send  # type: ignore[method-assign]
+    assert stamps == [1, 2]
+    # The closing invalidation ran to its end: the key carries its stamp.
+    assert int(await aguard.client.get(aguard.keys("k").version)) == 2
     assert await aguard.watermark() == 2
     assert aguard.rwlock("k").local.is_free()
 
@@ -229,6 +271,45 @@ async def test_a_writer_cancelled_again_while_releasing_releases_every_lock(
     # Free in this loop too, at once for another task (lease and wait: 120 s).
     await in_this_task(_write_once(aguard, "a", "b"), 10)
     assert aguard.rwlock("a").local.is_free()
+
+
+async def test_a_writer_cancelled_while_acquiring_and_again_while_releasing_frees_its_locks(
+    aguard: AsyncCacheGuard, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writer holds "a" and waits for "b" (another task writes it) when it is
+    # cancelled; cancelled again while releasing "a", it must still release it.
+    b_held, b_done = asyncio.Event(), asyncio.Event()
+    releasing, go_on = asyncio.Event(), asyncio.Event()
+    original = AsyncTwoTierRWLock.release_write
+
+    async def slow_release(self: AsyncTwoTierRWLock, *, holder: Any = None) -> None:
+        if self.name == "a":
+            releasing.set()
+            await go_on.wait()
+        await original(self, holder=holder)
+
+    async def hold_b() -> None:
+        async with aguard.write("b"):
+            b_held.set()
+            await b_done.wait()
+
+    other = asyncio.ensure_future(hold_b())
+    await asyncio.wait_for(b_held.wait(), 10)
+    monkeypatch.setattr(AsyncTwoTierRWLock, "release_write", slow_release)
+    writer = asyncio.ensure_future(_write_once(aguard, "a", "b"))
+    held_a = lambda: bool(client.exists(aguard.keys("a").lock))  # noqa: E731
+    assert await asyncio.to_thread(wait_until, held_a, 10)
+    writer.cancel()
+    await asyncio.wait_for(releasing.wait(), 10)
+    writer.cancel()  # cancelled again while the release of "a" is under way
+    await asyncio.sleep(0)
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    assert await asyncio.to_thread(lock_free, client, aguard, "a")
+    b_done.set()
+    await asyncio.wait_for(other, 10)
+    await in_this_task(_write_once(aguard, "a", "b"), 10)
 
 
 async def _write_once(guard: AsyncCacheGuard, *names: str) -> None:

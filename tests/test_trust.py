@@ -74,16 +74,17 @@ def test_the_bodys_error_wins_over_a_failing_closing_invalidation(
     client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = make_guard(client, namespace)
-    calls = {"n": 0}
-    real_invalidate = guard.invalidate
+    stamps = {"n": 0}
+    send = client.execute_command
 
-    def invalidate(*names: str) -> None:
-        calls["n"] += 1
-        if calls["n"] == 2:  # the closing one
-            raise BackendUnavailable("Redis went away")
-        real_invalidate(*names)
+    def fail_the_closing_stamp(*args: Any, **options: Any) -> Any:
+        if args[0] == "INCR":
+            stamps["n"] += 1
+            if stamps["n"] == 2:  # the closing invalidation's
+                raise redis.ConnectionError("Redis went away")
+        return send(*args, **options)
 
-    monkeypatch.setattr(guard, "invalidate", invalidate)
+    monkeypatch.setattr(client, "execute_command", fail_the_closing_stamp)
     with pytest.raises(RuntimeError, match="the update failed") as caught, guard.write("k"):
         raise RuntimeError("the update failed")
     if sys.version_info >= (3, 11):

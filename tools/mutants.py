@@ -211,8 +211,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-invalidates-after-body",
         "guard.write invalidates again after its body returned",
-        "cacheguard/cache/guard.py",
-        "                raise\n            self.invalidate(*ordered)\n",
+        "cacheguard/cache/write_path.py",
+        "                raise\n            yield from self._invalidate_flow(ordered)\n",
         "                raise\n",
         (
             "tests/test_guarantees.py::"
@@ -222,8 +222,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-invalidates-after-failed-body",
         "guard.write invalidates again after its body raised",
-        "cacheguard/cache/guard.py",
-        "                try:\n                    self.invalidate(*ordered)\n"
+        "cacheguard/cache/write_path.py",
+        "                try:\n                    yield from self._invalidate_flow(ordered)\n"
         "                except Exception as closing_error:\n",
         "                try:\n                    pass\n"
         "                except Exception as closing_error:\n",
@@ -234,29 +234,31 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "writer-reads-its-own-view",
-        "a thread holding a key's write lock that reads the key loads its own view at "
-        "once, never waiting on (or taking the value of) another thread's fill of it",
-        "cacheguard/cache/guard.py",
+        "a thread or task holding a key's write lock that reads the key loads its own view "
+        "at once, never waiting on (or taking the value of) another caller's fill of it",
+        "cacheguard/cache/read_path.py",
         "            if lock.local.is_write_held_by_me():\n",
         "            if False:\n",
         (
             "tests/test_review_guard.py::"
             "test_a_sync_writer_reads_its_own_view_while_another_thread_leads_the_key",
+            "tests/test_review_guard.py::"
+            "test_an_async_writer_reads_its_own_view_while_another_task_leads_the_key",
         ),
     ),
     # -- trust fixes (tests/test_trust.py) ----------------------------------------------
     Mutant(
         "write-releases-from-any-thread",
         "a write context exited in another thread than it entered releases its locks",
-        "cacheguard/cache/guard.py",
-        "lock.release_write(holder=holder)",
-        "lock.release_write()",
+        "cacheguard/cache/write_path.py",
+        "                yield ReleaseWrites(tuple(held), holder)\n",
+        "                yield ReleaseWrites(tuple(held), None)\n",
         ("tests/test_trust.py::test_a_write_exited_in_another_thread_releases_its_locks",),
     ),
     Mutant(
         "write-body-error-wins",
         "the body's error reaches the caller even when the closing invalidation fails",
-        "cacheguard/cache/guard.py",
+        "cacheguard/cache/write_path.py",
         "                    add_note(body_error, closing_failed_note(ordered, closing_error))\n",
         "                    raise closing_error\n",
         ("tests/test_trust.py::test_the_bodys_error_wins_over_a_failing_closing_invalidation",),
@@ -320,7 +322,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "breaker-guards-peek",
         "an open circuit keeps peek off Redis",
-        "cacheguard/cache/guard.py",
+        "cacheguard/cache/read_path.py",
         '        closed = self._circuit_open(f"reading {name!r}")\n',
         "        closed = None\n",
         ("tests/test_trust.py::test_every_entry_point_honours_an_open_circuit",),
@@ -328,11 +330,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "refresh-follows-backend-policy",
         "refresh with Redis down follows on_backend_error",
-        "cacheguard/cache/guard.py",
-        "        except BackendUnavailable as exc:  # raised before any load ran (see _fill)\n"
-        "            return self._bypass(name, load, exc)\n        return outcome.value",
+        "cacheguard/cache/read_path.py",
+        "        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)\n"
+        "            return (yield from self._bypass(name, exc))\n        return outcome.value",
         "        except ZeroDivisionError as exc:\n"
-        "            return self._bypass(name, load, exc)\n        return outcome.value",
+        "            return (yield from self._bypass(name, exc))\n        return outcome.value",
         ("tests/test_trust.py::test_refresh_follows_on_backend_error",),
     ),
     Mutant(
@@ -451,7 +453,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "l1-hit-sends-nothing",
         "an L1 hit is served from the process's memory, without a Redis command",
-        "cacheguard/cache/guard.py",
+        "cacheguard/cache/read_path.py",
         "            kept = l1.tier.get(name)\n",
         "            kept = ABSENT\n",
         ("tests/test_cache.py::test_an_l1_hit_sends_nothing",),
@@ -537,17 +539,18 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- the asyncio guard (cacheguard/aio/guard.py, driver.py) -------------------------------
     Mutant(
-        "aio-cancelled-leader-frees-followers",
-        "followers of a leader task that was cancelled carry on (one of them loads); "
-        "they do not inherit its cancellation",
-        "cacheguard/aio/guard.py",
-        "        except asyncio.CancelledError:\n"
-        "            self._flights.finish(name, flight, valid_below=0)",
-        "        except KeyboardInterrupt:\n"
-        "            self._flights.finish(name, flight, valid_below=0)",
+        "interrupted-leader-frees-followers",
+        "followers of a leader that was cancelled or interrupted carry on (one of them "
+        "loads); they do not inherit its cancellation or its KeyboardInterrupt",
+        "cacheguard/cache/read_path.py",
+        "        except Exception as exc:\n"
+        "            self._flights.finish(name, flight, error=exc)\n",
+        "        except BaseException as exc:\n"
+        "            self._flights.finish(name, flight, error=exc)\n",
         (
             "tests/test_aio_guard.py::"
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
+            "tests/test_review_guard.py::test_followers_of_an_interrupted_sync_leader_carry_on",
         ),
     ),
     Mutant(
@@ -566,8 +569,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a filler task cancelled again during a fill script's round trip still lets the "
         "call finish and ends its fill (no hold left for its lease)",
         "cacheguard/aio/driver.py",
-        "                    self.cancelled = True\n",
-        "                    self.cancelled = True\n                    return await call\n",
+        "                self.cancelled = True\n",
+        "                self.cancelled = True\n                return await task\n",
         (
             "tests/test_review_guard.py::"
             "test_a_filler_cancelled_twice_during_fill_begin_still_ends_its_fill",
@@ -577,8 +580,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-write-closing-invalidation-shielded",
         "a writer task cancelled during the invalidation after its body still completes it",
         "cacheguard/aio/guard.py",
-        "            await _shielded(self.invalidate(*ordered))\n        finally:\n",
-        "            await self.invalidate(*ordered)\n        finally:\n",
+        '        await self._run(flow, "the write", to_the_end=True)\n',
+        '        await self._run(flow, "the write")\n',
         (
             "tests/test_review_guard.py::"
             "test_a_writer_cancelled_during_its_closing_invalidation_still_invalidates",
@@ -588,23 +591,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-write-releases-every-lock",
         "a writer task cancelled again while releasing still releases every write lock",
         "cacheguard/aio/guard.py",
-        "                await _shielded(_release_writes(held, holder))\n",
-        "                await _release_writes(held, holder)\n",
+        "                    elif to_the_end or isinstance(step, ReleaseWrites):\n",
+        "                    elif to_the_end:\n",
         (
             "tests/test_review_guard.py::"
             "test_a_writer_cancelled_again_while_releasing_releases_every_lock",
-        ),
-    ),
-    Mutant(
-        "aio-writer-reads-its-own-view",
-        "a task holding a key's write lock that reads the key loads its own view at once, "
-        "never waiting on (or taking the value of) another task's fill of it",
-        "cacheguard/aio/guard.py",
-        "            if lock.local.is_write_held_by_me():\n",
-        "            if False:\n",
-        (
             "tests/test_review_guard.py::"
-            "test_an_async_writer_reads_its_own_view_while_another_task_leads_the_key",
+            "test_a_writer_cancelled_while_acquiring_and_again_while_releasing_frees_its_locks",
         ),
     ),
     Mutant(
@@ -646,6 +639,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "        task = contextvars.Context().run(loop.create_task, coro, name=name)\n",
         "        task = loop.create_task(coro, name=name)\n",
         ("tests/test_aio_guard.py::test_background_work_starts_in_a_context_of_its_own",),
+    ),
+    Mutant(
+        "loader-errors-are-the-loaders",
+        "a loader's own OSError or redis.ConnectionError is its error: raised once, "
+        "never taken for Redis being down (no bypass that loads again, no breaker count)",
+        "cacheguard/cache/driver.py",
+        "    return isinstance(step, (Load, LoadUnlocked, RunFill))\n",
+        "    return False\n",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_a_loaders_own_oserror_is_its_error_not_redis_being_down",
+        ),
     ),
     Mutant(
         "unanswered-end-is-not-a-rejection",

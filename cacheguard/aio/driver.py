@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 import redis
 import redis.asyncio
 
 from cacheguard.aio.notifier import async_notifier_for
-from cacheguard.aio.two_tier import AsyncTwoTierRWLock
-from cacheguard.cache.driver import NO_IO_STEPS, FillState
+from cacheguard.cache.core import Lock
+from cacheguard.cache.driver import NO_IO_STEPS, FillState, backend_down, is_loader
 from cacheguard.cache.flow import (
     Call,
     HoldLocal,
@@ -34,10 +34,10 @@ from cacheguard.cache.flow import (
 )
 from cacheguard.cache.loading import Loads
 from cacheguard.cache.watermark import collecting
-from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable
+from cacheguard.exceptions import REDIS_DOWN
 from cacheguard.steps import Subscribe, Wait
 
-__all__ = ["aget_raw", "arun_load", "drive_fill_async"]
+__all__ = ["Deferral", "aget_raw", "arun_load", "drive_fill_async"]
 
 
 async def aget_raw(client: redis.asyncio.Redis, key: str) -> Any:
@@ -60,30 +60,42 @@ async def arun_load(loads: Loads, name: str, load: Callable[[], Any]) -> tuple[A
         return value, elapsed()
 
 
-class _Fill(FillState):
+class Deferral:
+    """Calls run to their end even if the caller is cancelled meanwhile (once or
+    more); the cancellation is remembered for the caller to raise once it is done."""
+
     __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def through(self, call: Awaitable[Any]) -> Any:
+        task = asyncio.ensure_future(call)
+        while True:
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.cancelled():  # the call itself (the loop is shutting down)
+                    raise
+                self.cancelled = True
+
+
+class _Fill(FillState):
+    __slots__ = ("deferral",)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.cancelled = False  # cancelled during a script call, which was let finish
+        self.deferral = Deferral()  # cancelled during a script call, which was let finish
 
     async def answer(self, step: Step) -> Any:
         if isinstance(step, NO_IO_STEPS):
             return self.answer_now(step)
         if isinstance(step, Call):
-            # Shielded: a begin that made us the filler, or an end, must be seen
-            # through, or the fill would stay stranded until its lease ends.
+            # Run to its end even if cancelled (again): a begin that made us the filler,
+            # or an end, must be seen through, or the fill would stay stranded until its
+            # lease ends. The cancellation is thrown in at the next step that waits.
             script, keys, args = step.call
-            # Cancelled again meanwhile: still let it finish (awaiting the call itself
-            # would cancel it, and a begin that made us the filler would be stranded).
-            call = asyncio.ensure_future(script.acall(self.client, keys, args))
-            while True:
-                try:
-                    return await asyncio.shield(call)
-                except asyncio.CancelledError:
-                    if call.cancelled():  # the call itself (the loop is shutting down)
-                        raise
-                    self.cancelled = True
+            return await self.deferral.through(script.acall(self.client, keys, args))
         if isinstance(step, Lookup):
             return await aget_raw(self.client, self.lock.remote.keys.value)
         if isinstance(step, Subscribe):
@@ -119,7 +131,7 @@ async def drive_fill_async(
     flow: Generator[Step, Any, Outcome],
     *,
     client: redis.asyncio.Redis,
-    lock: AsyncTwoTierRWLock,
+    lock: Lock,
     loads: Loads,
     name: str,
     load: Callable[[], Any],
@@ -131,21 +143,19 @@ async def drive_fill_async(
     try:
         step = next(flow)
         while True:
-            if fill.cancelled and not isinstance(step, _NO_WAIT):
+            if fill.deferral.cancelled and not isinstance(step, _NO_WAIT):
                 step = flow.throw(asyncio.CancelledError())
                 continue
             try:
                 reply = await fill.answer(step)
             except REDIS_DOWN as exc:
-                error = BackendUnavailable(f"Redis unreachable for {name!r}: {exc}")
-                error.__cause__ = exc
-                step = flow.throw(error)
+                step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
             except BaseException as exc:
                 step = flow.throw(exc)
             else:
                 step = flow.send(reply)
     except StopIteration as done:
-        if fill.cancelled:
+        if fill.deferral.cancelled:
             raise asyncio.CancelledError from None
         outcome: Outcome = done.value
         return outcome, 0 if outcome.private else fill.sealed

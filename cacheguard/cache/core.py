@@ -38,14 +38,14 @@ from cacheguard.checks import MAX_SECONDS, check_positive
 from cacheguard.exceptions import BackendUnavailable
 from cacheguard.keys import ResourceKeys
 
-__all__ = ["GuardCore", "add_note", "value_key"]
+__all__ = ["GuardCore", "Lock", "add_note", "value_key"]
 
 log = logging.getLogger("cacheguard")
 
 _NUMBERS: Final = (int, float)  # exact classes: bool is refused by check_positive
 
 
-class _Lock(Protocol):
+class Lock(Protocol):
     """What a fill needs of a two-tier lock, sync or asyncio."""
 
     @property
@@ -210,14 +210,14 @@ class GuardCore:
     def _fill_flow(
         self,
         name: str,
-        lock: _Lock,
+        lock: Lock,
         ttl: float,
         none_ttl: float | Missing | None,
         *,
         refresh: bool,
         stale: Entry | None,
-        background: bool,
-        budget: float | None,
+        background: bool = False,
+        budget: float | None = None,
     ) -> Generator[Step, Any, Outcome]:
         """The fill flow of ``name`` for either driver (a loader asking for its own
         key is refused here, before any wait)."""
@@ -230,7 +230,7 @@ class GuardCore:
             budget=self.settings.wait_timeout if budget is None else budget,
         )
 
-    def _job(self, name: str, lock: _Lock, ttl: float, none_ttl: float | Missing | None) -> FillJob:
+    def _job(self, name: str, lock: Lock, ttl: float, none_ttl: float | Missing | None) -> FillJob:
         return FillJob(
             name=name,
             keys=lock.remote.keys,

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import redis
 
+from cacheguard.cache.core import Lock
 from cacheguard.cache.flow import (
     Adopt,
     Call,
@@ -30,14 +31,14 @@ from cacheguard.cache.flow import (
     Step,
 )
 from cacheguard.cache.loading import Loads
+from cacheguard.cache.read_path import RunFill
 from cacheguard.cache.singleflight import VALID_FOR_ALL
 from cacheguard.cache.watermark import collecting
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable
 from cacheguard.locks.notifier import notifier_for
-from cacheguard.locks.two_tier import TwoTierRWLock
 from cacheguard.steps import Subscribe, Wait
 
-__all__ = ["NO_IO_STEPS", "FillState", "drive_fill", "get_raw"]
+__all__ = ["NO_IO_STEPS", "FillState", "backend_down", "drive_fill", "get_raw", "is_loader"]
 
 
 def get_raw(client: redis.Redis, key: str) -> Any:
@@ -49,6 +50,21 @@ def get_raw(client: redis.Redis, key: str) -> Any:
         raise
     except redis.ResponseError as exc:
         return exc
+
+
+def backend_down(name: str, exc: BaseException) -> BackendUnavailable:
+    """What a driver throws into a flow when Redis is down (the client's error is
+    its ``__cause__``)."""
+    error = BackendUnavailable(f"Redis unreachable for {name!r}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def is_loader(step: object) -> bool:
+    """Does ``step`` run the caller's loader (directly, or in a fill whose driver
+    classified its own Redis errors already)? Its errors then pass as they are: a
+    loader's own ``OSError`` is not Redis being down."""
+    return isinstance(step, (Load, LoadUnlocked, RunFill))
 
 
 # Steps answered without I/O, alike in both drivers (FillState.answer_now).
@@ -154,7 +170,7 @@ def drive_fill(
     flow: Generator[Step, Any, Outcome],
     *,
     client: redis.Redis,
-    lock: TwoTierRWLock,
+    lock: Lock,
     loads: Loads,
     name: str,
     load: Callable[[], Any],
@@ -169,9 +185,7 @@ def drive_fill(
             try:
                 reply = fill.answer(step)
             except REDIS_DOWN as exc:
-                error = BackendUnavailable(f"Redis unreachable for {name!r}: {exc}")
-                error.__cause__ = exc
-                step = flow.throw(error)
+                step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
             except BaseException as exc:
                 step = flow.throw(exc)
             else:

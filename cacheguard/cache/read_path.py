@@ -1,0 +1,297 @@
+"""The read path's flows, with no I/O in them: ``get_or_load``, ``refresh``, ``peek``.
+
+Each public read of both guards is one generator here; the sync guard and the
+asyncio guard only carry out its steps (:class:`Lookup`, :class:`LoadUnlocked`,
+:class:`WaitFlight`, :class:`RunFill`) and send the answers back in. Redis
+being down reaches a flow as :class:`BackendUnavailable` with the client's error
+as its ``__cause__``.
+
+``get_or_load``:
+
+1. L1, when the guard has one: a hit sends nothing;
+2. the key's single flight: one caller per process goes on (the leader); the
+   others wait for its outcome, or read again if they joined after the read it
+   shares was sent (see :mod:`cacheguard.cache.singleflight`). A caller that
+   holds the key's write lock loads its own view at once;
+3. the leader's one GET, judged by :func:`~cacheguard.cache.flow.judge`; on a
+   miss the fill flow runs (one filler across processes);
+4. Redis down, or the circuit open: ``on_backend_error`` (load directly, or raise).
+
+A leader that fails shares its error with its followers; one that is
+interrupted (cancelled, KeyboardInterrupt) does not: they go on without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from cacheguard.cache.core import GuardCore, Lock
+from cacheguard.cache.entry import MISSING, Missing
+from cacheguard.cache.flow import (
+    LOAD_UNLOCKED,
+    LOOKUP,
+    LoadUnlocked,
+    Lookup,
+    Outcome,
+    Step,
+    timed_out_flow,
+)
+from cacheguard.cache.l1 import ABSENT
+from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
+from cacheguard.exceptions import BackendUnavailable
+
+__all__ = ["ReadPath", "ReadStep", "RunFill", "WaitFlight", "client_error", "valid_for_all"]
+
+log = logging.getLogger("cacheguard")
+
+LATE_FOLLOWER_REREADS: Final = 2  # shared re-reads for late joiners; stragglers read themselves
+
+
+@dataclass(frozen=True, slots=True)
+class WaitFlight:
+    """Step: wait up to ``timeout`` s for ``flight``'s leader to finish. Answer:
+    ``True`` once it finished, ``False`` at the timeout."""
+
+    flight: Flight
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunFill:
+    """Step: drive ``flow`` (a fill flow of the key) under ``lock``; ``seal`` seals
+    the caller's single flight. Answer: ``(Outcome, generation below which
+    followers may share it)``, or the flow's error thrown in."""
+
+    lock: Lock
+    flow: Generator[Step, Any, Outcome]
+    seal: Callable[[], int]
+
+
+ReadStep = Lookup | LoadUnlocked | WaitFlight | RunFill
+
+
+def client_error(exc: BackendUnavailable) -> BaseException:
+    """The client's own error behind a :class:`BackendUnavailable` a driver threw in."""
+    return exc.__cause__ or exc
+
+
+def valid_for_all() -> int:
+    """The seal of a fill that no single flight shares."""
+    return VALID_FOR_ALL
+
+
+class ReadPath(GuardCore):
+    """The read flows of both guards."""
+
+    def _read_flow(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+    ) -> Generator[ReadStep, Any, Any]:
+        """``get_or_load``: the cached value of ``name``, loaded once if missing."""
+        ttl = self._ttl(ttl)
+        l1 = self._l1
+        if l1 is not None:
+            kept = l1.tier.get(name)
+            if kept is not ABSENT:
+                self._stats.count("l1_hits", name)
+                return kept
+        start = self._timer()
+        while True:  # bounded: every pass waits on a leader that was already running
+            flight, leader, joined = self._flights.join(name)
+            if leader:
+                break
+            self._loads.refuse_recursion(name)  # the leader may be this caller's loader
+            lock = self.rwlock(name)
+            if lock.local.is_write_held_by_me():
+                # Our own write: the leader waits for us, and what it loads is not our
+                # view. Load privately (see fill_flow's writing_here), storing nothing.
+                flow = self._fill_flow(name, lock, ttl, none_ttl, refresh=False, stale=None)
+                return (yield RunFill(lock, flow, valid_for_all))[0].value
+            left = self.settings.wait_timeout - (self._timer() - start)
+            if not (yield WaitFlight(flight, left)):
+                waited = self._timer() - start
+                flow = timed_out_flow(self._job(name, lock, ttl, none_ttl), None, waited)
+                return (yield RunFill(lock, flow, valid_for_all))[0].value
+            if flight.serves(joined):
+                if flight.error is not None:
+                    raise flight.error
+                return flight.result
+            # We joined after the leader's read was sent (it may predate a write that
+            # ended before we started), or the leader was interrupted: read again.
+        try:
+            value, valid_below = yield from self._lead(name, flight, load, ttl, none_ttl, start)
+            if flight.has_followers_from(valid_below):
+                value, valid_below = yield from self._reread_for_late_followers(
+                    name, flight, value, valid_below
+                )
+        except Exception as exc:
+            self._flights.finish(name, flight, error=exc)
+            raise
+        except BaseException:  # cancelled or interrupted: not an outcome to share
+            self._flights.finish(name, flight, valid_below=0)
+            raise
+        self._flights.finish(name, flight, value, valid_below=valid_below)
+        return value
+
+    def _lead(
+        self,
+        name: str,
+        flight: Flight,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        start: float,
+    ) -> Generator[ReadStep, Any, tuple[Any, int]]:
+        """Get ``name`` for the flight (the call began at ``start``): the value and
+        the generation below which followers may take it."""
+        if not self._breaker.allow():
+            return (yield from self._bypass(name, None)), self._flights.seal(flight)
+        l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
+        sealed = flight.generation  # flights are born sealed for this first GET
+        try:
+            raw = yield LOOKUP
+        except BackendUnavailable as exc:
+            return (yield from self._bypass(name, exc.__cause__)), self._flights.seal(flight)
+        self._breaker.success()
+        served, entry = self._served(name, raw, l1_seen, load, ttl, none_ttl)
+        if served:
+            return entry.value, sealed  # type: ignore[union-attr]
+        self._stats.count("misses", name)
+        lock = self.rwlock(name)  # one instance for the job and the driver: one owner
+        flow = self._fill_flow(
+            name,
+            lock,
+            ttl,
+            none_ttl,
+            refresh=False,
+            stale=entry,
+            budget=self.settings.wait_timeout - (self._timer() - start),
+        )
+        try:
+            outcome, valid_below = yield RunFill(
+                lock, flow, functools.partial(self._flights.seal, flight)
+            )
+        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
+            return (yield from self._bypass(name, exc)), self._flights.seal(flight)
+        self._keep_filled(name, outcome, l1_seen, ttl)
+        return outcome.value, valid_below
+
+    def _reread_for_late_followers(
+        self, name: str, flight: Flight, value: Any, valid_below: int
+    ) -> Generator[ReadStep, Any, tuple[Any, int]]:
+        """Some followers joined after our read was sent; one more shared GET serves
+        them all (instead of each re-reading). Bounded; stragglers read themselves."""
+        for _ in range(LATE_FOLLOWER_REREADS):
+            sealed = self._flights.seal(flight)
+            try:
+                entry = self._decode(name, (yield LOOKUP))
+            except BackendUnavailable:
+                break
+            if entry is None or self._clock() >= entry.expires_at:
+                break  # invalidated again: late followers must load it themselves
+            value, valid_below = entry.value, sealed
+            if not flight.has_followers_from(sealed):
+                break
+        return value, valid_below
+
+    def _bypass(self, name: str, exc: BaseException | None) -> Generator[ReadStep, Any, Any]:
+        """Redis is down (``exc``) or the circuit is open (None): load directly, or raise."""
+        self._refuse_bypass(name, exc)
+        return (yield LOAD_UNLOCKED)
+
+    def _refresh_flow(
+        self, name: str, ttl: float, none_ttl: float | Missing | None
+    ) -> Generator[ReadStep, Any, Any]:
+        """``refresh``: load ``name`` now (under its locks, once across processes) and
+        store it; Redis down or the circuit open: ``on_backend_error``."""
+        ttl = self._ttl(ttl)
+        self._loads.refuse_recursion(name)
+        if not self._breaker.allow():
+            return (yield from self._bypass(name, None))
+        lock = self.rwlock(name)
+        flow = self._fill_flow(name, lock, ttl, none_ttl, refresh=True, stale=None)
+        try:
+            outcome, _ = yield RunFill(lock, flow, valid_for_all)
+        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
+            return (yield from self._bypass(name, exc))
+        return outcome.value
+
+    def _peek_flow(self, name: str) -> Generator[ReadStep, Any, Any]:
+        """``peek``: the cached value of ``name`` or MISSING; never loads, never locks."""
+        if self._l1 is not None:
+            value = self._l1.tier.get(name)
+            if value is not ABSENT:
+                return value
+        raising = self.settings.on_backend_error == "raise"
+        closed = self._circuit_open(f"reading {name!r}")
+        if closed is not None:
+            if raising:
+                raise closed
+            return MISSING
+        try:
+            entry = self._decode(name, (yield LOOKUP))
+        except BackendUnavailable as exc:
+            self._backend_failed(name, client_error(exc))
+            if raising:
+                raise BackendUnavailable(
+                    f"Redis unreachable reading {name!r}: {client_error(exc)}"
+                ) from client_error(exc)
+            return MISSING
+        self._breaker.success()
+        return self._peeked(entry)
+
+    def _peek_entry_flow(self, name: str) -> Generator[ReadStep, Any, Any]:
+        """``peek_entry``: the stored entry even past its expiry, or None."""
+        try:
+            return self._decode(name, (yield LOOKUP))
+        except BackendUnavailable:
+            return None
+
+    def _refresh_in_background(
+        self, name: str, load: Callable[[], Any], ttl: float, none_ttl: float | Missing | None
+    ) -> None:
+        """Start one background refresh of ``name`` per process (loop), unless one runs."""
+        if self._closed:
+            return
+        flight, leader, _ = self._refreshes.join(name)
+        if not leader:
+            return
+        flow = self._background_refresh_flow(name, flight, ttl, none_ttl)
+        if not self._start_background(flow, name, load):
+            flow.close()
+            self._refreshes.finish(name, flight)
+
+    def _background_refresh_flow(
+        self, name: str, flight: Flight, ttl: float, none_ttl: float | Missing | None
+    ) -> Generator[ReadStep, Any, None]:
+        try:
+            lock = self.rwlock(name)
+            flow = self._fill_flow(
+                name, lock, ttl, none_ttl, refresh=True, stale=None, background=True
+            )
+            outcome, _ = yield RunFill(lock, flow, valid_for_all)
+            if outcome.source == "loaded":
+                self._stats.count("early_refreshes", name)
+        except Exception:
+            log.exception("background refresh of %r failed", name)
+        finally:
+            self._refreshes.finish(name, flight)
+
+    # -- what each guard provides --------------------------------------------------------
+
+    def rwlock(self, name: str) -> Any:
+        """The two-tier read-write lock of resource ``name``."""
+        raise NotImplementedError
+
+    def _start_background(
+        self, flow: Generator[ReadStep, Any, None], name: str, load: Callable[[], Any]
+    ) -> bool:
+        """Run ``flow`` apart from the caller (a thread, a task); False if it cannot."""
+        raise NotImplementedError

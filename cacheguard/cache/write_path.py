@@ -1,0 +1,206 @@
+"""The write path's flows, with no I/O in them: ``write``, ``invalidate``,
+``invalidate_prefix``, ``watermark``.
+
+As for the read path (:mod:`cacheguard.cache.read_path`), each public call of
+both guards is one generator here and the guards only carry out its steps.
+``write`` yields :data:`BODY` where the caller's ``with`` block runs: the
+driver suspends the flow there, runs the block, and resumes it with the
+block's error thrown in, if any.
+
+``write``: the keys' write locks in one global order (two writers on
+overlapping keys cannot deadlock), invalidate, the body, invalidate again
+(also when the body raised; a failing closing invalidation is attached to the
+body's error, not raised in its place), release (always).
+
+``invalidate``: one number from the namespace's sequence for the whole call,
+taken first (the keys' scripts then run in their own slots), then every key is
+stamped with it and deleted; a version that ran ahead lifts the sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from cacheguard.cache.core import add_note, closing_failed_note
+from cacheguard.cache.flow import Call
+from cacheguard.cache.invalidation import SCAN_BATCH
+from cacheguard.cache.read_path import ReadPath, client_error
+from cacheguard.exceptions import BackendUnavailable
+from cacheguard.locks.scripts import ScriptCall
+
+__all__ = [
+    "BODY",
+    "AcquireWrite",
+    "Body",
+    "Command",
+    "Pipelined",
+    "ReleaseWrites",
+    "Scan",
+    "WritePath",
+    "WriteStep",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """Step: send one Redis command (``("INCR", key)``). Answer: its reply."""
+
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pipelined:
+    """Step: run script calls in one round trip. Answer: their replies, errors in place."""
+
+    calls: tuple[ScriptCall, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """Step: every key matching ``pattern`` (SCAN). Answer: ``list[bytes]``."""
+
+    pattern: str
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireWrite:
+    """Step: take ``lock`` for writing within ``timeout`` s (None: the lock's own).
+    Answer: None, or :class:`LockTimeout` thrown in."""
+
+    lock: Any
+    timeout: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseWrites:
+    """Step: release ``locks``' write holds taken by ``holder`` (the thread or task
+    that entered), last first, each even if another fails. Runs to its end even
+    when the caller is cancelled meanwhile. Answer: None."""
+
+    locks: tuple[Any, ...]
+    holder: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """Step: run the caller's ``with`` block. Answer: None, or its error thrown in."""
+
+
+BODY: Final = Body()
+
+WriteStep = Command | Pipelined | Call | Scan | AcquireWrite | ReleaseWrites | Body
+
+
+class WritePath(ReadPath):
+    """The write flows of both guards (and, inherited, their read flows)."""
+
+    def _write_flow(
+        self, names: Iterable[str], timeout: float | None, holder: Any
+    ) -> Generator[WriteStep, Any, None]:
+        """``write``: ``holder`` is the thread or task entering (the exit may run in
+        another one: ASGI servers run a sync dependency's enter and exit in two)."""
+        ordered = sorted(set(names))
+        if not ordered:
+            raise ValueError("write() needs at least one key name")
+        closed = self._circuit_open(f"writing {', '.join(map(repr, ordered))}")
+        if closed is not None:
+            raise closed
+        held: list[Any] = []
+        try:
+            for name in ordered:
+                lock = self.rwlock(name)
+                yield AcquireWrite(lock, timeout)
+                held.append(lock)
+            yield from self._invalidate_flow(ordered)
+            try:
+                yield BODY
+            except BaseException as body_error:
+                # The body's error is what the caller must see; a failing closing
+                # invalidation is attached to it, not raised in its place.
+                try:
+                    yield from self._invalidate_flow(ordered)
+                except Exception as closing_error:
+                    add_note(body_error, closing_failed_note(ordered, closing_error))
+                raise
+            yield from self._invalidate_flow(ordered)
+        finally:
+            if held:
+                yield ReleaseWrites(tuple(held), holder)
+
+    def _invalidate_flow(
+        self, names: list[str] | tuple[str, ...]
+    ) -> Generator[WriteStep, Any, None]:
+        """``invalidate``: stamp ``names`` with the next invalidation number and delete
+        them. Every fill in flight for them fails its store, and so does every later
+        fill from an older database snapshot; L1 copies everywhere are dropped."""
+        if not names:
+            return
+        if self._l1 is not None:
+            self._l1.drop(names)
+        listed = ", ".join(map(repr, names))
+        closed = self._circuit_open(f"invalidating {listed}")
+        if closed is not None:
+            raise closed
+        invalidation = self._invalidation
+        try:
+            stamp = int((yield Command(("INCR", invalidation.watermark_key))))
+            results = yield Pipelined(tuple(invalidation.calls(names, stamp)))
+            lift = invalidation.lift(results, stamp)
+            if lift is not None:  # a version ran ahead of the sequence: lift the sequence
+                yield Call(lift)
+            self._breaker.success()
+        except BackendUnavailable as exc:
+            self._backend_failed(names[0], client_error(exc))
+            raise BackendUnavailable(
+                f"Redis unreachable invalidating {listed}: {client_error(exc)}"
+            ) from client_error(exc)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+
+    def _invalidate_prefix_flow(self, prefix: str) -> Generator[WriteStep, Any, int]:
+        """``invalidate_prefix``: every key whose name starts with ``prefix`` (a SCAN
+        of the whole keyspace); returns how many."""
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        invalidation = self._invalidation
+        invalidation.watch(prefix)
+        names: set[str] = set()
+        try:
+            # Stamped first: a fill of a key the SCAN cannot see (no value, no fill
+            # yet) from a snapshot older than this stamp will not store.
+            stamp = int((yield Command(("INCR", invalidation.watermark_key))))
+            yield Command(
+                ("SET", invalidation.stamp_key(prefix), stamp, "PX", self.settings.version_ttl_ms)
+            )
+            for raw in (yield Scan(invalidation.scan_pattern(prefix))):
+                name = invalidation.name_of(raw.decode("utf-8", "surrogateescape"))
+                if name is not None:
+                    names.add(name)
+        except BackendUnavailable as exc:
+            self._backend_failed(prefix, client_error(exc))
+            raise BackendUnavailable(
+                f"Redis unreachable scanning {prefix!r}*: {client_error(exc)}"
+            ) from client_error(exc)
+        ordered = sorted(names)
+        for start in range(0, len(ordered), SCAN_BATCH):
+            yield from self._invalidate_flow(ordered[start : start + SCAN_BATCH])
+        return len(ordered)
+
+    def _watermark_flow(self) -> Generator[WriteStep, Any, int]:
+        """``watermark``: the namespace's invalidation sequence now."""
+        key = self._invalidation.watermark_key
+        closed = self._circuit_open("reading the watermark")
+        if closed is not None:
+            raise closed
+        try:
+            raw = yield Command(("GET", key))
+        except BackendUnavailable as exc:
+            self._backend_failed(key, client_error(exc))
+            raise BackendUnavailable(
+                f"Redis unreachable reading the watermark: {client_error(exc)}"
+            ) from client_error(exc)
+        self._breaker.success()
+        return int(raw or 0)
