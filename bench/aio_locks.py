@@ -43,7 +43,7 @@ SETTLE = 0.5  # s for the waiters to reach their wait before the release
 
 
 def _subscribed(admin: redis.Redis, channel: str) -> bool:
-    return int(admin.pubsub_numsub(channel)[0][1]) >= 1
+    return int(admin.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1]) >= 1
 
 
 async def _tasks_round(url: str, name: str, waiters: int) -> tuple[list[float], float]:

@@ -27,10 +27,17 @@ from __future__ import annotations
 from typing import Final
 
 import redis
-from redis.exceptions import NoPermissionError
+from redis.exceptions import (
+    ClusterError,
+    NoPermissionError,
+    ReadOnlyError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 __all__ = [
     "REDIS_DOWN",
+    "REDIS_REFUSING",
     "REDIS_UNREACHABLE",
     "BackendUnavailable",
     "CacheGuardError",
@@ -44,6 +51,7 @@ __all__ = [
     "RecursiveLoadError",
     "SerializationError",
     "WrongEventLoop",
+    "backend_down",
 ]
 
 
@@ -126,9 +134,23 @@ class BackendUnavailable(CacheGuardError):
 # The one home of "Redis is down" (the sync and asyncio clients raise the same
 # classes; a socket timeout is an OSError too). Unreachable: no answer at all.
 REDIS_UNREACHABLE: Final = (redis.ConnectionError, redis.TimeoutError, OSError)
-# Down for us: unreachable, or refusing our keys (an ACL user without the
-# namespace's key pattern). Every cacheguard policy treats both alike.
-REDIS_DOWN: Final = (*REDIS_UNREACHABLE, NoPermissionError)
+# Refusing for now: a deployment in transition. A cluster slot without a master
+# (CLUSTERDOWN, and MASTERDOWN: both ClusterError, as is redirects running out),
+# a slot that is moving (TRYAGAIN), no node known for a slot, a master demoted to
+# replica while we still talk to it (READONLY). They pass once a failover ends.
+REDIS_REFUSING: Final = (ClusterError, TryAgainError, SlotNotCoveredError, ReadOnlyError)
+# Down for us: unreachable, refusing for now, or refusing our keys (an ACL user
+# without the namespace's key pattern). Every cacheguard policy treats them alike:
+# never a corrupt entry, never a raw redis-py error past on_backend_error.
+REDIS_DOWN: Final = (*REDIS_UNREACHABLE, *REDIS_REFUSING, NoPermissionError)
+
+
+def backend_down(name: str, exc: BaseException) -> BackendUnavailable:
+    """What a driver throws into a flow when Redis is down (the client's error is
+    its ``__cause__``)."""
+    error = BackendUnavailable(f"Redis unreachable for {name!r}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 class SerializationError(CacheGuardError):

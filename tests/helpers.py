@@ -23,8 +23,11 @@ def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
 
 
 def subscribers(client: redis.Redis, channel: str) -> int:
-    """How many connections Redis has subscribed to ``channel`` (PUBSUB NUMSUB)."""
-    return int(client.pubsub_numsub(channel)[0][1])
+    """How many connections Redis has subscribed to ``channel``, as a broadcast
+    channel (PUBSUB NUMSUB) or a sharded one (PUBSUB SHARDNUMSUB)."""
+    broadcast = int(client.pubsub_numsub(channel)[0][1])
+    sharded = client.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    return broadcast + int(sharded[1])
 
 
 def client_for(url: str) -> redis.Redis:

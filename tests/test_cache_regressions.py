@@ -251,7 +251,7 @@ def test_a_late_announcement_from_before_an_invalidation_is_not_taken(
                      load_duration=0.0)  # fmt: skip
     # A fill of long ago, or one stamped in the future by a clock that stepped back
     # since (then its entry's version still predates the write).
-    client.publish(channel, b"V%d:" % stamp + old)
+    client.spublish(channel, b"V%d:" % stamp + old)
     assert handled.wait(10)  # the waiter received and decoded it ...
     assert [(m.kind, m.entry.value) for m in decoded] == [("value", "old")]
     release.set()  # ... and still waits: only now does the real fill end

@@ -97,7 +97,7 @@ def test_an_older_fills_announcement_is_refused_even_at_the_same_version(
     assert wait_until(lambda: subscribers(client, channel) >= 1)
     old = pack_entry(MsgpackCodec(), "old", created=time.time(), ttl=60, version=0,
                      load_duration=0.0)  # fmt: skip
-    client.publish(channel, b"V1:" + old)  # began at µs 1: long before the fill under way
+    client.spublish(channel, b"V1:" + old)  # began at µs 1: long before the fill under way
     release.set()
     fill.join(5)
     reader.join(5)

@@ -373,3 +373,44 @@ async def test_a_loaders_own_oserror_is_its_error_not_redis_being_down(make: Mak
         await guard.refresh("k", lost_its_own_redis, ttl=60)
     assert calls == [1, 2]
     assert guard.stats().backend_errors == 0
+
+
+REFUSALS = (
+    redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+    redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
+    redis.exceptions.MasterDownError("MASTERDOWN Link with MASTER is down"),
+    redis.exceptions.ReadOnlyError("READONLY You can't write against a read only replica."),
+    redis.exceptions.SlotNotCoveredError("no node serves slot 866"),
+)
+
+
+@pytest.mark.parametrize("refusal", REFUSALS, ids=lambda e: type(e).__name__)
+async def test_a_deployment_in_transition_is_redis_down_not_a_corrupt_entry(
+    make: Make, refusal: Exception
+) -> None:
+    # What a cluster or a failing-over master answers while a failover runs: under
+    # "bypass" the loader's value, under "raise" BackendUnavailable; never a raw
+    # redis-py error, never a corrupt entry, and a write is refused cleanly.
+    bypass, raising = make(on_backend_error="bypass"), make(on_backend_error="raise")
+    for guard in (bypass, raising):
+        client = guard.guard.client
+
+        def refuse(*args: Any, **options: Any) -> Any:
+            raise refusal
+
+        async def refuse_async(*args: Any, **options: Any) -> Any:
+            raise refusal
+
+        refused = refuse if guard.kind == "sync" else refuse_async
+        client.get = refused  # type: ignore[method-assign]
+        client.execute_command = refused  # type: ignore[method-assign]
+    assert await bypass.get_or_load("k", lambda: "loaded", ttl=60) == "loaded"
+    with pytest.raises(BackendUnavailable) as caught:
+        await raising.get_or_load("k", lambda: "loaded", ttl=60)
+    assert caught.value.__cause__ is refusal
+    with pytest.raises(BackendUnavailable):
+        await bypass.invalidate("k")
+    for guard in (bypass, raising):
+        stats = guard.stats()
+        assert stats.corrupt_entries == 0
+        assert stats.backend_errors >= 1

@@ -108,7 +108,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "lock-release-announced",
         "a release that frees or downgrades the lock is announced on the key's channel",
         "cacheguard/locks/scripts.py",
-        "if after ~= before then redis.call('PUBLISH', channel, after or 'free') end",
+        "if after ~= before then redis.call('SPUBLISH', channel, after or 'free') end",
         "",
         ("tests/test_guarantees.py::test_lock_waiter_is_woken_by_the_release_announcement",),
     ),
@@ -462,7 +462,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "cache-waiter-woken-by-announcement",
         "a fill's end announces the stored entry, waking the key's waiters in other processes",
         "cacheguard/cache/scripts.py",
-        "  redis.call('PUBLISH', channel, 'V' .. begun_us .. ':' .. entry)\n",
+        "  redis.call('SPUBLISH', channel, 'V' .. begun_us .. ':' .. entry)\n",
         "",
         (
             "tests/test_cache_processes.py::"
@@ -669,9 +669,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-waiters-woken-by-pubsub",
         "the asyncio notifier hands every message to the waiting tasks of its channel",
         "cacheguard/aio/notifier.py",
-        "            for waiter in list(channel.waiters):"
+        "                for waiter in list(channel.waiters):"
         "  # a callback may close its subscription\n"
-        "                waiter._deliver(payload)\n",
+        "                    waiter._deliver(push.payload)\n",
         "",
         (
             "tests/test_locks_both_drivers.py::test_a_release_wakes_a_waiter_through_pubsub[async]",
@@ -738,6 +738,64 @@ MUTANTS: tuple[Mutant, ...] = (
         "        [owner, mode, lease_ms, mark_ms, keys.released_channel],\n",
         "        [owner, mode, mark_ms, lease_ms, keys.released_channel],\n",
         ("tests/test_lock_wire.py::test_acquire_call_follows_its_contract",),
+    ),
+    # -- deployments: cluster, Sentinel (issue #13) -------------------------------------------
+    Mutant(
+        "refusals-are-redis-down",
+        "CLUSTERDOWN, TRYAGAIN, MASTERDOWN, READONLY and an uncovered slot are Redis being "
+        "down (the backend policy, never a raw error or a corrupt entry)",
+        "cacheguard/exceptions.py",
+        "REDIS_DOWN: Final = (*REDIS_UNREACHABLE, *REDIS_REFUSING, NoPermissionError)\n",
+        "REDIS_DOWN: Final = (*REDIS_UNREACHABLE, NoPermissionError)\n",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_a_deployment_in_transition_is_redis_down_not_a_corrupt_entry",
+        ),
+    ),
+    Mutant(
+        "sharded-channels-subscribed-alone",
+        "each sharded channel gets its own SSUBSCRIBE (a cluster refuses channels of "
+        "several slots in one)",
+        "cacheguard/locks/pubsub.py",
+        "    commands.extend((verbs[True], name) for name in sharded)\n",
+        "    commands.extend([(verbs[True], *sharded)] if sharded else [])\n",
+        (
+            "tests/test_pubsub_wire.py::"
+            "test_broadcast_channels_share_a_command_and_sharded_ones_go_alone",
+        ),
+    ),
+    Mutant(
+        "revoked-channel-wakes-waiters",
+        "a sharded channel the server revokes (its slot left the node) wakes its waiters "
+        "and is forgotten, so they subscribe again where the slot lives",
+        "cacheguard/locks/notifier.py",
+        "                    waiters, payload = list(channel.waiters), None\n",
+        "                    waiters = []\n",
+        (
+            "tests/test_notifier_revocation.py::test_a_revoked_channel_wakes_its_waiters_and_is_forgotten",
+        ),
+    ),
+    Mutant(
+        "aio-revoked-channel-wakes-waiters",
+        "the asyncio notifier wakes the waiting tasks of a revoked sharded channel",
+        "cacheguard/aio/notifier.py",
+        "            channel.confirmed.set()\n"
+        "            for waiter in list(channel.waiters):\n"
+        "                waiter._deliver(None)\n",
+        "            channel.confirmed.set()\n",
+        (
+            "tests/test_notifier_revocation.py::"
+            "test_a_revoked_channel_wakes_its_waiting_tasks_and_is_forgotten",
+        ),
+    ),
+    Mutant(
+        "cluster-scripts-per-node",
+        "script batches on a cluster run as one plain pipeline per node (a cluster "
+        "pipeline refuses scripts), so invalidations and renewals work across slots",
+        "cacheguard/locks/scripts.py",
+        "    if isinstance(client, RedisCluster):\n        return _run_per_node(client, calls)\n",
+        "",
+        ("tests/test_cluster.py::test_every_master_serves_fills_writes_and_invalidations[sync]",),
     ),
 )
 

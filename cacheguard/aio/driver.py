@@ -34,13 +34,14 @@ from cacheguard.cache.flow import (
 )
 from cacheguard.cache.loading import Loads
 from cacheguard.cache.watermark import collecting
+from cacheguard.clients import AsyncClient
 from cacheguard.exceptions import REDIS_DOWN
 from cacheguard.steps import Subscribe, Wait
 
 __all__ = ["Deferral", "aget_raw", "arun_load", "drive_fill_async"]
 
 
-async def aget_raw(client: redis.asyncio.Redis, key: str) -> Any:
+async def aget_raw(client: AsyncClient, key: str) -> Any:
     """GET ``key``: bytes, None, or the error a non-string key gave. Redis being
     down raises."""
     try:
@@ -130,7 +131,7 @@ _NO_WAIT = (Call, *NO_IO_STEPS)
 async def drive_fill_async(
     flow: Generator[Step, Any, Outcome],
     *,
-    client: redis.asyncio.Redis,
+    client: AsyncClient,
     lock: Lock,
     loads: Loads,
     name: str,

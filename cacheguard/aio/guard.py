@@ -57,6 +57,7 @@ from cacheguard.cache.write_path import (
     WritePath,
 )
 from cacheguard.checks import check_int
+from cacheguard.clients import AsyncClient, async_client_from_url, check_async_client
 from cacheguard.exceptions import REDIS_DOWN
 from cacheguard.locks.scripts import arun_pipelined
 
@@ -78,7 +79,7 @@ class AsyncCacheGuard(WritePath):
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         *,
         on_event: Callable[[Any], None] | None = None,
         timer: Callable[[], float] = time.monotonic,
@@ -86,15 +87,7 @@ class AsyncCacheGuard(WritePath):
         rng: Callable[[], float] = random.random,
         **settings: Any,
     ) -> None:
-        if not isinstance(client, redis.asyncio.Redis):
-            raise TypeError(
-                f"AsyncCacheGuard needs a redis.asyncio.Redis client, not {type(client).__name__}"
-                " (use CacheGuard for a sync client)"
-            )
-        if client.connection_pool.connection_kwargs.get("decode_responses"):
-            raise ValueError(
-                "AsyncCacheGuard needs a client with decode_responses=False (it stores bytes)"
-            )
+        check_async_client(client, "AsyncCacheGuard")
         config = GuardSettings(**settings)
         super().__init__(
             config, on_event=on_event, timer=timer, clock=clock, rng=rng, flight_event=asyncio.Event
@@ -123,23 +116,23 @@ class AsyncCacheGuard(WritePath):
         *,
         connect_timeout: float = 1.0,
         socket_timeout: float = 2.0,
-        max_connections: int = 64,
+        max_connections: int | None = None,
         **settings: Any,
     ) -> AsyncCacheGuard:
         """A guard on a new ``redis.asyncio`` client for ``url``; the client options
         are :meth:`CacheGuard.from_url`'s (fail fast, no client retries).
 
-        The pool holds at most ``max_connections`` and makes a task wait for a free
-        one (up to ``socket_timeout``) rather than fail: hundreds of tasks may call
-        at once, and a refused connection would count as Redis being down."""
-        options = client_options(connect_timeout, socket_timeout)
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            url,
-            max_connections=check_int("max_connections", max_connections, minimum=1),
-            timeout=options["socket_timeout"],
-            **options,
+        The pool of one server (or Sentinel master) holds at most ``max_connections``
+        (default 64) and makes a task wait for a free one (up to ``socket_timeout``)
+        rather than fail: hundreds of tasks may call at once, and a refused
+        connection would count as Redis being down. redis-py's cluster client does
+        not queue tasks: there the limit is per node and defaults to 1,024."""
+        if max_connections is not None:
+            check_int("max_connections", max_connections, minimum=1)
+        client = async_client_from_url(
+            url, client_options(connect_timeout, socket_timeout), max_connections
         )
-        return cls(redis.asyncio.Redis(connection_pool=pool), **settings)
+        return cls(client, **settings)
 
     # -- public API -----------------------------------------------------------------
 
@@ -293,7 +286,7 @@ class AsyncCacheGuard(WritePath):
         if isinstance(step, LoadUnlocked):
             return (await arun_load(self._loads, name, load))[0]
         if isinstance(step, Command):
-            return await client.execute_command(*step.args)  # type: ignore[no-untyped-call]
+            return await client.execute_command(*step.args)
         if isinstance(step, Pipelined):
             return await arun_pipelined(client, list(step.calls))
         if isinstance(step, Call):

@@ -2,13 +2,16 @@
 
 The asyncio twin of :mod:`cacheguard.locks.notifier`, with the same rules: the
 waiters of every lock of one event loop share one subscriber connection and one
-listener task; the first waiter of a channel sends SUBSCRIBE and waits for Redis
+listener task; the first waiter of a channel sends SSUBSCRIBE and waits for Redis
 to confirm it (no release published after that point can be missed); a published
 message wakes every waiter of its channel; a channel stays subscribed for a while
 after its last waiter left; if the connection drops, every waiter is woken (it
 retries on its timers) and the listener reconnects with a growing pause and
 subscribes again to every channel still in use. With no channel left at all, the
-task disconnects and ends; the next subscription starts a new one.
+task disconnects and ends; the next subscription starts a new one. Release
+channels are sharded, the L1 channel broadcast (:mod:`cacheguard.locks.pubsub`);
+on a Redis Cluster, :func:`async_notifier_for` hands out an
+:class:`AsyncClusterNotifier`, one notifier per shard, as the sync side does.
 
 Why a raw connection and not ``redis.asyncio.client.PubSub``:
 
@@ -34,29 +37,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import RedisClusterException
 
 from cacheguard._identity import on_fork_in_child
 from cacheguard.aio._loop import LoopBinding
 from cacheguard.exceptions import REDIS_UNREACHABLE
-from cacheguard.locks.notifier import _IDLE_POLL, _INBOX_LIMIT, _LINGER, _RECONNECT_CAP, _text
+from cacheguard.locks.notifier import _IDLE_POLL, _INBOX_LIMIT, _LINGER, _RECONNECT_CAP
+from cacheguard.locks.pubsub import (
+    Confirmations,
+    parse_push,
+    subscribe_commands,
+    unsubscribe_commands,
+)
 
-__all__ = ["AsyncNotifier", "AsyncSubscription", "async_notifier_for"]
+__all__ = ["AsyncClusterNotifier", "AsyncNotifier", "AsyncSubscription", "async_notifier_for"]
 
 log = logging.getLogger("cacheguard.notifier")
 
-AsyncConnectionFactory = Callable[[], AbstractConnection]
+# Makes a connection (or a coroutine making one: a cluster's must look up its node).
+AsyncConnectionFactory = Callable[[], AbstractConnection | Awaitable[AbstractConnection]]
 
 _FIRST_RECONNECT_PAUSE = 0.05
 _ERROR_PAUSE_CAP = 2.0
@@ -65,6 +78,7 @@ _ERROR_PAUSE_CAP = 2.0
 @dataclass(eq=False)
 class _Channel:
     name: str
+    sharded: bool
     confirmed: asyncio.Event = field(default_factory=asyncio.Event)
     waiters: set[AsyncSubscription] = field(default_factory=set)
     idle_since: float = 0.0
@@ -84,11 +98,12 @@ def _consume(task: asyncio.Future[Any]) -> None:
 class AsyncSubscription:
     """One waiter's registration on one channel (one task waits on it at a time)."""
 
-    __slots__ = ("_channel", "_inbox", "_notifier", "_wakeup", "_woken", "closed")
+    __slots__ = ("_channel", "_inbox", "_notifier", "_sharded", "_wakeup", "_woken", "closed")
 
-    def __init__(self, notifier: AsyncNotifier, channel: str) -> None:
+    def __init__(self, notifier: AsyncNotifier, channel: str, *, sharded: bool = True) -> None:
         self._notifier = notifier
         self._channel = channel
+        self._sharded = sharded
         self._inbox: deque[bytes] = deque(maxlen=_INBOX_LIMIT)
         self._woken = False
         self._wakeup: asyncio.Future[None] | None = None
@@ -96,7 +111,7 @@ class AsyncSubscription:
 
     async def open(self, timeout: float) -> bool:
         """Register and wait up to ``timeout`` for Redis to confirm; ``True`` if confirmed."""
-        return await self._notifier._register(self._channel, self, timeout)
+        return await self._notifier._register(self._channel, self, timeout, self._sharded)
 
     async def wait(self, seconds: float) -> list[bytes]:
         """Sleep until a notification or ``seconds``; the messages received since the
@@ -162,7 +177,7 @@ class _AsyncListener(AsyncSubscription):
         callback: Callable[[bytes], None],
         on_gap: Callable[[], None] | None,
     ) -> None:
-        super().__init__(notifier, channel)
+        super().__init__(notifier, channel, sharded=False)
         self._callback = callback
         self._on_gap = on_gap
 
@@ -192,8 +207,7 @@ class AsyncNotifier:
         self.reconnects = 0  # connections made (the first one included)
         self._binding = LoopBinding("this AsyncNotifier")
         self._channels: dict[str, _Channel] = {}
-        # Confirmations Redis owes us, in the order the commands were sent.
-        self._pending: deque[tuple[str, _Channel | None]] = deque()
+        self._pending: Confirmations[_Channel] = Confirmations()
         self._unsent: list[_Channel] = []  # channels the listener must still subscribe
         self._conn: AbstractConnection | None = None
         self._task: asyncio.Task[None] | None = None
@@ -222,11 +236,13 @@ class AsyncNotifier:
         await listener.open(timeout)
         return listener
 
-    async def _register(self, name: str, subscription: AsyncSubscription, timeout: float) -> bool:
+    async def _register(
+        self, name: str, subscription: AsyncSubscription, timeout: float, sharded: bool
+    ) -> bool:
         self._binding.check()
         channel = self._channels.get(name)
         if channel is None:
-            channel = self._channels[name] = _Channel(name)
+            channel = self._channels[name] = _Channel(name, sharded)
             self._unsent.append(channel)
             if self._kick is not None:
                 _resolve(self._kick)
@@ -346,9 +362,10 @@ class AsyncNotifier:
 
     async def _reconnect(self) -> bool:
         try:
-            conn = self._connect()
+            made = self._connect()
+            conn = await made if inspect.isawaitable(made) else made
             await conn.connect()
-        except REDIS_UNREACHABLE as exc:
+        except Exception as exc:  # also: no node serves the slot yet (a failover)
             log.debug("release-notification connection failed: %s", exc)
             return False
         self._conn = conn
@@ -363,9 +380,10 @@ class AsyncNotifier:
     async def _send_subscribe(self, conn: AbstractConnection) -> None:
         channels = [c for c in self._unsent if self._channels.get(c.name) is c]
         self._unsent.clear()
-        if channels:
-            self._pending.extend(("subscribe", c) for c in channels)
-            await conn.send_command("SUBSCRIBE", *[c.name for c in channels], check_health=False)
+        named = {c.name: c for c in channels}
+        for command in subscribe_commands((c.name, c.sharded) for c in channels):
+            self._pending.sent(command, named)
+            await conn.send_command(*command, check_health=False)
 
     async def _unsubscribe_idle(self, conn: AbstractConnection) -> None:
         now = self._timer()
@@ -378,8 +396,9 @@ class AsyncNotifier:
             return
         for c in idle:
             del self._channels[c.name]
-        self._pending.extend(("unsubscribe", None) for _ in idle)
-        await conn.send_command("UNSUBSCRIBE", *[c.name for c in idle], check_health=False)
+        for command in unsubscribe_commands((c.name, c.sharded) for c in idle):
+            self._pending.sent(command)
+            await conn.send_command(*command, check_health=False)
 
     async def _drop(self) -> None:
         """Forget the connection, wake every waiter, then disconnect."""
@@ -401,44 +420,159 @@ class AsyncNotifier:
                 await conn.disconnect(nowait=True)
 
     def _dispatch(self, message: Any) -> None:
-        if not isinstance(message, list) or len(message) < 3:
+        push = parse_push(message)
+        if push is None:
             return
-        kind = _text(message[0])
-        if kind == "message":
-            channel = self._channels.get(_text(message[1]))
-            if channel is None:
-                return
-            payload = message[2]
-            if isinstance(payload, str):
-                payload = payload.encode()
-            for waiter in list(channel.waiters):  # a callback may close its subscription
-                waiter._deliver(payload)
-        elif kind in ("subscribe", "unsubscribe") and self._pending:
-            _, expected = self._pending.popleft()
-            if kind == "subscribe" and expected is not None:
-                expected.confirmed.set()
+        channel = self._channels.get(push.channel)
+        if push.kind == "message":
+            if channel is not None:
+                for waiter in list(channel.waiters):  # a callback may close its subscription
+                    waiter._deliver(push.payload)
+            return
+        verdict, expected = self._pending.settle(push)
+        if verdict == "settled" and push.kind == "subscribed" and expected is not None:
+            expected.confirmed.set()
+        elif verdict == "revoked" and channel is not None:
+            # The channel's slot left this node: forget it here and wake its waiters,
+            # who retry and subscribe where the slot lives now.
+            del self._channels[push.channel]
+            channel.confirmed.set()
+            for waiter in list(channel.waiters):
+                waiter._deliver(None)
 
 
-# -- one notifier per (event loop, connection pool) ------------------------------------
+class AsyncClusterNotifier:
+    """The notifiers of one asyncio Redis Cluster client in one loop: one per shard
+    for sharded channels (on the node serving the slots it was made for, looked up
+    again at every reconnect), one for broadcast channels on any node (see the sync
+    :class:`~cacheguard.locks.notifier.ClusterNotifier`)."""
+
+    def __init__(self, client: RedisCluster) -> None:
+        self._client = weakref.ref(client)
+        self._shards: dict[str, AsyncNotifier] = {}
+        self._broadcast: AsyncNotifier | None = None
+
+    def subscription(self, channel: str) -> AsyncSubscription:
+        client = self._client()
+        if client is None:
+            raise redis.ConnectionError("the cluster client was garbage-collected")
+        slot = client.keyslot(channel)
+        node = client.nodes_manager.get_node_from_slot(slot)
+        notifier = self._shards.get(node.name)
+        if notifier is None:
+            notifier = AsyncNotifier(_slot_connection_factory(self._client, slot))
+            notifier._binding.check()
+            self._shards[node.name] = notifier
+        return notifier.subscription(channel)
+
+    async def listen(
+        self,
+        channel: str,
+        callback: Callable[[bytes], None],
+        *,
+        timeout: float = 5.0,
+        on_gap: Callable[[], None] | None = None,
+    ) -> AsyncSubscription:
+        if self._broadcast is None:
+            self._broadcast = AsyncNotifier(_any_node_connection_factory(self._client))
+            self._broadcast._binding.check()
+        return await self._broadcast.listen(channel, callback, timeout=timeout, on_gap=on_gap)
+
+    def close(self) -> None:
+        notifiers = [*self._shards.values(), self._broadcast]
+        self._shards, self._broadcast = {}, None
+        for notifier in notifiers:
+            if notifier is not None:
+                notifier.close()
+
+
+def _node_connection(node: Any) -> AbstractConnection:
+    # The node's connection settings, outside its max_connections.
+    connection: AbstractConnection = node.connection_class(**node.connection_kwargs)
+    return connection
+
+
+async def _refresh_topology(client: RedisCluster) -> None:
+    """Have the cluster client read the slot map again (after a node failed us)."""
+    try:
+        await client.nodes_manager.initialize()
+    except (redis.RedisError, RedisClusterException, OSError) as exc:  # again next time
+        log.debug("cluster topology not refreshed: %s", exc)
+
+
+def _live(client_ref: Any) -> RedisCluster:
+    client: RedisCluster | None = client_ref()
+    if client is None:
+        raise redis.ConnectionError("the cluster client was garbage-collected")
+    return client
+
+
+def _slot_connection_factory(client_ref: Any, slot: int) -> AsyncConnectionFactory:
+    failed = False
+
+    async def connect() -> AbstractConnection:
+        nonlocal failed
+        client = _live(client_ref)
+        if failed:  # the last node we had for this slot failed: who serves it now?
+            await _refresh_topology(client)
+        failed = True  # until this connection is made
+        connection = _node_connection(client.nodes_manager.get_node_from_slot(slot))
+        await connection.connect()
+        failed = False
+        return connection
+
+    return connect
+
+
+def _any_node_connection_factory(client_ref: Any) -> AsyncConnectionFactory:
+    turn = 0
+
+    async def connect() -> AbstractConnection:
+        nonlocal turn
+        client = _live(client_ref)
+        if turn:
+            await _refresh_topology(client)
+        nodes = client.get_primaries()
+        if not nodes:
+            raise redis.ConnectionError("no node of the cluster is known")
+        node = nodes[turn % len(nodes)]
+        turn += 1  # the next reconnect tries the next node
+        connection = _node_connection(node)
+        await connection.connect()
+        turn = 0
+        return connection
+
+    return connect
+
+
+# -- one notifier per (event loop, connection pool or cluster client) ---------------------
 
 _notifiers: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Any, AsyncNotifier]
+    asyncio.AbstractEventLoop,
+    weakref.WeakKeyDictionary[Any, AsyncNotifier | AsyncClusterNotifier],
 ] = weakref.WeakKeyDictionary()
 
 
-def async_notifier_for(client: redis.asyncio.Redis) -> AsyncNotifier:
-    """The notifier of the running event loop for the server behind ``client``'s pool."""
+def async_notifier_for(
+    client: redis.asyncio.Redis | RedisCluster,
+) -> AsyncNotifier | AsyncClusterNotifier:
+    """The notifier of the running event loop for the server behind ``client``'s pool
+    (a Sentinel master client's pool follows the master), or for a cluster client."""
     loop = asyncio.get_running_loop()
-    pool = client.connection_pool
+    owner: Any = client if isinstance(client, RedisCluster) else client.connection_pool
     per_loop = _notifiers.get(loop)
     if per_loop is None:
         per_loop = _notifiers[loop] = weakref.WeakKeyDictionary()
-    notifier = per_loop.get(pool)
+    notifier = per_loop.get(owner)
     if notifier is None:
-        notifier = per_loop[pool] = AsyncNotifier(_weak_connection_factory(pool))
-        notifier._binding.check()
-        # The listener must not outlive the pool: stop it when the pool goes.
-        weakref.finalize(pool, notifier.close)
+        if isinstance(client, RedisCluster):
+            notifier = AsyncClusterNotifier(client)
+        else:
+            notifier = AsyncNotifier(_weak_connection_factory(owner))
+            notifier._binding.check()
+        per_loop[owner] = notifier
+        # The listener must not outlive its pool or client: stop it when they go.
+        weakref.finalize(owner, notifier.close)
     return notifier
 
 

@@ -41,13 +41,17 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
-import redis.asyncio
-
 from cacheguard._identity import process_id, thread_owner
 from cacheguard.aio._loop import LoopBinding
-from cacheguard.aio.notifier import AsyncNotifier, AsyncSubscription, async_notifier_for
+from cacheguard.aio.notifier import (
+    AsyncClusterNotifier,
+    AsyncNotifier,
+    AsyncSubscription,
+    async_notifier_for,
+)
 from cacheguard.aio.watchdog import AsyncWatchdog, default_async_watchdog
 from cacheguard.backoff import Backoff
+from cacheguard.clients import AsyncClient
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockLostError, LockUpgradeError
 from cacheguard.keys import ResourceKeys
 from cacheguard.locks import wire
@@ -101,7 +105,7 @@ class AsyncLockHandle(HandleState):
 
     # Used by the watchdog.
     @property
-    def client(self) -> redis.asyncio.Redis:
+    def client(self) -> AsyncClient:
         return self.lock.client
 
     @property
@@ -164,14 +168,14 @@ class AsyncRedisRWLock:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         name: str,
         *,
         lease: float = 30.0,
         timeout: float = 30.0,
         namespace: str = "cg",
         watchdog: AsyncWatchdog | bool = True,
-        notifier: AsyncNotifier | None = None,
+        notifier: AsyncNotifier | AsyncClusterNotifier | None = None,
         on_lost: AsyncLostCallback | None = None,
         backoff: Callable[[], Backoff] = Backoff,
         timer: Callable[[], float] = time.monotonic,
@@ -414,7 +418,7 @@ class AsyncRedisRWLock:
             self._watchdog = default_async_watchdog() if choice is True else choice
         return self._watchdog
 
-    def _notifier_or_default(self) -> AsyncNotifier:
+    def _notifier_or_default(self) -> AsyncNotifier | AsyncClusterNotifier:
         if self._notifier is None:
             self._notifier = async_notifier_for(self.client)
         return self._notifier

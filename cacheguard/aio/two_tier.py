@@ -20,12 +20,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis.asyncio
-
 from cacheguard._identity import process_id
 from cacheguard.aio.local import AsyncLocalRWLock, current_task
 from cacheguard.aio.rwlock import AsyncLockHandle, AsyncRedisRWLock
 from cacheguard.checks import check_positive
+from cacheguard.clients import AsyncClient
 from cacheguard.exceptions import LockNotHeldError, LockTimeout
 from cacheguard.locks.registry import WeakRegistry
 
@@ -195,7 +194,7 @@ class AsyncLockFactory:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         *,
         namespace: str = "cg",
         lease: float = 30.0,

@@ -23,10 +23,9 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio
-
 from cacheguard._identity import on_fork_in_child
 from cacheguard.aio._loop import LoopBinding
+from cacheguard.clients import AsyncClient
 from cacheguard.exceptions import REDIS_UNREACHABLE
 from cacheguard.locks.scripts import arun_pipelined
 from cacheguard.locks.watchdog import LeaseBook, _Entry
@@ -101,9 +100,7 @@ class AsyncWatchdog(LeaseBook["AsyncLockHandle"]):
             self._settle_batch(entries, results)
 
 
-async def _run_batch(
-    client: redis.asyncio.Redis, entries: list[_Entry[AsyncLockHandle]]
-) -> list[Any]:
+async def _run_batch(client: AsyncClient, entries: list[_Entry[AsyncLockHandle]]) -> list[Any]:
     """Renew (or finish releasing) ``entries``, all on ``client``, in one round trip."""
     return await arun_pipelined(client, [e.call() for e in entries])
 

@@ -34,14 +34,15 @@ from cacheguard.cache.loading import Loads
 from cacheguard.cache.read_path import RunFill
 from cacheguard.cache.singleflight import VALID_FOR_ALL
 from cacheguard.cache.watermark import collecting
-from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable
+from cacheguard.clients import SyncClient
+from cacheguard.exceptions import REDIS_DOWN, backend_down
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.steps import Subscribe, Wait
 
 __all__ = ["NO_IO_STEPS", "FillState", "backend_down", "drive_fill", "get_raw", "is_loader"]
 
 
-def get_raw(client: redis.Redis, key: str) -> Any:
+def get_raw(client: SyncClient, key: str) -> Any:
     """GET ``key``: bytes, None, or the error a non-string key gave (someone else's
     key: the flow treats it as corrupt). Redis being down raises."""
     try:
@@ -50,14 +51,6 @@ def get_raw(client: redis.Redis, key: str) -> Any:
         raise
     except redis.ResponseError as exc:
         return exc
-
-
-def backend_down(name: str, exc: BaseException) -> BackendUnavailable:
-    """What a driver throws into a flow when Redis is down (the client's error is
-    its ``__cause__``)."""
-    error = BackendUnavailable(f"Redis unreachable for {name!r}: {exc}")
-    error.__cause__ = exc
-    return error
 
 
 def is_loader(step: object) -> bool:
@@ -169,7 +162,7 @@ class _Fill(FillState):
 def drive_fill(
     flow: Generator[Step, Any, Outcome],
     *,
-    client: redis.Redis,
+    client: SyncClient,
     lock: Lock,
     loads: Loads,
     name: str,

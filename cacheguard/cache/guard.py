@@ -45,6 +45,7 @@ from cacheguard.cache.write_path import (
     Scan,
     WritePath,
 )
+from cacheguard.clients import SyncClient, check_sync_client, sync_client_from_url
 from cacheguard.exceptions import REDIS_DOWN
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.locks.scripts import run_pipelined
@@ -67,7 +68,7 @@ class CacheGuard(WritePath):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: SyncClient,
         *,
         on_event: Callable[[Any], None] | None = None,
         timer: Callable[[], float] = time.monotonic,
@@ -75,10 +76,7 @@ class CacheGuard(WritePath):
         rng: Callable[[], float] = random.random,
         **settings: Any,
     ) -> None:
-        if client.connection_pool.connection_kwargs.get("decode_responses"):
-            raise ValueError(
-                "CacheGuard needs a client with decode_responses=False (it stores bytes)"
-            )
+        check_sync_client(client, "CacheGuard")
         config = GuardSettings(**settings)
         super().__init__(
             config,
@@ -115,13 +113,15 @@ class CacheGuard(WritePath):
         socket_timeout: float = 2.0,
         **settings: Any,
     ) -> CacheGuard:
-        """A guard on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``).
+        """A guard on a new client for ``url``: one server (``redis://``, ``rediss://``,
+        ``unix://``), a cluster (``redis+cluster://host:port,...``) or a Sentinel
+        master (``redis+sentinel://host:port,.../service``; see ``cacheguard/clients.py``).
 
         The client fails fast when Redis is down (connect and socket timeouts, no
         retries of its own: a retried script could run twice), which the circuit
         breaker and ``on_backend_error`` then handle.
         """
-        client = redis.Redis.from_url(url, **client_options(connect_timeout, socket_timeout))
+        client = sync_client_from_url(url, client_options(connect_timeout, socket_timeout))
         return cls(client, **settings)
 
     # -- public API -----------------------------------------------------------------

@@ -80,7 +80,7 @@ FILL_END_CONTRACT = """\
 -- ARGV[5]  version key lifetime in ms (an older fill cannot prove its version)
 -- ARGV[6]  entry bytes, or '' to store nothing (load failed, value not cacheable)
 -- ARGV[7]  value TTL in ms
--- ARGV[8]  channel announcing fills and releases
+-- ARGV[8]  channel announcing fills and releases, sharded (SPUBLISH, the key's slot)
 -- ARGV[9]  largest entry sent along with the announcement, in bytes
 -- ARGV[10] '1' when the load failed
 -- ARGV[11] watermark of the oldest database snapshot the load read, or '' if unknown:
@@ -114,13 +114,13 @@ if ours then
 end
 settle(key, s, now)
 if stored == 1 and #entry <= limit then
-  redis.call('PUBLISH', channel, 'V' .. begun_us .. ':' .. entry)
+  redis.call('SPUBLISH', channel, 'V' .. begun_us .. ':' .. entry)
 elseif stored == 1 then
-  redis.call('PUBLISH', channel, 'S')
+  redis.call('SPUBLISH', channel, 'S')
 elseif failed then
-  redis.call('PUBLISH', channel, 'A')
+  redis.call('SPUBLISH', channel, 'A')
 else
-  redis.call('PUBLISH', channel, 'N')
+  redis.call('SPUBLISH', channel, 'N')
 end
 return stored
 """
@@ -131,7 +131,8 @@ INVALIDATE = LuaScript("""\
 -- KEYS[1]  value key         <ns>:{<name>}:v
 -- KEYS[2]  version key       <ns>:{<name>}:ver
 -- ARGV[1]  version key lifetime in ms
--- ARGV[2]  L1 invalidation channel ('' for none)
+-- ARGV[2]  L1 invalidation channel ('' for none): namespace-wide, so a plain PUBLISH,
+--          which a cluster broadcasts to every node
 -- ARGV[3]  the resource name, announced on that channel
 -- ARGV[4]  this invalidation's number (INCR of <ns>:wm, sent just before)
 -- Returns the key's new version, which is always higher than before: the stamp,

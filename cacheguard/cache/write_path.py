@@ -27,7 +27,7 @@ from cacheguard.cache.core import add_note, closing_failed_note
 from cacheguard.cache.flow import Call
 from cacheguard.cache.invalidation import SCAN_BATCH
 from cacheguard.cache.read_path import ReadPath, client_error
-from cacheguard.exceptions import BackendUnavailable
+from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, backend_down
 from cacheguard.locks.scripts import ScriptCall
 
 __all__ = [
@@ -150,6 +150,11 @@ class WritePath(ReadPath):
             lift = invalidation.lift(results, stamp)
             if lift is not None:  # a version ran ahead of the sequence: lift the sequence
                 yield Call(lift)
+            # On a cluster each call stands alone: one whose node is down or failing
+            # over is that call's error, while the others went through.
+            down = next((r for r in results if isinstance(r, REDIS_DOWN)), None)
+            if down is not None:
+                raise backend_down(listed, down)
             self._breaker.success()
         except BackendUnavailable as exc:
             self._backend_failed(names[0], client_error(exc))

@@ -1,10 +1,13 @@
-"""Release notifications: one pub/sub connection per Redis server per process.
+"""Release notifications: one pub/sub connection per Redis server (per cluster
+shard) per process.
 
 Waiters of every lock of a process share one subscriber connection and one
 listener thread. A waiter registers for its lock's release channel; the first
-waiter of a channel sends SUBSCRIBE and waits for Redis to confirm it (so no
+waiter of a channel sends SSUBSCRIBE and waits for Redis to confirm it (so no
 release published after that point can be missed); a published release wakes
-every waiter of that channel at once. Channels stay subscribed for a while
+every waiter of that channel at once. Release channels are sharded (see
+:mod:`cacheguard.locks.pubsub`); the L1 listener's namespace-wide channel is a
+broadcast one. Channels stay subscribed for a while
 after their last waiter leaves, so a hot lock does not pay SUBSCRIBE and
 UNSUBSCRIBE on every contended wait.
 
@@ -12,6 +15,11 @@ The listener thread is the only reader of the connection; waiter threads only
 write SUBSCRIBE commands to it, under a mutex. If the connection breaks, every
 waiter is woken (it retries its acquire and falls back to its backoff timer),
 and the listener reconnects and subscribes again to every channel still in use.
+
+On a Redis Cluster, :func:`notifier_for` hands out a :class:`ClusterNotifier`:
+one notifier per shard, picked by the channel's slot, which reconnects to
+whichever node serves that slot after a failover; a channel whose slot leaves
+its node is revoked by the server, and its waiters are woken to subscribe anew.
 """
 
 from __future__ import annotations
@@ -27,12 +35,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 from redis.connection import AbstractConnection
+from redis.exceptions import RedisClusterException
 
 from cacheguard._identity import on_fork_in_child
 from cacheguard.exceptions import REDIS_UNREACHABLE
+from cacheguard.locks.pubsub import (
+    Confirmations,
+    parse_push,
+    subscribe_commands,
+    unsubscribe_commands,
+)
 
-__all__ = ["Notifier", "Subscription", "notifier_for"]
+__all__ = ["ClusterNotifier", "Notifier", "Subscription", "notifier_for"]
 
 log = logging.getLogger("cacheguard.notifier")
 
@@ -45,13 +61,10 @@ _LINGER = 10.0  # keep a channel this long after its last waiter left (s)
 _RECONNECT_CAP = 2.0
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 @dataclass(eq=False)
 class _Channel:
     name: str
+    sharded: bool
     waiters: set[Subscription] = field(default_factory=set)
     confirmed: threading.Event = field(default_factory=threading.Event)
     idle_since: float = 0.0
@@ -63,18 +76,19 @@ _INBOX_LIMIT = 16  # messages kept for a waiter between two waits (oldest droppe
 class Subscription:
     """One waiter's registration on one channel (not thread-safe: one waiter)."""
 
-    __slots__ = ("_channel", "_inbox", "_notifier", "_woken", "closed")
+    __slots__ = ("_channel", "_inbox", "_notifier", "_sharded", "_woken", "closed")
 
-    def __init__(self, notifier: Notifier, channel: str) -> None:
+    def __init__(self, notifier: Notifier, channel: str, *, sharded: bool = True) -> None:
         self._notifier = notifier
         self._channel = channel
+        self._sharded = sharded
         self._woken = threading.Event()
         self._inbox: deque[bytes] = deque(maxlen=_INBOX_LIMIT)
         self.closed = False
 
     def open(self, timeout: float) -> bool:
         """Register and wait up to ``timeout`` for Redis to confirm; ``True`` if confirmed."""
-        return self._notifier._register(self._channel, self, timeout)
+        return self._notifier._register(self._channel, self, timeout, self._sharded)
 
     def wait(self, seconds: float) -> list[bytes]:
         """Sleep until a notification or ``seconds``; the messages received since the
@@ -135,7 +149,7 @@ class _Listener(Subscription):
         callback: Callable[[bytes], None],
         on_gap: Callable[[], None] | None,
     ) -> None:
-        super().__init__(notifier, channel)
+        super().__init__(notifier, channel, sharded=False)
         self._callback = callback
         self._on_gap = on_gap
 
@@ -150,7 +164,8 @@ class _Listener(Subscription):
 
 
 class Notifier:
-    """Shared subscriber connection and listener thread for one Redis server."""
+    """Shared subscriber connection and listener thread for one Redis server (or
+    one cluster shard)."""
 
     def __init__(
         self,
@@ -171,8 +186,7 @@ class Notifier:
         are not its own: the socket is dropped, never closed, so the parent keeps it)."""
         self._mutex = threading.Lock()
         self._channels: dict[str, _Channel] = {}
-        # Confirmations Redis owes us, in the order the commands were sent.
-        self._pending: deque[tuple[str, _Channel | None]] = deque()
+        self._pending: Confirmations[_Channel] = Confirmations()
         self._conn: AbstractConnection | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -182,6 +196,7 @@ class Notifier:
     # -- waiter side ---------------------------------------------------------------
 
     def subscription(self, channel: str) -> Subscription:
+        """A waiter's registration on the sharded ``channel`` (see :meth:`Subscription.open`)."""
         return Subscription(self, channel)
 
     def listen(
@@ -193,19 +208,21 @@ class Notifier:
         on_gap: Callable[[], None] | None = None,
     ) -> Subscription:
         """Call ``callback(payload)`` (on the listener thread) for every message on
-        ``channel`` until the returned subscription is closed. Messages published
+        the broadcast ``channel`` until the returned subscription is closed. Messages published
         while the connection is down are lost: ``on_gap()`` is called when it drops,
         and :meth:`Subscription.live_token` tells when it is confirmed again."""
         listener = _Listener(self, channel, callback, on_gap)
         listener.open(timeout)
         return listener
 
-    def _register(self, name: str, subscription: Subscription, timeout: float) -> bool:
+    def _register(
+        self, name: str, subscription: Subscription, timeout: float, sharded: bool
+    ) -> bool:
         with self._mutex:
             self._ensure_thread()
             channel = self._channels.get(name)
             if channel is None:
-                channel = self._channels[name] = _Channel(name)
+                channel = self._channels[name] = _Channel(name, sharded)
                 self._send_subscribe([channel])
             channel.waiters.add(subscription)
             confirmed = channel.confirmed
@@ -224,17 +241,18 @@ class Notifier:
                     channel.idle_since = self._timer()
 
     def _send_subscribe(self, channels: list[_Channel]) -> None:
-        """Send SUBSCRIBE for ``channels``; caller holds the mutex."""
+        """Subscribe ``channels``; caller holds the mutex."""
         conn = self._conn
         if conn is None or not channels:
             return  # the listener subscribes everything once it (re)connects
+        named = {c.name: c for c in channels}
         try:
-            conn.send_command("SUBSCRIBE", *[c.name for c in channels], check_health=False)
+            for command in subscribe_commands((c.name, c.sharded) for c in channels):
+                conn.send_command(*command, check_health=False)
+                self._pending.sent(command, named)
         except REDIS_UNREACHABLE as exc:
             log.warning("subscribe failed, reconnecting: %s", exc)
             self._drop_locked()
-            return
-        self._pending.extend(("subscribe", c) for c in channels)
 
     # -- listener side -----------------------------------------------------------
 
@@ -297,7 +315,7 @@ class Notifier:
         try:
             conn = self._connect()
             conn.connect()
-        except REDIS_UNREACHABLE as exc:
+        except Exception as exc:  # also: no node serves the slot yet (a failover)
             log.debug("release-notification connection failed: %s", exc)
             return False
         with self._mutex:
@@ -332,22 +350,25 @@ class Notifier:
         return conn
 
     def _dispatch(self, message: Any) -> None:
-        if not isinstance(message, list) or len(message) < 3:
+        push = parse_push(message)
+        if push is None:
             return
-        kind = _text(message[0])
+        payload: bytes | None = push.payload
         with self._mutex:
-            if kind == "message":
-                channel = self._channels.get(_text(message[1]))
+            channel = self._channels.get(push.channel)
+            if push.kind == "message":
                 waiters = list(channel.waiters) if channel is not None else []
             else:
                 waiters = []
-                if kind in ("subscribe", "unsubscribe") and self._pending:
-                    _, expected = self._pending.popleft()
-                    if kind == "subscribe" and expected is not None:
-                        expected.confirmed.set()
-        payload = message[2]
-        if isinstance(payload, str):
-            payload = payload.encode()
+                verdict, expected = self._pending.settle(push)
+                if verdict == "settled" and push.kind == "subscribed" and expected is not None:
+                    expected.confirmed.set()
+                elif verdict == "revoked" and channel is not None:
+                    # The channel's slot left this node: forget it here and wake its
+                    # waiters, who retry and subscribe where the slot lives now.
+                    del self._channels[push.channel]
+                    channel.confirmed.set()
+                    waiters, payload = list(channel.waiters), None
         for waiter in waiters:  # outside the mutex, which the waiters' threads need
             waiter._deliver(payload)
 
@@ -364,34 +385,149 @@ class Notifier:
             for c in idle:
                 del self._channels[c.name]
             try:
-                self._conn.send_command("UNSUBSCRIBE", *[c.name for c in idle], check_health=False)
+                for command in unsubscribe_commands((c.name, c.sharded) for c in idle):
+                    self._conn.send_command(*command, check_health=False)
+                    self._pending.sent(command)
             except REDIS_UNREACHABLE as exc:
                 log.warning("unsubscribe failed, reconnecting: %s", exc)
                 self._drop_locked()
-                return
-            self._pending.extend(("unsubscribe", None) for _ in idle)
 
     def subscribed_channels(self) -> list[str]:
         with self._mutex:
             return sorted(self._channels)
 
 
-# -- one notifier per connection pool, per process ------------------------------------
+class ClusterNotifier:
+    """The notifiers of one Redis Cluster client: one per shard for sharded
+    channels, each on the node that serves the slots it was made for (looked up
+    again at every reconnect, so a failover moves it to the promoted replica), and
+    one for broadcast channels on any node (moved to another one when it fails)."""
 
-_notifiers: weakref.WeakKeyDictionary[Any, Notifier] = weakref.WeakKeyDictionary()
+    def __init__(self, client: RedisCluster) -> None:
+        self._client = weakref.ref(client)
+        self._mutex = threading.Lock()
+        self._shards: dict[str, Notifier] = {}  # by the name of the node first serving it
+        self._broadcast: Notifier | None = None
+
+    def subscription(self, channel: str) -> Subscription:
+        """A waiter's registration on the sharded ``channel``, on its shard's notifier."""
+        client = self._live_client()
+        slot = client.keyslot(channel)
+        node = client.nodes_manager.get_node_from_slot(slot)
+        with self._mutex:
+            notifier = self._shards.get(node.name)
+            if notifier is None:
+                notifier = Notifier(_slot_connection_factory(self._client, slot))
+                self._shards[node.name] = notifier
+        return notifier.subscription(channel)
+
+    def listen(
+        self,
+        channel: str,
+        callback: Callable[[bytes], None],
+        *,
+        timeout: float = 5.0,
+        on_gap: Callable[[], None] | None = None,
+    ) -> Subscription:
+        """:meth:`Notifier.listen` on the broadcast ``channel`` (any node hears it)."""
+        with self._mutex:
+            if self._broadcast is None:
+                self._broadcast = Notifier(_any_node_connection_factory(self._client))
+            notifier = self._broadcast
+        return notifier.listen(channel, callback, timeout=timeout, on_gap=on_gap)
+
+    def close(self) -> None:
+        with self._mutex:
+            notifiers = [*self._shards.values(), self._broadcast]
+            self._shards, self._broadcast = {}, None
+        for notifier in notifiers:
+            if notifier is not None:
+                notifier.close()
+
+    def _live_client(self) -> RedisCluster:
+        client = self._client()
+        if client is None:
+            raise redis.ConnectionError("the cluster client was garbage-collected")
+        return client
+
+
+def _node_connection(node: Any) -> AbstractConnection:
+    # The node's own pool settings, outside its max_connections (as below).
+    pool = node.redis_connection.connection_pool
+    connection: AbstractConnection = pool.connection_class(**pool.connection_kwargs)
+    return connection
+
+
+def _refresh_topology(client: RedisCluster) -> None:
+    """Have the cluster client read the slot map again (after a node failed us)."""
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, RedisClusterException, OSError) as exc:  # again next time
+        log.debug("cluster topology not refreshed: %s", exc)
+
+
+def _slot_connection_factory(client_ref: Any, slot: int) -> ConnectionFactory:
+    failed = False
+
+    def connect() -> AbstractConnection:
+        nonlocal failed
+        client = client_ref()
+        if client is None:
+            raise redis.ConnectionError("the cluster client was garbage-collected")
+        if failed:  # the last node we had for this slot failed: who serves it now?
+            _refresh_topology(client)
+        failed = True  # until this connection is made
+        connection = _node_connection(client.nodes_manager.get_node_from_slot(slot))
+        connection.connect()
+        failed = False
+        return connection
+
+    return connect
+
+
+def _any_node_connection_factory(client_ref: Any) -> ConnectionFactory:
+    turn = 0
+
+    def connect() -> AbstractConnection:
+        nonlocal turn
+        client = client_ref()
+        if client is None:
+            raise redis.ConnectionError("the cluster client was garbage-collected")
+        if turn:
+            _refresh_topology(client)
+        nodes = client.get_primaries()
+        if not nodes:
+            raise redis.ConnectionError("no node of the cluster is known")
+        node = nodes[turn % len(nodes)]
+        turn += 1  # the next reconnect tries the next node
+        connection = _node_connection(node)
+        connection.connect()
+        turn = 0
+        return connection
+
+    return connect
+
+
+# -- one notifier per connection pool (or cluster client), per process ------------------
+
+_notifiers: weakref.WeakKeyDictionary[Any, Notifier | ClusterNotifier] = weakref.WeakKeyDictionary()
 _notifiers_mutex = threading.Lock()
 
 
-def notifier_for(client: redis.Redis) -> Notifier:
-    """The process's notifier for the server behind ``client``'s connection pool."""
-    pool = client.connection_pool
+def notifier_for(client: redis.Redis | RedisCluster) -> Notifier | ClusterNotifier:
+    """The process's notifier for the server behind ``client``'s connection pool
+    (a Sentinel master client's pool follows the master), or for a cluster client."""
+    owner: Any = client if isinstance(client, RedisCluster) else client.connection_pool
     with _notifiers_mutex:
-        notifier = _notifiers.get(pool)
+        notifier = _notifiers.get(owner)
         if notifier is None:
-            notifier = Notifier(_weak_connection_factory(pool))
-            _notifiers[pool] = notifier
-            # The listener must not outlive the pool: stop it when the pool goes.
-            weakref.finalize(pool, notifier.close)
+            if isinstance(client, RedisCluster):
+                notifier = ClusterNotifier(client)
+            else:
+                notifier = Notifier(_weak_connection_factory(owner))
+            _notifiers[owner] = notifier
+            # The listener must not outlive its pool or client: stop it when they go.
+            weakref.finalize(owner, notifier.close)
         return notifier
 
 

@@ -32,15 +32,14 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-import redis
-
 from cacheguard._identity import thread_owner
 from cacheguard.backoff import Backoff
 from cacheguard.checks import check_positive
+from cacheguard.clients import SyncClient
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockLostError, LockUpgradeError
 from cacheguard.keys import ResourceKeys, check_namespace
 from cacheguard.locks import wire
-from cacheguard.locks.notifier import Notifier, Subscription, notifier_for
+from cacheguard.locks.notifier import ClusterNotifier, Notifier, Subscription, notifier_for
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.scripts import LuaScript
 from cacheguard.locks.watchdog import Watchdog, default_watchdog
@@ -182,7 +181,7 @@ class LockHandle(HandleState):
 
     # Used by the watchdog.
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> SyncClient:
         return self.lock.client
 
     @property
@@ -239,14 +238,14 @@ class RedisRWLock:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: SyncClient,
         name: str,
         *,
         lease: float = 30.0,
         timeout: float = 30.0,
         namespace: str = "cg",
         watchdog: Watchdog | bool = True,
-        notifier: Notifier | None = None,
+        notifier: Notifier | ClusterNotifier | None = None,
         on_lost: LostCallback | None = None,
         backoff: Callable[[], Backoff] = Backoff,
         timer: Callable[[], float] = time.monotonic,
@@ -440,7 +439,7 @@ class RedisRWLock:
 
     # -- plumbing --------------------------------------------------------------------
 
-    def _notifier_or_default(self) -> Notifier:
+    def _notifier_or_default(self) -> Notifier | ClusterNotifier:
         if self._notifier is None:
             self._notifier = notifier_for(self.client)
         return self._notifier

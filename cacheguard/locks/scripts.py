@@ -34,6 +34,7 @@ keep the hash alive. The hash's own TTL is the latest lease or mark in it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any, TypeVar
 
@@ -41,9 +42,11 @@ import redis
 import redis.asyncio
 import redis.asyncio.client
 import redis.client
-from redis.exceptions import NoScriptError
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, NoScriptError
 
-from cacheguard.exceptions import REDIS_UNREACHABLE
+from cacheguard.exceptions import REDIS_DOWN, REDIS_UNREACHABLE
 
 __all__ = [
     "ACQUIRE",
@@ -255,7 +258,7 @@ local s = load(key, now)
 local mode = current_mode(s)
 if s.mode and mode ~= s.mode then
   -- A dead holder was swept out: others waiting on it may go too.
-  redis.call('PUBLISH', channel, mode or 'free')
+  redis.call('SPUBLISH', channel, mode or 'free')
 end
 
 if want == 'read' then
@@ -312,7 +315,7 @@ if (s[kind][owner] or 0) == 0 or s.g[owner] ~= epoch then
 end
 drop(s, owner, kind)
 local after = settle(key, s, now)
-if after ~= before then redis.call('PUBLISH', channel, after or 'free') end
+if after ~= before then redis.call('SPUBLISH', channel, after or 'free') end
 return 1
 """
 
@@ -328,7 +331,7 @@ s.q[owner], s.n[owner] = nil, nil
 forget(s, 'q:' .. owner); forget(s, 'n:' .. owner)
 settle(key, s, now)
 -- Readers held off by this writer may go now, if it was the last one waiting.
-if next(s.q) == nil then redis.call('PUBLISH', channel, 'withdrawn') end
+if next(s.q) == nil then redis.call('SPUBLISH', channel, 'withdrawn') end
 return 1
 """
 
@@ -357,7 +360,7 @@ ACQUIRE_CONTRACT = """\
 -- ARGV[2]  'read' or 'write'
 -- ARGV[3]  lease in ms
 -- ARGV[4]  lifetime of a waiting writer's mark in ms (0: a one-shot try, do not queue)
--- ARGV[5]  release channel (a sweep of a dead holder is announced on it)
+-- ARGV[5]  release channel, sharded (a sweep of a dead holder is announced on it)
 -- Returns {1, epoch} when granted (epoch = fencing token for writes, a string),
 --         {0, ms until the soonest other lease or mark ends} when busy,
 --         {-1, 0} when a read holder asks for the write lock.
@@ -369,7 +372,7 @@ RELEASE_CONTRACT = """\
 -- ARGV[1]  owner id
 -- ARGV[2]  'read' or 'write'
 -- ARGV[3]  epoch the handle was granted
--- ARGV[4]  release channel
+-- ARGV[4]  release channel, sharded (SPUBLISH: the key's slot, its shard only)
 -- Returns 1 when released; 0 when the owner holds no such lock of that epoch
 -- (its lease ran out or the key was removed); nothing is changed then.
 """
@@ -389,7 +392,7 @@ WITHDRAW_CONTRACT = """\
 -- withdraw: a waiting writer gives up; drop its mark so readers need not wait it out.
 -- KEYS[1]  lock hash         <ns>:{<name>}:rw
 -- ARGV[1]  owner id
--- ARGV[2]  release channel (announced when no writer waits any more)
+-- ARGV[2]  release channel, sharded (announced when no writer waits any more)
 -- Returns 1 when a mark was removed, 0 when there was none.
 """
 
@@ -407,7 +410,7 @@ class LuaScript:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
-    def __call__(self, client: redis.Redis, keys: list[str], args: list[Any]) -> Any:
+    def __call__(self, client: redis.Redis | RedisCluster, keys: list[str], args: list[Any]) -> Any:
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -415,7 +418,9 @@ class LuaScript:
             client.script_load(self.source)
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
-    async def acall(self, client: redis.asyncio.Redis, keys: list[str], args: list[Any]) -> Any:
+    async def acall(
+        self, client: redis.asyncio.Redis | AsyncRedisCluster, keys: list[str], args: list[Any]
+    ) -> Any:
         """The same call on an asyncio client."""
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
@@ -427,12 +432,16 @@ class LuaScript:
 ScriptCall = tuple[LuaScript, list[str], list[Any]]
 
 
-def run_pipelined(client: redis.Redis, calls: list[ScriptCall]) -> list[Any]:
+def run_pipelined(client: redis.Redis | RedisCluster, calls: list[ScriptCall]) -> list[Any]:
     """Run script calls in one pipelined round trip (EVALSHA, one reload on NOSCRIPT).
 
     Returns one result per call; an error reply comes back as the exception
-    object (the caller decides), while a lost connection raises.
+    object (the caller decides), while a lost connection raises. On a cluster the
+    calls go in one pipeline per node, and a node's failure is the error of its
+    calls only (the others' results stand).
     """
+    if isinstance(client, RedisCluster):
+        return _run_per_node(client, calls)
     results = _queued(client.pipeline(transaction=False), calls).execute(raise_on_error=False)
     if _needs_reload(results):
         for script in _scripts_of(calls):  # server restarted or flushed
@@ -441,8 +450,18 @@ def run_pipelined(client: redis.Redis, calls: list[ScriptCall]) -> list[Any]:
     return _checked(results)
 
 
-async def arun_pipelined(client: redis.asyncio.Redis, calls: list[ScriptCall]) -> list[Any]:
-    """:func:`run_pipelined` on an asyncio client."""
+async def arun_pipelined(
+    client: redis.asyncio.Redis | AsyncRedisCluster, calls: list[ScriptCall]
+) -> list[Any]:
+    """:func:`run_pipelined` on an asyncio client (on a cluster: the calls sent at
+    once, each to its node, each failing alone)."""
+    if isinstance(client, AsyncRedisCluster):
+        return list(
+            await asyncio.gather(
+                *(script.acall(client, keys, args) for script, keys, args in calls),
+                return_exceptions=True,
+            )
+        )
     pipe = _queued(client.pipeline(transaction=False), calls)
     results = await pipe.execute(raise_on_error=False)
     if _needs_reload(results):
@@ -451,6 +470,41 @@ async def arun_pipelined(client: redis.asyncio.Redis, calls: list[ScriptCall]) -
         pipe = _queued(client.pipeline(transaction=False), calls)
         results = await pipe.execute(raise_on_error=False)
     return _checked(results)
+
+
+def _run_per_node(client: RedisCluster, calls: list[ScriptCall]) -> list[Any]:
+    """:func:`run_pipelined` on a cluster: a plain pipeline to each call's node (a
+    cluster pipeline refuses scripts); a call the node redirects, or whose node
+    failed, is sent once more through the cluster client, which follows redirects
+    and notices failovers; what still fails is that call's result."""
+    by_node: dict[str, tuple[Any, list[int]]] = {}
+    results: list[Any] = [None] * len(calls)
+    for index, (_, keys, _) in enumerate(calls):
+        try:
+            node = client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+        except REDIS_DOWN as exc:  # no node known for the slot (a failover)
+            results[index] = exc
+            continue
+        by_node.setdefault(node.name, (node, []))[1].append(index)
+    retry: list[int] = []
+    for node, indexes in by_node.values():
+        batch = [calls[i] for i in indexes]
+        try:
+            replies = run_pipelined(node.redis_connection, batch)
+        except REDIS_DOWN:
+            retry.extend(indexes)
+            continue
+        for index, reply in zip(indexes, replies, strict=True):
+            results[index] = reply
+            if isinstance(reply, AskError):  # MOVED too: the slot is elsewhere now
+                retry.append(index)
+    for index in retry:
+        script, keys, args = calls[index]
+        try:
+            results[index] = script(client, keys, args)
+        except (*REDIS_DOWN, redis.ResponseError) as exc:
+            results[index] = exc
+    return results
 
 
 _Pipeline = TypeVar("_Pipeline", redis.client.Pipeline, redis.asyncio.client.Pipeline)

@@ -30,9 +30,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-import redis
-
 from cacheguard._identity import on_fork_in_child, process_id
+from cacheguard.clients import SyncClient
 from cacheguard.exceptions import LockNotHeldError, LockTimeout
 from cacheguard.locks.local import LocalRWLock
 from cacheguard.locks.redis_rwlock import (
@@ -225,7 +224,7 @@ class LockFactory:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: SyncClient,
         *,
         namespace: str = "cg",
         lease: float = 30.0,

@@ -31,9 +31,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-import redis
-
 from cacheguard._identity import on_fork_in_child
+from cacheguard.clients import SyncClient
 from cacheguard.exceptions import REDIS_UNREACHABLE
 from cacheguard.keys import ResourceKeys
 from cacheguard.locks import wire
@@ -282,7 +281,7 @@ class Watchdog(LeaseBook["LockHandle"]):
             self._settle_batch(entries, results)
 
 
-def _run_batch(client: redis.Redis, entries: list[_Entry[LockHandle]]) -> list[Any]:
+def _run_batch(client: SyncClient, entries: list[_Entry[LockHandle]]) -> list[Any]:
     """Renew (or finish releasing) ``entries``, all on ``client``, in one round trip."""
     return run_pipelined(client, [e.call() for e in entries])
 

@@ -1,0 +1,172 @@
+"""Both guards and the locks on a real Redis Cluster (3 masters, 3 replicas, started
+by the session fixture): keys on every master, fills and writes across slots,
+wake-ups over sharded pub/sub, L1 invalidations broadcast to every process.
+
+Failovers under load are not here yet (see docs/guide.md, "Cluster and Sentinel").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis
+
+from cacheguard import MISSING, CacheGuard, RedisRWLock
+from cacheguard.aio import AsyncCacheGuard
+from cacheguard.deployments import OwnedRedisCluster
+from cacheguard.keys import ResourceKeys
+from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
+from tests.helpers import wait_until
+from tests.test_guard_both_drivers import Loads, started
+
+pytest_plugins = ["tests.deployment_fixtures"]
+
+Make = Callable[..., Guard]
+
+
+def cluster_url(cluster: OwnedRedisCluster) -> str:
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster.nodes)
+
+
+@pytest.fixture
+def cluster_ns() -> str:
+    return f"cg-cluster-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(params=KINDS)
+async def make(
+    request: pytest.FixtureRequest, redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> AsyncIterator[Make]:
+    made: list[Guard] = []
+
+    def build(**settings: Any) -> Guard:
+        settings.setdefault("namespace", cluster_ns)
+        settings.setdefault("ttl_jitter", 0)
+        url = cluster_url(redis_cluster)
+        if request.param == "sync":
+            guard: CacheGuard | AsyncCacheGuard = CacheGuard.from_url(
+                url, socket_timeout=10, **settings
+            )
+        else:
+            guard = AsyncCacheGuard.from_url(url, socket_timeout=10, **settings)
+        made.append(Guard(request.param, guard))
+        return made[-1]
+
+    yield build
+    for guard in made:
+        await guard.close()
+
+
+def names_on_every_master(cluster: OwnedRedisCluster, namespace: str) -> list[str]:
+    """One resource name per master (its keys' slot served by that master)."""
+    found: dict[int, str] = {}
+    for i in range(1000):
+        name = f"menu:{i}"
+        port = cluster.master_for_key(ResourceKeys(namespace, name).value).port
+        found.setdefault(port, name)
+        if len(found) == len(cluster.masters()):
+            return list(found.values())
+    raise AssertionError(f"no name found for every master: {found}")
+
+
+def shard_subscribers(cluster: OwnedRedisCluster, channel: str) -> int:
+    """Subscribers of the sharded ``channel`` on the master serving its slot."""
+    node = cluster.master_for_key(channel)
+    with redis.Redis(port=node.port) as direct:
+        return int(direct.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
+
+
+async def test_every_master_serves_fills_writes_and_invalidations(
+    make: Make, redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    guard = make()
+    names = names_on_every_master(redis_cluster, cluster_ns)
+    assert len(names) == 3
+    loads = {name: Loads(f"value of {name}") for name in names}
+    for name in names:
+        assert await guard.get_or_load(name, loads[name], ttl=60) == f"value of {name}"
+        assert await guard.get_or_load(name, loads[name], ttl=60) == f"value of {name}"
+        assert loads[name].calls == 1
+        assert await guard.peek(name) == f"value of {name}"
+    async with guard.write(*names):  # write locks on three masters, in one global order
+        for name in names:
+            assert await guard.peek(name) is MISSING
+    await guard.get_or_load(names[0], loads[names[0]], ttl=60)
+    await guard.invalidate(*names)  # one pipeline per node
+    for name in names:
+        assert await guard.peek(name) is MISSING
+    assert await guard.get_or_load(names[1], loads[names[1]], ttl=60) == f"value of {names[1]}"
+    assert guard.stats().backend_errors == 0
+
+
+async def test_a_waiter_on_a_cluster_is_woken_by_the_fills_sharded_announcement(
+    make: Make, redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    # Every retry timer a minute long: only the SPUBLISH of the fill's end, heard on
+    # the shard that owns the key, can wake the waiter within the test's deadline.
+    filler = make(lease=60)
+    waiter = make(lease=60, wait_timeout=120, on_timeout="raise")
+    waiter.guard._wait_backoff = NO_TIMER_WAKE_UP
+    for name in names_on_every_master(redis_cluster, cluster_ns):
+        gate = threading.Event()
+        slow = Loads(f"filled {name}", gate=gate)
+        filling = asyncio.ensure_future(filler.get_or_load(name, slow, ttl=60))
+        await started(slow)
+        waiting = asyncio.ensure_future(waiter.get_or_load(name, Loads("waiter"), ttl=60))
+        channel = waiter.keys(name).released_channel
+        assert await asyncio.to_thread(
+            wait_until, lambda c=channel: shard_subscribers(redis_cluster, c) >= 1, 10
+        )
+        gate.set()
+        assert await asyncio.wait_for(waiting, 20) == f"filled {name}"
+        assert await filling == f"filled {name}"
+
+
+async def test_l1_copies_are_dropped_by_an_invalidation_on_any_master(
+    make: Make, redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    # L1's channel is namespace-wide: PUBLISH from the invalidate script on the key's
+    # master reaches the listener, whichever node it listens on.
+    reader = make(l1_maxsize=100, l1_ttl=600)
+    writer = make()
+    for name in names_on_every_master(redis_cluster, cluster_ns):
+        for _ in range(200):  # L1 keeps a copy once its feed is subscribed
+            await reader.get_or_load(name, lambda: "cached", ttl=60)
+            if name in reader.guard._l1:  # type: ignore[operator]
+                break
+            await asyncio.sleep(0.01)
+        assert name in reader.guard._l1  # type: ignore[operator]
+        await writer.invalidate(name)
+        assert await asyncio.to_thread(
+            wait_until,
+            lambda name=name: name not in reader.guard._l1,  # type: ignore[operator]
+            10,
+        )
+
+
+def test_a_lock_on_a_cluster_excludes_and_wakes_its_waiter_by_sharded_pubsub(
+    redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    client = redis_cluster.client()
+    try:
+        lock = RedisRWLock(
+            client, "menu:7", namespace=cluster_ns, lease=30, backoff=NO_TIMER_WAKE_UP
+        )
+        writer = lock.acquire_write(owner="writer")
+        assert lock.try_acquire_read(owner="reader") is None
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(lock.acquire_read(30, owner="r")))
+        waiter.start()
+        channel = lock.keys.released_channel
+        assert wait_until(lambda: shard_subscribers(redis_cluster, channel) >= 1, 10)
+        writer.release()
+        waiter.join(20)
+        assert len(got) == 1
+        got[0].release()
+    finally:
+        client.close()
