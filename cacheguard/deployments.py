@@ -18,13 +18,12 @@ an interrupted test run leaves nothing behind.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,26 +40,107 @@ __all__ = ["OwnedClusterNode", "OwnedRedisCluster", "OwnedSentinelSet"]
 
 HOST = "127.0.0.1"
 SLOTS = 16384
+Address = tuple[str, int]
+
 _POLL = 0.05
 _START_ATTEMPTS = 5
+# How long a restart retries a port someone else holds for a moment (a client
+# socket that happened to get it as its ephemeral port, say).
+_RESTART_PATIENCE = 5.0
+# Redis Cluster listens for its bus on the client port + 10000.
+_BUS_OFFSET = 10000
 # No persistence; and a replica's full sync starts at once instead of waiting 5 s
 # for other replicas to share it (the diskless-sync default).
 _DATA_NODE_ARGS = ("--appendonly", "no", "--save", "", "--repl-diskless-sync-delay", "0")
 # Sentinel flags that mean an instance is unreachable or believed down.
 _DOWN_FLAGS = frozenset({"s_down", "o_down", "disconnected"})
-# Redis Cluster listens for its bus on the client port + 10000.
-_BUS_OFFSET = 10000
+# Errors a poll treats as "not yet" rather than as the end.
+_NOT_YET = (*REDIS_UNREACHABLE, redis.ResponseError, BackendUnavailable)
 
-Address = tuple[str, int]
+
+# --- talking to the servers ----------------------------------------------------
+
+
+class _Clients:
+    """One client per port, reused by every poll (a connection per poll would leave
+    thousands of sockets in TIME_WAIT behind). Replies come back as the server sent
+    them (RESP2, decoded, no redis-py reshaping), so the parsers below know their
+    input. A dropped connection is retried once, at once; anything else fails fast:
+    the pollers retry."""
+
+    def __init__(self) -> None:
+        self._by_port: dict[int, redis.Redis] = {}
+
+    def call(self, port: int, *command: str | int) -> Any:
+        client = self._by_port.get(port)
+        if client is None:
+            client = redis.Redis(
+                host=HOST,
+                port=port,
+                protocol=2,
+                decode_responses=True,
+                socket_connect_timeout=0.5,
+                socket_timeout=1.0,
+                retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+            )
+            client.response_callbacks.clear()
+            self._by_port[port] = client
+        return client.execute_command(*command)  # type: ignore[no-untyped-call]
+
+    def info(self, port: int, section: str) -> dict[str, str]:
+        return _parse_info(str(self.call(port, "INFO", section)))
+
+    def role(self, port: int) -> tuple[str, int | None]:
+        """ROLE: ("master", None) or ("slave", its master's port)."""
+        reply = self.call(port, "ROLE")
+        if reply[0] == "slave":
+            return "slave", int(reply[2])
+        return str(reply[0]), None
+
+    def close(self) -> None:
+        for client in self._by_port.values():
+            client.close()
+        self._by_port.clear()
+
+
+def _parse_info(text: str) -> dict[str, str]:
+    """INFO / CLUSTER INFO text: ``field:value`` lines."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    """A RESP2 field/value list as a dict."""
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+def _wait_until(what: str, problem: Callable[[], str | None], timeout: float) -> None:
+    """Poll ``problem`` (None when all is well, else what is still wrong) until it
+    returns None; raise with its last answer when ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            last = problem()
+        except _NOT_YET as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if last is None:
+            return
+        if time.monotonic() >= deadline:
+            raise BackendUnavailable(f"{what} did not happen within {timeout:g} s: {last}")
+        time.sleep(_POLL)
 
 
 # --- processes ---------------------------------------------------------------
 
 
 class _Server(OwnedRedisServer):
-    """An :class:`OwnedRedisServer` that logs to ``redis.log`` in its directory, puts
-    the log's tail into start-up errors, and removes its directory when its very
-    first start fails (the caller never gets the object to close)."""
+    """An :class:`OwnedRedisServer` that logs to its directory, checks that the server
+    answering on its port is its own process, and removes its directory when its
+    very first start fails (the caller never gets the object to close)."""
 
     log_name = "redis.log"
 
@@ -73,28 +153,54 @@ class _Server(OwnedRedisServer):
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
+    def set_args(self, *extra_args: str) -> None:
+        """Replace the extra arguments for the next start."""
+        self.extra_args = ("--logfile", self.log_name, *extra_args)
 
     def start(self) -> None:
         try:
             self._launch()
+            self._check_owned()
         except BackendUnavailable as exc:
-            tail = self.log_tail()
+            tail = self._log_tail()
             if not self._started_once:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             raise BackendUnavailable(f"{exc}; its log ends with: {tail}") from exc
         self._started_once = True
 
+    def restart(self) -> None:
+        """Start again on the same port, retrying for a few seconds while the port is
+        taken (by a client socket, say); raise if it stays taken."""
+        deadline = time.monotonic() + _RESTART_PATIENCE
+        while True:
+            try:
+                self.start()
+                return
+            except BackendUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
     def _launch(self) -> None:
         super().start()
 
-    def set_args(self, *extra_args: str) -> None:
-        """Replace the extra arguments for the next start."""
-        self.extra_args = ("--logfile", self.log_name, *extra_args)
+    def _check_owned(self) -> None:
+        # free_port() only says a port was free a moment ago: if another process took
+        # it, the PING that said "started" was that process's answer.
+        clients = _Clients()
+        try:
+            answering = clients.info(self.port, "server").get("process_id")
+        except (*REDIS_UNREACHABLE, redis.ResponseError) as exc:
+            answering = f"unknown ({exc})"
+        finally:
+            clients.close()
+        if self.proc is None or answering != str(self.proc.pid):
+            self.kill()
+            raise BackendUnavailable(
+                f"port {self.port} is served by another process (pid {answering})"
+            )
 
-    def log_tail(self, lines: int = 5) -> str:
+    def _log_tail(self, lines: int = 5) -> str:
         try:
             with open(os.path.join(self.workdir, self.log_name), encoding="utf-8") as log:
                 return " | ".join(line.strip() for line in log.readlines()[-lines:])
@@ -171,88 +277,9 @@ def _cluster_port() -> int:
     raise BackendUnavailable("found no free port pair for a cluster node")
 
 
-# --- talking to the servers ----------------------------------------------------
-
-
-@contextlib.contextmanager
-def _raw_client(port: int, timeout: float = 1.0) -> Iterator[redis.Redis]:
-    """A client that returns replies as the server sent them (RESP2, decoded, no
-    redis-py reshaping, so the parsers below know their input) and fails fast (no
-    retries: the pollers retry)."""
-    client = redis.Redis(
-        host=HOST,
-        port=port,
-        protocol=2,
-        decode_responses=True,
-        socket_connect_timeout=0.5,
-        socket_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
-    client.response_callbacks.clear()
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-def _call(port: int, *command: str | int) -> Any:
-    with _raw_client(port) as client:
-        return client.execute_command(*command)  # type: ignore[no-untyped-call]
-
-
-def _parse_info(text: str) -> dict[str, str]:
-    """INFO / CLUSTER INFO text: ``field:value`` lines."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and ":" in line:
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-    return fields
-
-
-def _info(port: int, section: str) -> dict[str, str]:
-    return _parse_info(str(_call(port, "INFO", section)))
-
-
-def _pairs(flat: Sequence[Any]) -> dict[str, str]:
-    """A RESP2 field/value list as a dict."""
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
-
-
-def _role(port: int) -> tuple[str, int | None]:
-    """ROLE: ("master", None) or ("slave", the master's port)."""
-    reply = _call(port, "ROLE")
-    if reply[0] == "slave":
-        return "slave", int(reply[2])
-    return str(reply[0]), None
-
-
-def _answers(port: int) -> bool:
-    try:
-        return bool(_call(port, "PING"))
-    except (*REDIS_UNREACHABLE, redis.ResponseError):
-        return False
-
-
-def _wait_until(what: str, problem: Callable[[], str | None], timeout: float) -> None:
-    """Poll ``problem`` (None when all is well, else what is still wrong) until it
-    returns None; raise with its last answer when ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            last = problem()
-        except (*REDIS_UNREACHABLE, redis.ResponseError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        if last is None:
-            return
-        if time.monotonic() >= deadline:
-            raise BackendUnavailable(f"{what} did not happen within {timeout:g} s: {last}")
-        time.sleep(_POLL)
-
-
 class _ExitGuard:
-    """Runs ``close`` at interpreter exit unless closed before; only in the process
-    that started the servers (a forked child must not kill its parent's)."""
+    """Runs ``close`` at interpreter exit unless cancelled; only in the process that
+    started the servers (a forked child must not kill its parent's)."""
 
     def __init__(self, close: Callable[[], None]) -> None:
         self._owner = os.getpid()
@@ -315,10 +342,6 @@ def _parse_cluster_nodes(text: str) -> list[_NodeView]:
     return views
 
 
-def _cluster_nodes(port: int) -> list[_NodeView]:
-    return _parse_cluster_nodes(str(_call(port, "CLUSTER", "NODES")))
-
-
 def _slot_ranges(masters: int) -> list[tuple[int, int]]:
     """0..16383 split into ``masters`` contiguous, near-equal ranges."""
     bounds = [i * SLOTS // masters for i in range(masters + 1)]
@@ -329,7 +352,7 @@ def _slot_ranges(masters: int) -> list[tuple[int, int]]:
 class OwnedClusterNode:
     """One node of an :class:`OwnedRedisCluster` (master or replica: ask the cluster)."""
 
-    server: OwnedRedisServer
+    server: _Server
     node_id: str
     host: str = HOST
 
@@ -343,8 +366,7 @@ class OwnedClusterNode:
 
     @property
     def alive(self) -> bool:
-        proc = self.server.proc
-        return proc is not None and proc.poll() is None
+        return self.server.alive
 
     @property
     def pid(self) -> int | None:
@@ -375,11 +397,11 @@ class OwnedRedisCluster:
     ) -> None:
         if masters < 1 or replicas_per_master < 0:
             raise ValueError("need at least one master and no negative replica count")
-        self.node_timeout_ms = node_timeout_ms
         self.nodes: list[OwnedClusterNode] = []
+        self._clients = _Clients()
         self._closed = False
         self._exit_guard = _ExitGuard(self.close)
-        # What a killed master owned, for wait_for_failover: the cluster forgets.
+        # What a killed master served, for wait_for_failover: the cluster forgets.
         self._slots_at_kill: dict[str, tuple[tuple[int, int], ...]] = {}
         args = (
             "--cluster-enabled", "yes",
@@ -393,41 +415,44 @@ class OwnedRedisCluster:
             *_DATA_NODE_ARGS,
             *extra_args,
         )  # fmt: skip
+        deadline = time.monotonic() + startup_timeout
         try:
-            started = time.monotonic()
             for _ in range(masters * (1 + replicas_per_master)):
                 server = _start_with_retries(lambda port: _Server(*args, port=port), _cluster_port)
-                # Before the node is known by its id: close() must find its process.
+                # Listed before its id is known: close() must find its process.
                 node = OwnedClusterNode(server=server, node_id="")
                 self.nodes.append(node)
-                node.node_id = str(_call(node.port, "CLUSTER", "MYID"))
-            remaining = startup_timeout - (time.monotonic() - started)
-            self._form(masters, deadline=time.monotonic() + remaining)
-            self.wait_healthy(timeout=max(0.1, startup_timeout - (time.monotonic() - started)))
+                node.node_id = str(self._call(node, "CLUSTER", "MYID"))
+            self._form(masters, deadline)
+            self.wait_healthy(timeout=max(0.1, deadline - time.monotonic()))
         except BaseException:
             self.close()
             raise
 
+    def _call(self, node: OwnedClusterNode, *command: str | int) -> Any:
+        return self._clients.call(node.port, *command)
+
+    def _cluster_nodes(self, node: OwnedClusterNode) -> list[_NodeView]:
+        return _parse_cluster_nodes(str(self._call(node, "CLUSTER", "NODES")))
+
     def _form(self, masters: int, deadline: float) -> None:
         primaries, replicas = self.nodes[:masters], self.nodes[masters:]
         for node, (first, last) in zip(primaries, _slot_ranges(masters), strict=True):
-            _call(node.port, "CLUSTER", "ADDSLOTSRANGE", first, last)
+            self._call(node, "CLUSTER", "ADDSLOTSRANGE", first, last)
         # Distinct config epochs up front, as redis-cli does: otherwise the nodes
         # resolve their epoch collision one bump at a time.
         for epoch, node in enumerate(self.nodes, start=1):
-            _call(node.port, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
+            self._call(node, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
         for node in self.nodes[1:]:
-            _call(self.nodes[0].port, "CLUSTER", "MEET", HOST, node.port)
+            self._call(self.nodes[0], "CLUSTER", "MEET", HOST, node.port)
         # A replica can only REPLICATE a master it has heard of through gossip.
-        pending = {
-            replica.node_id: (replica, primaries[i % masters]) for i, replica in enumerate(replicas)
-        }
+        pending = {r.node_id: (r, primaries[i % masters]) for i, r in enumerate(replicas)}
 
         def unassigned() -> str | None:
             for replica_id, (replica, master) in list(pending.items()):
-                known = {view.node_id for view in _cluster_nodes(replica.port)}
+                known = {view.node_id for view in self._cluster_nodes(replica)}
                 if master.node_id in known:
-                    _call(replica.port, "CLUSTER", "REPLICATE", master.node_id)
+                    self._call(replica, "CLUSTER", "REPLICATE", master.node_id)
                     del pending[replica_id]
             waiting = [replica.port for replica, _ in pending.values()]
             return f"replicas {waiting} have not heard of their masters" if waiting else None
@@ -473,30 +498,30 @@ class OwnedRedisCluster:
         error: Exception | None = None
         for node in self._live_nodes():
             try:
-                return _cluster_nodes(node.port)
+                return self._cluster_nodes(node)
             except REDIS_UNREACHABLE as exc:
                 error = exc
         raise BackendUnavailable(f"no cluster node answered CLUSTER NODES: {error}")
 
     def masters(self) -> list[OwnedClusterNode]:
-        """The masters the cluster currently counts (not flagged failing), by first slot."""
+        """The masters the cluster counts now (not flagged failing), by first slot."""
         views = [v for v in self._view() if v.is_master and not v.failing]
         views.sort(key=lambda v: v.slots[0][0] if v.slots else SLOTS)
         return [self._by_id(v.node_id) for v in views]
 
     def replicas(self) -> list[OwnedClusterNode]:
-        """The replicas the cluster currently counts (not flagged failing)."""
+        """The replicas the cluster counts now (not flagged failing)."""
         return [self._by_id(v.node_id) for v in self._view() if not v.is_master and not v.failing]
 
     def replica_of(self, master: OwnedClusterNode) -> OwnedClusterNode:
-        """A replica the cluster currently counts for ``master``."""
+        """A replica the cluster counts now for ``master``."""
         for view in self._view():
             if view.master_id == master.node_id and not view.failing:
                 return self._by_id(view.node_id)
         raise BackendUnavailable(f"the cluster knows no healthy replica of {master}")
 
     def keyslot(self, key: str) -> int:
-        return int(_call(self._live_nodes()[0].port, "CLUSTER", "KEYSLOT", key))
+        return int(self._call(self._live_nodes()[0], "CLUSTER", "KEYSLOT", key))
 
     def master_for_key(self, key: str) -> OwnedClusterNode:
         """The master that serves ``key`` now, by CLUSTER KEYSLOT and the live slot map."""
@@ -532,11 +557,11 @@ class OwnedRedisCluster:
         served by running masters, every running node known and not flagged failing,
         its own role as the others see it, its replication link up, and every
         running replica offered to clients in CLUSTER SLOTS."""
-        state = _parse_info(str(_call(node.port, "CLUSTER", "INFO"))).get("cluster_state")
+        state = _parse_info(str(self._call(node, "CLUSTER", "INFO"))).get("cluster_state")
         if state != "ok":
             return f"node {node.port} reports cluster_state:{state}"
         live_ids = {n.node_id for n in live}
-        views = _cluster_nodes(node.port)
+        views = self._cluster_nodes(node)
         owners = tuple(sorted((r, v.node_id) for v in views if v.is_master for r in v.slots))
         covered = sum(last - first + 1 for (first, last), _ in owners)
         if covered != SLOTS:
@@ -551,7 +576,7 @@ class OwnedRedisCluster:
         failing = [v.port for v in seen.values() if v.failing]
         if failing:
             return f"node {node.port} flags running node(s) {failing} as failing"
-        replication = _info(node.port, "replication")
+        replication = self._clients.info(node.port, "replication")
         own_role = replication.get("role")
         if own_role != ("master" if seen[node.node_id].is_master else "slave"):
             return f"node {node.port} says it is {own_role}, the cluster thinks otherwise"
@@ -560,7 +585,7 @@ class OwnedRedisCluster:
             return f"replica {node.port} has master_link_status:{link}"
         # CLUSTER SLOTS (what clients read) leaves out a replica until its replication
         # offset is past 0, which the master's replication PING soon makes it.
-        listed = {int(n[1]) for r in _call(node.port, "CLUSTER", "SLOTS") for n in r[3:]}
+        listed = {int(n[1]) for r in self._call(node, "CLUSTER", "SLOTS") for n in r[3:]}
         replicas = {v.port for v in seen.values() if not v.is_master}
         if listed != replicas:
             return f"node {node.port} offers replicas {sorted(listed)} of {sorted(replicas)}"
@@ -568,17 +593,19 @@ class OwnedRedisCluster:
         return (owners, roles)
 
     def wait_healthy(self, timeout: float = 15.0) -> None:
-        """Wait until the running nodes form a healthy cluster (see _health_problem)."""
+        """Wait until the running nodes form a healthy cluster (see _node_picture)."""
         _wait_until("cluster convergence", self._health_problem, timeout)
 
     # -- faults
 
     def kill(self, node: OwnedClusterNode) -> None:
         """SIGKILL ``node`` (by PID: no shutdown, no goodbye to clients or the bus)."""
-        with contextlib.suppress(BackendUnavailable, *REDIS_UNREACHABLE):
-            for view in self._view():
-                if view.node_id == node.node_id and view.is_master and view.slots:
-                    self._slots_at_kill[node.node_id] = view.slots
+        try:
+            slots = next((v.slots for v in self._view() if v.node_id == node.node_id), ())
+        except _NOT_YET:
+            slots = ()
+        if slots:
+            self._slots_at_kill[node.node_id] = slots
         node.server.kill()
 
     def restart(self, node: OwnedClusterNode) -> None:
@@ -587,7 +614,7 @@ class OwnedRedisCluster:
         but with no data. Follow with :meth:`wait_healthy` to wait for it to settle."""
         if node.alive:
             raise ValueError(f"{node} is running")
-        node.server.start()
+        node.server.restart()
 
     def wait_for_failover(
         self, dead_master: OwnedClusterNode, timeout: float = 30.0
@@ -615,7 +642,7 @@ class OwnedRedisCluster:
     def flushall(self) -> None:
         """FLUSHALL on every master (replicas follow)."""
         for master in self.masters():
-            _call(master.port, "FLUSHALL")
+            self._call(master, "FLUSHALL")
 
     # -- clean-up
 
@@ -632,6 +659,7 @@ class OwnedRedisCluster:
             return
         self._closed = True
         self._exit_guard.cancel()
+        self._clients.close()
         for node in self.nodes:
             node.server.close()
 
@@ -672,16 +700,17 @@ class OwnedSentinelSet:
         self.extra_args = (*_DATA_NODE_ARGS, *extra_args)
         self.servers: list[_Server] = []
         self.sentinel_servers: list[_Server] = []
+        self._clients = _Clients()
         self._closed = False
         self._exit_guard = _ExitGuard(self.close)
+        deadline = time.monotonic() + startup_timeout
         try:
-            started = time.monotonic()
             master = self._start_data_node(replica_of=None)
             for _ in range(replicas):
                 self._start_data_node(replica_of=master.port)
-            # Sentinels read a master's replicas from its INFO, which they poll slowly
-            # once they have read it: so connect the replicas first.
-            _wait_until("replica sync", self._replication_problem, startup_timeout)
+            # Sentinels find a master's replicas in its INFO, which they read at once
+            # on connecting and then only now and then: so connect the replicas first.
+            _wait_until("replica sync", self._replication_problem, deadline - time.monotonic())
             monitor = [
                 f"sentinel monitor {master_name} {HOST} {master.port} {sentinels // 2 + 1}",
                 f"sentinel down-after-milliseconds {master_name} {down_after_ms}",
@@ -693,13 +722,13 @@ class OwnedSentinelSet:
                     lambda port: _SentinelServer(monitor, port=port), free_port
                 )
                 self.sentinel_servers.append(sentinel)
-                # Sentinel's test hooks: announce itself (hello) every 0.5 s instead of
-                # 2 s and poll INFO every 1 s instead of 10 s, so they find each other,
-                # and see replicas come and go, in about a second.
-                _call(
+                # Sentinel's test hooks: say hello every 0.5 s, not 2 s, and read INFO
+                # every 1 s, not 10 s: sentinels find each other, and notice replicas
+                # come and go, within about a second.
+                self._clients.call(
                     sentinel.port, "SENTINEL", "DEBUG", "info-period", 1000, "publish-period", 500
                 )
-            self.wait_healthy(timeout=max(0.1, startup_timeout - (time.monotonic() - started)))
+            self.wait_healthy(timeout=max(0.1, deadline - time.monotonic()))
         except BaseException:
             self.close()
             raise
@@ -731,15 +760,14 @@ class OwnedSentinelSet:
             **connection_kwargs,
         )
 
-    def _live(self, servers: Sequence[OwnedRedisServer]) -> list[OwnedRedisServer]:
-        return [s for s in servers if s.proc is not None and s.proc.poll() is None]
-
     def _reported_masters(self) -> dict[int, Address | None]:
         """What each running sentinel answers to GET-MASTER-ADDR-BY-NAME."""
         reports: dict[int, Address | None] = {}
-        for sentinel in self._live(self.sentinel_servers):
+        for sentinel in self.sentinel_servers:
+            if not sentinel.alive:
+                continue
             try:
-                reply = _call(
+                reply = self._clients.call(
                     sentinel.port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name
                 )
             except REDIS_UNREACHABLE:
@@ -770,15 +798,15 @@ class OwnedSentinelSet:
         data node replicates it with its link up. Before sentinels exist: the first
         server is the master."""
         master = self.master_address() if self.sentinel_servers else (HOST, self.servers[0].port)
-        if _role(master[1])[0] != "master":
+        if self._clients.role(master[1])[0] != "master":
             return f"{master} does not report itself as master"
-        for server in self._live(self.servers):
-            if server.port == master[1]:
+        for server in self.servers:
+            if not server.alive or server.port == master[1]:
                 continue
-            role, master_port = _role(server.port)
+            role, master_port = self._clients.role(server.port)
             if role != "slave" or master_port != master[1]:
                 return f"server {server.port} is {role} of {master_port}, not a replica of {master}"
-            link = _info(server.port, "replication").get("master_link_status")
+            link = self._clients.info(server.port, "replication").get("master_link_status")
             if link != "up":
                 return f"replica {server.port} has master_link_status:{link}"
         return None
@@ -786,38 +814,40 @@ class OwnedSentinelSet:
     def _sentinel_problem(self) -> str | None:
         """None when all running sentinels agree on the master, see it and every
         running replica healthy, and know all the other sentinels."""
-        live_sentinels = self._live(self.sentinel_servers)
         reports = self._reported_masters()
         if len(set(reports.values())) != 1 or None in reports.values():
             return f"sentinels disagree on the master: {reports}"
         master = self.master_address()
-        replicas = {s.port for s in self._live(self.servers) if s.port != master[1]}
-        for sentinel in live_sentinels:
-            state = _pairs(_call(sentinel.port, "SENTINEL", "MASTER", self.master_name))
-            if state.get("flags") != "master":
-                return f"sentinel {sentinel.port} flags the master {state.get('flags')}"
-            seen: set[int] = set()
-            for entry in _call(sentinel.port, "SENTINEL", "REPLICAS", self.master_name):
-                replica = _pairs(entry)
-                port = int(replica["port"])
-                if port in replicas:
-                    if replica.get("flags") != "slave":
-                        return f"sentinel {sentinel.port} flags replica {port} {replica['flags']}"
-                    if replica.get("master-link-status") != "ok":
-                        return f"sentinel {sentinel.port} sees replica {port}'s link down"
-                    seen.add(port)
-            if seen != replicas:
-                return (
-                    f"sentinel {sentinel.port} sees replicas {sorted(seen)} of {sorted(replicas)}"
-                )
-            others = [
-                _pairs(e) for e in _call(sentinel.port, "SENTINEL", "SENTINELS", self.master_name)
-            ]
-            # Not "master_down": that is a peer's vote about a master, kept for 5 s
-            # after a failover, not a fault of the peer.
-            healthy = [o for o in others if not _DOWN_FLAGS & set(o["flags"].split(","))]
-            if len(healthy) != len(self.sentinel_servers) - 1:
-                return f"sentinel {sentinel.port} knows {len(healthy)} healthy other sentinels"
+        replicas = {s.port for s in self.servers if s.alive and s.port != master[1]}
+        for sentinel in self.sentinel_servers:
+            if not sentinel.alive:
+                continue
+            problem = self._one_sentinel_problem(sentinel.port, replicas)
+            if problem is not None:
+                return problem
+        return None
+
+    def _one_sentinel_problem(self, port: int, replicas: set[int]) -> str | None:
+        call = self._clients.call
+        state = _pairs(call(port, "SENTINEL", "MASTER", self.master_name))
+        if state.get("flags") != "master":
+            return f"sentinel {port} flags the master {state.get('flags')}"
+        seen: set[int] = set()
+        for entry in call(port, "SENTINEL", "REPLICAS", self.master_name):
+            replica = _pairs(entry)
+            if int(replica["port"]) not in replicas:
+                continue  # a stopped server, which sentinel keeps listing
+            if replica["flags"] != "slave" or replica.get("master-link-status") != "ok":
+                return f"sentinel {port} sees replica {replica['port']} as {replica['flags']}"
+            seen.add(int(replica["port"]))
+        if seen != replicas:
+            return f"sentinel {port} knows replicas {sorted(seen)} of {sorted(replicas)}"
+        peers = [_pairs(e) for e in call(port, "SENTINEL", "SENTINELS", self.master_name)]
+        # Not "master_down": that is a peer's vote about a master, kept for 5 s
+        # after a failover, not a fault of the peer.
+        healthy = [p for p in peers if not _DOWN_FLAGS & set(p["flags"].split(","))]
+        if len(healthy) != len(self.sentinel_servers) - 1:
+            return f"sentinel {port} knows {len(healthy)} healthy other sentinels"
         return None
 
     def _health_problem(self) -> str | None:
@@ -836,10 +866,12 @@ class OwnedSentinelSet:
         return address
 
     def planned_failover(self) -> Address:
-        """SENTINEL FAILOVER through one sentinel; return the old master's address."""
+        """SENTINEL FAILOVER through one sentinel; return the old master's address.
+        Sentinel does not tell the old master: it keeps taking writes until sentinel
+        turns it into a replica, about 4 hello periods (2 s here) later."""
         address = self.master_address()
-        sentinel = self._live(self.sentinel_servers)[0]
-        _call(sentinel.port, "SENTINEL", "FAILOVER", self.master_name)
+        sentinel = next(s for s in self.sentinel_servers if s.alive)
+        self._clients.call(sentinel.port, "SENTINEL", "FAILOVER", self.master_name)
         return address
 
     def wait_for_new_master(self, old_address: Address, timeout: float = 30.0) -> Address:
@@ -855,11 +887,11 @@ class OwnedSentinelSet:
             new = reports.pop()
             if new is None or new == old_address:
                 return f"sentinels still report {new}"
-            if _role(new[1])[0] != "master":
+            if self._clients.role(new[1])[0] != "master":
                 return f"{new} does not report itself as master yet"
             old = self.server_at(old_address)
-            if old.proc is not None and old.proc.poll() is None:
-                role, master_port = _role(old.port)
+            if old.alive:
+                role, master_port = self._clients.role(old.port)
                 if role != "slave" or master_port != new[1]:
                     return f"the old master {old_address} is {role} of {master_port}"
             result[:] = [new]
@@ -871,22 +903,18 @@ class OwnedSentinelSet:
     def restart(self, server: _Server) -> None:
         """Start a stopped data node on its port again, as a replica of the master the
         sentinels report (or as master if that is still itself): an empty node that
-        came back as master would serve no data until sentinel demotes it."""
-        if server.proc is not None and server.proc.poll() is None:
+        came back as master would serve no data until sentinel demoted it."""
+        if server.alive:
             raise ValueError(f"server on port {server.port} is running")
         master = self.master_address()
         server.set_args(*self._data_args(None if master[1] == server.port else master[1]))
-        server.start()
+        server.restart()
 
     # -- clean-up
 
     def pids(self) -> list[int]:
         """The PIDs of the running data nodes and sentinels."""
-        return [
-            s.proc.pid
-            for s in (*self.servers, *self.sentinel_servers)
-            if s.proc is not None and s.proc.poll() is None
-        ]
+        return [s.proc.pid for s in (*self.servers, *self.sentinel_servers) if s.alive and s.proc]
 
     def workdirs(self) -> list[str]:
         return [s.workdir for s in (*self.servers, *self.sentinel_servers)]
@@ -897,6 +925,7 @@ class OwnedSentinelSet:
             return
         self._closed = True
         self._exit_guard.cancel()
+        self._clients.close()
         for server in (*self.sentinel_servers, *self.servers):
             server.close()
 

@@ -17,8 +17,10 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from cacheguard import deployments
 from cacheguard.deployments import OwnedClusterNode, OwnedRedisCluster, OwnedSentinelSet
 from cacheguard.exceptions import BackendUnavailable
+from cacheguard.testing import OwnedRedisServer
 
 # The redis_cluster, sentinel_set, cluster_namespace and redis_server_binary fixtures.
 pytest_plugins = ["tests.deployment_fixtures"]
@@ -206,6 +208,30 @@ def test_sentinel_close_kills_every_process_and_removes_its_directories() -> Non
     assert len(pids) == 5  # master, replica, three sentinels
     sentinels.close()
     sentinels.close()  # idempotent
+    assert_all_gone(pids, workdirs)
+
+
+@needs_redis_server
+def test_restart_refuses_a_port_another_server_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Between a kill and the restart anyone may bind the freed port; a restart must
+    # not take that server's PING for its own.
+    monkeypatch.setattr(deployments, "_RESTART_PATIENCE", 0.5)
+    sentinels = OwnedSentinelSet()
+    try:
+        replica = next(s for s in sentinels.servers if s.port != sentinels.master_address()[1])
+        replica.kill()
+        intruder = OwnedRedisServer(port=replica.port)
+        try:
+            with pytest.raises(BackendUnavailable, match="another process"):
+                sentinels.restart(replica)
+        finally:
+            intruder.close()
+        assert not replica.alive
+        sentinels.restart(replica)
+        sentinels.wait_healthy(timeout=20)
+    finally:
+        pids, workdirs = sentinels.pids(), sentinels.workdirs()
+        sentinels.close()
     assert_all_gone(pids, workdirs)
 
 

@@ -672,7 +672,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                for waiter in list(channel.waiters):"
         "  # a callback may close its subscription\n"
         "                    waiter._deliver(push.payload)\n",
-        "",
+        "                pass\n",
         (
             "tests/test_locks_both_drivers.py::test_a_release_wakes_a_waiter_through_pubsub[async]",
             "tests/test_aio_locks.py::"
