@@ -25,7 +25,7 @@ one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -45,6 +45,7 @@ __all__ = [
     "check_async_client",
     "check_sync_client",
     "is_cluster",
+    "node_namer",
     "parse_url",
     "sync_client_from_url",
 ]
@@ -58,6 +59,20 @@ _CLUSTERS = (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)
 def is_cluster(client: object) -> bool:
     """Is ``client`` a Redis Cluster client (sync or asyncio)?"""
     return isinstance(client, _CLUSTERS)
+
+
+def node_namer(client: object) -> Callable[[str], str] | None:
+    """For a cluster client, a function naming the node that serves a key now (from
+    the client's own slot map); None for a single server or a Sentinel master."""
+    if not isinstance(client, _CLUSTERS):
+        return None
+    cluster: Any = client
+
+    def node_of(key: str) -> str:
+        name: str = cluster.nodes_manager.get_node_from_slot(cluster.keyslot(key)).name
+        return name
+
+    return node_of
 
 
 def check_sync_client(client: object, who: str) -> None:

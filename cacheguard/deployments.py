@@ -42,7 +42,7 @@ HOST = "127.0.0.1"
 SLOTS = 16384
 Address = tuple[str, int]
 
-_POLL = 0.05
+_POLL = 0.1
 _START_ATTEMPTS = 5
 # How long a restart retries a port someone else holds for a moment (a client
 # socket that happened to get it as its ephemeral port, say).
@@ -54,6 +54,13 @@ _BUS_OFFSET = 10000
 _DATA_NODE_ARGS = ("--appendonly", "no", "--save", "", "--repl-diskless-sync-delay", "0")
 # Sentinel flags that mean an instance is unreachable or believed down.
 _DOWN_FLAGS = frozenset({"s_down", "o_down", "disconnected"})
+# Sentinel's test hooks (SENTINEL DEBUG), in ms. Hello every 0.5 s, not 2 s, and
+# INFO every 1 s, not 10 s: sentinels find each other, and notice replicas come
+# and go, within about a second. Peers asked about a master every 0.2 s, not 1 s:
+# their "it is down" votes expire after 5 asks, and until then they count for the
+# *new* master too, so one sentinel's hiccup just after a failover (a late PONG on
+# a busy machine) would at once start a second failover.
+_SENTINEL_PERIODS = ("info-period", 1000, "publish-period", 500, "ask-period", 200)
 # Errors a poll treats as "not yet" rather than as the end.
 _NOT_YET = (*REDIS_UNREACHABLE, redis.ResponseError, BackendUnavailable)
 
@@ -722,12 +729,7 @@ class OwnedSentinelSet:
                     lambda port: _SentinelServer(monitor, port=port), free_port
                 )
                 self.sentinel_servers.append(sentinel)
-                # Sentinel's test hooks: say hello every 0.5 s, not 2 s, and read INFO
-                # every 1 s, not 10 s: sentinels find each other, and notice replicas
-                # come and go, within about a second.
-                self._clients.call(
-                    sentinel.port, "SENTINEL", "DEBUG", "info-period", 1000, "publish-period", 500
-                )
+                self._clients.call(sentinel.port, "SENTINEL", "DEBUG", *_SENTINEL_PERIODS)
             self.wait_healthy(timeout=max(0.1, deadline - time.monotonic()))
         except BaseException:
             self.close()

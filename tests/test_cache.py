@@ -602,7 +602,7 @@ def test_bypass_when_redis_is_down() -> None:
     assert len(calls) == 4
     stats = guard.stats()
     assert stats.backend_errors == 2  # then the circuit opened: no more connect attempts
-    assert guard._breaker.state in ("open", "half-open")
+    assert guard._breaker("k").state in ("open", "half-open")
     assert guard.peek("k") is MISSING
 
     raising = CacheGuard.from_url(f"redis://127.0.0.1:{free_port()}/0", on_backend_error="raise")
@@ -615,13 +615,13 @@ def test_breaker_recovers_when_redis_returns(client: redis.Redis, namespace: str
     guard = make_guard(
         client, namespace, breaker_failures=1, breaker_cooldown=5, timer=lambda: now[0]
     )
-    guard._breaker.failure()  # as if Redis had just failed
-    assert guard._breaker.state == "open"
+    guard._breaker("k").failure()  # as if Redis had just failed
+    assert guard._breaker("k").state == "open"
     assert guard.get_or_load("k", lambda: "bypassed", ttl=60) == "bypassed"
     assert guard.peek("k") is MISSING  # the open circuit skipped Redis
     now[0] = 6.0  # cooldown over: the next call probes, succeeds, closes the circuit
     assert guard.get_or_load("k", lambda: "cached", ttl=60) == "cached"
-    assert guard._breaker.state == "closed"
+    assert guard._breaker("k").state == "closed"
     assert guard.peek("k") == "cached"
 
 

@@ -170,3 +170,55 @@ def test_a_lock_on_a_cluster_excludes_and_wakes_its_waiter_by_sharded_pubsub(
         got[0].release()
     finally:
         client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_dead_shard_bypasses_only_its_own_keys(
+    kind: str, redis_server_binary: str, cluster_ns: str
+) -> None:
+    # One breaker per node: with a master dead (no replica to take over), its keys go
+    # to the loader while every other master's keys keep hitting, and writes of keys
+    # on healthy shards still succeed.
+    cluster = OwnedRedisCluster(replicas_per_master=0)
+    made: list[Guard] = []
+    try:
+        url = cluster_url(cluster)
+        settings: dict[str, Any] = {
+            "namespace": cluster_ns,
+            "breaker_failures": 2,
+            "breaker_cooldown": 600,
+            "wait_timeout": 5,
+        }
+        if kind == "sync":
+            guard = Guard(kind, CacheGuard.from_url(url, socket_timeout=2, **settings))
+        else:
+            guard = Guard(kind, AsyncCacheGuard.from_url(url, socket_timeout=2, **settings))
+        made.append(guard)
+        names = names_on_every_master(cluster, cluster_ns)
+        sequence = f"{cluster_ns}:wm"  # the namespace's sequence: not the shard we kill
+        doomed = next(
+            name
+            for name in names
+            if cluster.master_for_key(ResourceKeys(cluster_ns, name).value).port
+            != cluster.master_for_key(sequence).port
+        )
+        healthy = [name for name in names if name != doomed]
+        loads = {name: Loads(f"value of {name}") for name in names}
+        for name in names:
+            await guard.get_or_load(name, loads[name], ttl=600)
+        cluster.kill(cluster.master_for_key(ResourceKeys(cluster_ns, doomed).value))
+        for _ in range(20):
+            for name in names:
+                assert await guard.get_or_load(name, loads[name], ttl=600) == f"value of {name}"
+        assert loads[doomed].calls == 21  # every call after the kill went to the loader
+        assert [loads[name].calls for name in healthy] == [1, 1]  # still hitting
+        assert guard.stats().backend_errors == 2  # then the dead node's circuit opened
+        async with guard.write(*healthy):
+            pass
+        for name in healthy:
+            assert await guard.peek(name) is MISSING
+    finally:
+        for made_guard in made:
+            await made_guard.close()
+        cluster.close()

@@ -323,7 +323,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "breaker-guards-peek",
         "an open circuit keeps peek off Redis",
         "cacheguard/cache/read_path.py",
-        '        closed = self._circuit_open(f"reading {name!r}")\n',
+        '        closed = self._circuit_open(f"reading {name!r}", (name,))\n',
         "        closed = None\n",
         ("tests/test_trust.py::test_every_entry_point_honours_an_open_circuit",),
     ),
@@ -796,6 +796,25 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if isinstance(client, RedisCluster):\n        return _run_per_node(client, calls)\n",
         "",
         ("tests/test_cluster.py::test_every_master_serves_fills_writes_and_invalidations[sync]",),
+    ),
+    Mutant(
+        "breaker-per-node",
+        "one circuit breaker per cluster node: a dead shard sends only its own keys to "
+        "the loaders, the other masters' keys keep hitting",
+        "cacheguard/cache/guard.py",
+        "            node_of=node_namer(client),\n",
+        "            node_of=None,\n",
+        ("tests/test_cluster.py::test_a_dead_shard_bypasses_only_its_own_keys[sync]",),
+    ),
+    Mutant(
+        "script-loaded-on-its-own-node",
+        "a script missing from a node's cache is loaded on the keys' own node (EVAL), "
+        "not on every master, so a dead master does not fail writes elsewhere",
+        "cacheguard/locks/scripts.py",
+        "            return client.eval(self.source, len(keys), *keys, *args)\n",
+        "            client.script_load(self.source)\n"
+        "            return client.evalsha(self.sha, len(keys), *keys, *args)\n",
+        ("tests/test_cluster.py::test_a_dead_shard_bypasses_only_its_own_keys[sync]",),
     ),
 )
 

@@ -57,7 +57,12 @@ from cacheguard.cache.write_path import (
     WritePath,
 )
 from cacheguard.checks import check_int
-from cacheguard.clients import AsyncClient, async_client_from_url, check_async_client
+from cacheguard.clients import (
+    AsyncClient,
+    async_client_from_url,
+    check_async_client,
+    node_namer,
+)
 from cacheguard.exceptions import REDIS_DOWN
 from cacheguard.locks.scripts import arun_pipelined
 
@@ -90,7 +95,13 @@ class AsyncCacheGuard(WritePath):
         check_async_client(client, "AsyncCacheGuard")
         config = GuardSettings(**settings)
         super().__init__(
-            config, on_event=on_event, timer=timer, clock=clock, rng=rng, flight_event=asyncio.Event
+            config,
+            on_event=on_event,
+            timer=timer,
+            clock=clock,
+            rng=rng,
+            flight_event=asyncio.Event,
+            node_of=node_namer(client),
         )
         self.client = client
         self._binding = LoopBinding("this AsyncCacheGuard")

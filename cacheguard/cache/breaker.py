@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-__all__ = ["CircuitBreaker"]
+__all__ = ["Breakers", "CircuitBreaker"]
 
 State = Literal["closed", "open", "half-open"]
 
@@ -73,3 +73,53 @@ class CircuitBreaker:
             elif self._opened_at is None and self._consecutive >= self.failures:
                 self._opened_at = self._timer()
                 self.opened += 1
+
+
+class Breakers:
+    """The circuit breakers of one guard: one per Redis node its keys live on, so a
+    dead shard of a cluster sends only its own keys to the loaders; one in all for
+    a single server or a Sentinel master.
+
+    ``node_of(key)`` names the node that serves a Redis key now (None: a single
+    server). A key whose node cannot be named (no node serves its slot yet) shares
+    the breaker of keys on no known node.
+    """
+
+    def __init__(
+        self,
+        *,
+        failures: int,
+        cooldown: float,
+        timer: Callable[[], float] = time.monotonic,
+        node_of: Callable[[str], str] | None = None,
+    ) -> None:
+        self._settings = (failures, cooldown, timer)
+        self.single = node_of is None
+        self.shared = self._new()  # the only one on a single server
+        self._node_of = node_of
+        self._by_node: dict[str, CircuitBreaker] = {}
+        self._mutex = threading.Lock()
+
+    def _new(self) -> CircuitBreaker:
+        failures, cooldown, timer = self._settings
+        return CircuitBreaker(failures=failures, cooldown=cooldown, timer=timer)
+
+    def of(self, key: str) -> CircuitBreaker:
+        """The breaker of the node serving Redis key ``key``."""
+        if self._node_of is None:
+            return self.shared
+        try:
+            node = self._node_of(key)
+        except Exception:  # no node for the slot (a failover): the shared breaker
+            return self.shared
+        breaker = self._by_node.get(node)
+        if breaker is None:
+            with self._mutex:
+                breaker = self._by_node.setdefault(node, self._new())
+        return breaker
+
+    @property
+    def opened(self) -> int:
+        """How many times any of them opened."""
+        with self._mutex:
+            return self.shared.opened + sum(b.opened for b in self._by_node.values())

@@ -12,11 +12,11 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, Final, Protocol
 
 from cacheguard.backoff import Backoff
-from cacheguard.cache.breaker import CircuitBreaker
+from cacheguard.cache.breaker import Breakers, CircuitBreaker
 from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
 from cacheguard.cache.flow import (
     REFRESH,
@@ -70,6 +70,7 @@ class GuardCore:
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         flight_event: Callable[[], Any],
+        node_of: Callable[[str], str] | None = None,
     ) -> None:
         self.settings = settings
         self.namespace = settings.namespace
@@ -79,8 +80,11 @@ class GuardCore:
         self._flights = SingleFlight(flight_event)
         self._refreshes = SingleFlight(flight_event)
         self._stats = StatsRecorder(on_event)
-        self._breaker = CircuitBreaker(
-            failures=settings.breaker_failures, cooldown=settings.breaker_cooldown, timer=timer
+        self._breakers = Breakers(
+            failures=settings.breaker_failures,
+            cooldown=settings.breaker_cooldown,
+            timer=timer,
+            node_of=node_of,
         )
         self._loads = Loads(self._stats, timer)
         self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms)
@@ -185,8 +189,14 @@ class GuardCore:
                 log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
             return None
 
-    def _backend_failed(self, name: str, exc: BaseException) -> None:
-        self._breaker.failure()
+    def _breaker(self, name: str) -> CircuitBreaker:
+        """The circuit breaker of the node serving resource ``name`` (see Breakers)."""
+        breakers = self._breakers
+        return breakers.shared if breakers.single else breakers.of(value_key(self.namespace, name))
+
+    def _backend_failed(self, name: str, exc: BaseException, *, key: str | None = None) -> None:
+        """Redis failed ``name``'s call (or the call on Redis key ``key``)."""
+        (self._breakers.of(key) if key is not None else self._breaker(name)).failure()
         self._stats.count("backend_errors", name, error=exc)
         log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
 
@@ -201,9 +211,15 @@ class GuardCore:
                 + (f": {exc}" if exc is not None else " (circuit open)")
             ) from exc
 
-    def _circuit_open(self, what: str) -> BackendUnavailable | None:
-        """The error for ``what`` when the circuit is open, else None."""
-        if self._breaker.allow():
+    def _circuit_open(
+        self, what: str, names: Iterable[str] = (), key: str | None = None
+    ) -> BackendUnavailable | None:
+        """The error for ``what`` when the circuit of a node it needs (serving one of
+        ``names``, or Redis key ``key``) is open, else None."""
+        breakers = [self._breaker(name) for name in names]
+        if key is not None:
+            breakers.append(self._breakers.of(key))
+        if all(breaker.allow() for breaker in breakers):
             return None
         return BackendUnavailable(f"Redis unavailable {what} (circuit open)")
 

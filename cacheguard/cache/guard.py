@@ -45,7 +45,7 @@ from cacheguard.cache.write_path import (
     Scan,
     WritePath,
 )
-from cacheguard.clients import SyncClient, check_sync_client, sync_client_from_url
+from cacheguard.clients import SyncClient, check_sync_client, node_namer, sync_client_from_url
 from cacheguard.exceptions import REDIS_DOWN
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.locks.scripts import run_pipelined
@@ -85,6 +85,7 @@ class CacheGuard(WritePath):
             clock=clock,
             rng=rng,
             flight_event=threading.Event,
+            node_of=node_namer(client),
         )
         self.client = client
         self._locks = LockFactory(

@@ -151,7 +151,8 @@ class ReadPath(GuardCore):
     ) -> Generator[ReadStep, Any, tuple[Any, int]]:
         """Get ``name`` for the flight (the call began at ``start``): the value and
         the generation below which followers may take it."""
-        if not self._breaker.allow():
+        breaker = self._breaker(name)
+        if not breaker.allow():
             return (yield from self._bypass(name, None)), self._flights.seal(flight)
         l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
         sealed = flight.generation  # flights are born sealed for this first GET
@@ -159,7 +160,7 @@ class ReadPath(GuardCore):
             raw = yield LOOKUP
         except BackendUnavailable as exc:
             return (yield from self._bypass(name, exc.__cause__)), self._flights.seal(flight)
-        self._breaker.success()
+        breaker.success()
         served, entry = self._served(name, raw, l1_seen, load, ttl, none_ttl)
         if served:
             return entry.value, sealed  # type: ignore[union-attr]
@@ -213,7 +214,7 @@ class ReadPath(GuardCore):
         store it; Redis down or the circuit open: ``on_backend_error``."""
         ttl = self._ttl(ttl)
         self._loads.refuse_recursion(name)
-        if not self._breaker.allow():
+        if not self._breaker(name).allow():
             return (yield from self._bypass(name, None))
         lock = self.rwlock(name)
         flow = self._fill_flow(name, lock, ttl, none_ttl, refresh=True, stale=None)
@@ -230,7 +231,7 @@ class ReadPath(GuardCore):
             if value is not ABSENT:
                 return value
         raising = self.settings.on_backend_error == "raise"
-        closed = self._circuit_open(f"reading {name!r}")
+        closed = self._circuit_open(f"reading {name!r}", (name,))
         if closed is not None:
             if raising:
                 raise closed
@@ -244,7 +245,7 @@ class ReadPath(GuardCore):
                     f"Redis unreachable reading {name!r}: {client_error(exc)}"
                 ) from client_error(exc)
             return MISSING
-        self._breaker.success()
+        self._breaker(name).success()
         return self._peeked(entry)
 
     def _peek_entry_flow(self, name: str) -> Generator[ReadStep, Any, Any]:

@@ -104,7 +104,7 @@ class WritePath(ReadPath):
         ordered = sorted(set(names))
         if not ordered:
             raise ValueError("write() needs at least one key name")
-        closed = self._circuit_open(f"writing {', '.join(map(repr, ordered))}")
+        closed = self._circuit_open(f"writing {', '.join(map(repr, ordered))}", ordered)
         if closed is not None:
             raise closed
         held: list[Any] = []
@@ -140,27 +140,35 @@ class WritePath(ReadPath):
         if self._l1 is not None:
             self._l1.drop(names)
         listed = ", ".join(map(repr, names))
-        closed = self._circuit_open(f"invalidating {listed}")
+        invalidation = self._invalidation
+        sequence = invalidation.watermark_key
+        closed = self._circuit_open(f"invalidating {listed}", names, sequence)
         if closed is not None:
             raise closed
-        invalidation = self._invalidation
+        what = f"invalidating {listed}"
         try:
-            stamp = int((yield Command(("INCR", invalidation.watermark_key))))
+            stamp = int((yield Command(("INCR", sequence))))
+        except BackendUnavailable as exc:
+            raise self._unavailable(what, exc, names[0], key=sequence) from client_error(exc)
+        self._breakers.of(sequence).success()
+        try:
             results = yield Pipelined(tuple(invalidation.calls(names, stamp)))
             lift = invalidation.lift(results, stamp)
             if lift is not None:  # a version ran ahead of the sequence: lift the sequence
                 yield Call(lift)
-            # On a cluster each call stands alone: one whose node is down or failing
-            # over is that call's error, while the others went through.
-            down = next((r for r in results if isinstance(r, REDIS_DOWN)), None)
-            if down is not None:
-                raise backend_down(listed, down)
-            self._breaker.success()
         except BackendUnavailable as exc:
-            self._backend_failed(names[0], client_error(exc))
-            raise BackendUnavailable(
-                f"Redis unreachable invalidating {listed}: {client_error(exc)}"
-            ) from client_error(exc)
+            raise self._unavailable(what, exc, names[0]) from client_error(exc)
+        # On a cluster each call stands alone: one whose node is down or failing over
+        # is that call's error (and its node's breaker's), while the others went through.
+        failed: BackendUnavailable | None = None
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, REDIS_DOWN):
+                failed = self._unavailable(what, backend_down(name, result), name)
+                failed.__cause__ = result
+            elif not isinstance(result, Exception):
+                self._breaker(name).success()
+        if failed is not None:
+            raise failed
         for result in results:
             if isinstance(result, Exception):
                 raise result
@@ -185,10 +193,7 @@ class WritePath(ReadPath):
                 if name is not None:
                     names.add(name)
         except BackendUnavailable as exc:
-            self._backend_failed(prefix, client_error(exc))
-            raise BackendUnavailable(
-                f"Redis unreachable scanning {prefix!r}*: {client_error(exc)}"
-            ) from client_error(exc)
+            raise self._unavailable(f"scanning {prefix!r}*", exc, prefix) from client_error(exc)
         ordered = sorted(names)
         for start in range(0, len(ordered), SCAN_BATCH):
             yield from self._invalidate_flow(ordered[start : start + SCAN_BATCH])
@@ -197,15 +202,23 @@ class WritePath(ReadPath):
     def _watermark_flow(self) -> Generator[WriteStep, Any, int]:
         """``watermark``: the namespace's invalidation sequence now."""
         key = self._invalidation.watermark_key
-        closed = self._circuit_open("reading the watermark")
+        closed = self._circuit_open("reading the watermark", key=key)
         if closed is not None:
             raise closed
         try:
             raw = yield Command(("GET", key))
         except BackendUnavailable as exc:
-            self._backend_failed(key, client_error(exc))
-            raise BackendUnavailable(
-                f"Redis unreachable reading the watermark: {client_error(exc)}"
-            ) from client_error(exc)
-        self._breaker.success()
+            raise self._unavailable("reading the watermark", exc, key, key=key) from client_error(
+                exc
+            )
+        self._breakers.of(key).success()
         return int(raw or 0)
+
+    def _unavailable(
+        self, what: str, exc: BackendUnavailable, name: str, *, key: str | None = None
+    ) -> BackendUnavailable:
+        """Count Redis failing ``name``'s call (on ``key``'s node, if given) and the
+        error that says so, with the client's error as its cause."""
+        cause = client_error(exc)
+        self._backend_failed(name, cause, key=key)
+        return BackendUnavailable(f"Redis unreachable {what}: {cause}")

@@ -414,9 +414,10 @@ class LuaScript:
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            # First use on this server, or after a restart / SCRIPT FLUSH.
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            # First use on this server, or after a restart / SCRIPT FLUSH. EVAL runs it
+            # and caches it on the keys' own node (SCRIPT LOAD on a cluster client
+            # would go to every master, and fail while any of them is down).
+            return client.eval(self.source, len(keys), *keys, *args)
 
     async def acall(
         self, client: redis.asyncio.Redis | AsyncRedisCluster, keys: list[str], args: list[Any]
@@ -425,8 +426,7 @@ class LuaScript:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
+            return await client.eval(self.source, len(keys), *keys, *args)
 
 
 ScriptCall = tuple[LuaScript, list[str], list[Any]]
