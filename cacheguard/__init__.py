@@ -33,6 +33,7 @@ from cacheguard.exceptions import (
     LockUpgradeError,
     RecursiveLoadError,
     SerializationError,
+    WriteNotConfirmed,
     WrongEventLoop,
 )
 from cacheguard.locks import (
@@ -79,6 +80,7 @@ __all__ = [
     "TwoTierRWLock",
     "Watchdog",
     "WeakRegistry",
+    "WriteNotConfirmed",
     "WrongEventLoop",
     "__version__",
     "cached_with_lock",

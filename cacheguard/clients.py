@@ -47,6 +47,7 @@ __all__ = [
     "is_cluster",
     "node_namer",
     "parse_url",
+    "replicas_expected",
     "sync_client_from_url",
 ]
 
@@ -73,6 +74,24 @@ def node_namer(client: object) -> Callable[[str], str] | None:
         return name
 
     return node_of
+
+
+def replicas_expected(client: object) -> Callable[[], int]:
+    """How many replicas must acknowledge a write-path invalidation when a guard's
+    ``confirm_replicas`` is left to choose: one behind a Sentinel master (Sentinel is
+    there to fail over to a replica) and on a cluster whose client knows replicas
+    (asked at each write: an asyncio cluster client learns its nodes on first use);
+    none on a single server."""
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(
+        pool,
+        (redis.sentinel.SentinelConnectionPool, redis.asyncio.sentinel.SentinelConnectionPool),
+    ):
+        return lambda: 1
+    if isinstance(client, _CLUSTERS):
+        cluster: Any = client
+        return lambda: 1 if cluster.get_replicas() else 0
+    return lambda: 0
 
 
 def check_sync_client(client: object, who: str) -> None:

@@ -10,6 +10,7 @@ catch the whole family at once::
     │   ├── LockLostError         the lock expired or was taken while we held it
     │   └── LockNotHeldError      release of a lock this thread/handle does not hold
     ├── BackendUnavailable        Redis could not be reached (wraps the redis-py error)
+    │   └── WriteNotConfirmed     too few replicas acknowledged an invalidation in time
     ├── SerializationError        a value could not be encoded (or a codec is misconfigured)
     ├── KeyTemplateError          a key template names a parameter the call does not have
     ├── FillFailed                another process's load kept failing while we waited
@@ -48,10 +49,13 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeout",
     "LockUpgradeError",
+    "NoReplicasError",
     "RecursiveLoadError",
     "SerializationError",
+    "WriteNotConfirmed",
     "WrongEventLoop",
     "backend_down",
+    "classify",
 ]
 
 
@@ -131,14 +135,42 @@ class BackendUnavailable(CacheGuardError):
     """
 
 
+class WriteNotConfirmed(BackendUnavailable):
+    """An invalidation reached the master, but fewer replicas than the guard's
+    ``confirm_replicas`` acknowledged it within ``confirm_timeout`` (WAIT): a
+    failover now could lose it, so the write it belongs to is reported as failed."""
+
+
 # The one home of "Redis is down" (the sync and asyncio clients raise the same
 # classes; a socket timeout is an OSError too). Unreachable: no answer at all.
 REDIS_UNREACHABLE: Final = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+class NoReplicasError(redis.ResponseError):
+    """NOREPLICAS: a master under ``min-replicas-to-write`` refusing a write while too
+    few replicas are connected (redis-py raises a plain ResponseError for it;
+    :func:`classify` gives it this class, so it counts as Redis refusing for now)."""
+
+
+def classify(error: BaseException) -> BaseException:
+    """``error``, or the :class:`NoReplicasError` a plain NOREPLICAS reply means."""
+    if type(error) is redis.ResponseError and str(error).startswith("NOREPLICAS"):
+        return NoReplicasError(str(error))
+    return error
+
+
 # Refusing for now: a deployment in transition. A cluster slot without a master
 # (CLUSTERDOWN, and MASTERDOWN: both ClusterError, as is redirects running out),
 # a slot that is moving (TRYAGAIN), no node known for a slot, a master demoted to
-# replica while we still talk to it (READONLY). They pass once a failover ends.
-REDIS_REFUSING: Final = (ClusterError, TryAgainError, SlotNotCoveredError, ReadOnlyError)
+# replica while we still talk to it (READONLY), a master cut off from its replicas
+# (NOREPLICAS, see classify). They pass once a failover ends.
+REDIS_REFUSING: Final = (
+    ClusterError,
+    TryAgainError,
+    SlotNotCoveredError,
+    ReadOnlyError,
+    NoReplicasError,
+)
 # Down for us: unreachable, refusing for now, or refusing our keys (an ACL user
 # without the namespace's key pattern). Every cacheguard policy treats them alike:
 # never a corrupt entry, never a raw redis-py error past on_backend_error.

@@ -4,9 +4,13 @@ A test module that uses the fixtures declares::
 
     pytest_plugins = ["tests.deployment_fixtures"]
 
-(pytest refuses ``pytest_plugins`` in ``tests/conftest.py``, which is not at the
-rootdir; importing the fixtures by name instead trips ruff's F811.) Without
-``redis-server`` on the PATH the fixtures skip, or fail when
+(Importing the fixtures by name trips ruff's F811 at every use, and pytest
+supports ``pytest_plugins`` only in the rootdir's conftest, which this repo does
+not have, or in test modules.) Once one module has loaded the plugin its fixtures
+are visible to every module collected after it: declare it anyway, so a module
+does not depend on the collection order.
+
+Without ``redis-server`` on the PATH the fixtures skip, or fail when
 ``CACHEGUARD_REQUIRE_REDIS`` is set.
 
 The deployments are shared by every test of the session: a test that kills a

@@ -13,10 +13,12 @@ import redis
 import redis.asyncio
 import redis.cluster
 
-from cacheguard import MISSING, CacheGuard
+from cacheguard import MISSING, BackendUnavailable, CacheGuard
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.clients import parse_url
 from cacheguard.deployments import OwnedSentinelSet
+from cacheguard.exceptions import NoReplicasError
+from cacheguard.testing import OwnedRedisServer
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
 from tests.helpers import subscribers, wait_until
 from tests.test_guard_both_drivers import Loads, started
@@ -120,3 +122,23 @@ async def test_guards_on_a_sentinel_master_fill_write_and_wake_by_announcement(
     async with filler.write("k"):
         assert await waiter.peek("k") is MISSING
     assert await waiter.get_or_load("k", lambda: "after the write", ttl=60) == "after the write"
+
+
+def test_a_master_without_its_replicas_is_redis_refusing_not_an_error(
+    redis_server_binary: str, namespace: str
+) -> None:
+    # min-replicas-to-write 1 and no replica: the master answers NOREPLICAS to every
+    # write (a fill's scripts, an invalidation). Reads bypass to the loader; writes
+    # fail with BackendUnavailable; nothing counts as a corrupt entry.
+    server = OwnedRedisServer("--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
+    try:
+        guard = CacheGuard.from_url(server.url, namespace=namespace)
+        assert guard.get_or_load("k", lambda: "loaded", ttl=60) == "loaded"
+        with pytest.raises(BackendUnavailable) as caught:
+            guard.invalidate("k")
+        assert isinstance(caught.value.__cause__, NoReplicasError)
+        stats = guard.stats()
+        assert stats.corrupt_entries == 0
+        assert stats.backend_errors >= 2
+    finally:
+        server.close()

@@ -115,15 +115,20 @@ def test_every_master_serves_keys_through_the_cluster_client(
         for port, key in keys.items():
             client.set(key, f"on {port}")
             assert client.get(key) == f"on {port}"
-            with redis.Redis(port=port, decode_responses=True) as node:
+            with redis.Redis(host="127.0.0.1", port=port, decode_responses=True) as node:
                 assert node.get(key) == f"on {port}", "the key lives on the master chosen"
     finally:
         client.close()
 
 
 @needs_redis_server
-def test_cluster_close_kills_every_node_and_removes_its_directories() -> None:
+def test_private_cluster_flushes_then_closes_leaving_nothing() -> None:
     cluster = OwnedRedisCluster(masters=1, replicas_per_master=1)
+    client = cluster.client()
+    client.set("k", "v")
+    cluster.flushall()
+    assert client.get("k") is None
+    client.close()
     pids, workdirs = cluster.pids(), cluster.workdirs()
     assert len(pids) == 2
     cluster.close()

@@ -17,7 +17,14 @@ import pytest
 import redis
 import redis.asyncio
 
-from cacheguard import MISSING, BackendUnavailable, CacheGuard, LockTimeout, RecursiveLoadError
+from cacheguard import (
+    MISSING,
+    BackendUnavailable,
+    CacheGuard,
+    LockTimeout,
+    RecursiveLoadError,
+    WriteNotConfirmed,
+)
 from cacheguard.aio import AsyncCacheGuard
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
 from tests.helpers import subscribers, wait_until
@@ -414,3 +421,22 @@ async def test_a_deployment_in_transition_is_redis_down_not_a_corrupt_entry(
         stats = guard.stats()
         assert stats.corrupt_entries == 0
         assert stats.backend_errors >= 1
+
+
+async def test_an_unconfirmed_invalidation_fails_the_write_before_its_body(make: Make) -> None:
+    # This Redis has no replica: WAIT 1 can never be satisfied. The write fails before
+    # its body runs (the database is not touched), and so does a plain invalidate.
+    guard = make(confirm_replicas=1, confirm_timeout=0.05)
+    assert await guard.get_or_load("k", lambda: "cached", ttl=60) == "cached"
+    ran: list[str] = []
+    with pytest.raises(WriteNotConfirmed, match="0 of 1 replica"):
+        async with guard.write("k"):
+            ran.append("body")
+    assert ran == []
+    with pytest.raises(WriteNotConfirmed):
+        await guard.invalidate("k")
+    assert await guard.peek("k") is MISSING  # the master did apply it
+    # The write released its lock: a write without confirmation goes through.
+    async with make().write("k"):
+        ran.append("unconfirmed write")
+    assert ran == ["unconfirmed write"]

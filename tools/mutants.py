@@ -793,7 +793,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "script batches on a cluster run as one plain pipeline per node (a cluster "
         "pipeline refuses scripts), so invalidations and renewals work across slots",
         "cacheguard/locks/scripts.py",
-        "    if isinstance(client, RedisCluster):\n        return _run_per_node(client, calls)\n",
+        "    if isinstance(client, RedisCluster):\n"
+        "        return _run_per_node(client, calls, confirm)\n",
         "",
         ("tests/test_cluster.py::test_every_master_serves_fills_writes_and_invalidations[sync]",),
     ),
@@ -815,6 +816,31 @@ MUTANTS: tuple[Mutant, ...] = (
         "            client.script_load(self.source)\n"
         "            return client.evalsha(self.sha, len(keys), *keys, *args)\n",
         ("tests/test_cluster.py::test_a_dead_shard_bypasses_only_its_own_keys[sync]",),
+    ),
+    Mutant(
+        "write-waits-for-replicas",
+        "a write-path invalidation waits for confirm_replicas replicas (WAIT); when too "
+        "few acknowledge it, the write fails before its body",
+        "cacheguard/cache/write_path.py",
+        "            results = yield Pipelined(tuple(invalidation.calls(names, stamp)), "
+        "self._confirm())\n",
+        "            results = yield Pipelined(tuple(invalidation.calls(names, stamp)), None)\n",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_an_unconfirmed_invalidation_fails_the_write_before_its_body",
+        ),
+    ),
+    Mutant(
+        "noreplicas-is-refusing",
+        "a master refusing writes for want of replicas (NOREPLICAS) is Redis refusing "
+        "for now: bypass or BackendUnavailable, never a raw error or a corrupt entry",
+        "cacheguard/exceptions.py",
+        '    if type(error) is redis.ResponseError and str(error).startswith("NOREPLICAS"):\n',
+        "    if False:\n",
+        (
+            "tests/test_clients.py::"
+            "test_a_master_without_its_replicas_is_redis_refusing_not_an_error",
+        ),
     ),
 )
 

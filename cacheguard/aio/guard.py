@@ -62,8 +62,9 @@ from cacheguard.clients import (
     async_client_from_url,
     check_async_client,
     node_namer,
+    replicas_expected,
 )
-from cacheguard.exceptions import REDIS_DOWN
+from cacheguard.exceptions import REDIS_DOWN, classify
 from cacheguard.locks.scripts import arun_pipelined
 
 __all__ = ["AsyncCacheGuard"]
@@ -102,6 +103,7 @@ class AsyncCacheGuard(WritePath):
             rng=rng,
             flight_event=asyncio.Event,
             node_of=node_namer(client),
+            replicas=replicas_expected(client),
         )
         self.client = client
         self._binding = LoopBinding("this AsyncCacheGuard")
@@ -264,7 +266,10 @@ class AsyncCacheGuard(WritePath):
                 except REDIS_DOWN as exc:
                     step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
                 except redis.ResponseError as exc:  # a GET of someone else's key: not ours
-                    step = flow.send(exc) if step.__class__ is Lookup else flow.throw(exc)
+                    if not is_loader(step) and isinstance(error := classify(exc), REDIS_DOWN):
+                        step = flow.throw(backend_down(name, error))
+                    else:
+                        step = flow.send(exc) if step.__class__ is Lookup else flow.throw(exc)
                 except BaseException as exc:
                     step = flow.throw(exc)
                 else:
@@ -299,7 +304,7 @@ class AsyncCacheGuard(WritePath):
         if isinstance(step, Command):
             return await client.execute_command(*step.args)
         if isinstance(step, Pipelined):
-            return await arun_pipelined(client, list(step.calls))
+            return await arun_pipelined(client, list(step.calls), step.confirm)
         if isinstance(step, Call):
             script, keys, args = step.call
             return await script.acall(client, keys, args)

@@ -37,6 +37,7 @@ from cacheguard.cache.stats import Stats, StatsRecorder
 from cacheguard.checks import MAX_SECONDS, check_positive
 from cacheguard.exceptions import BackendUnavailable
 from cacheguard.keys import ResourceKeys
+from cacheguard.locks.scripts import Confirm
 
 __all__ = ["GuardCore", "Lock", "add_note", "value_key"]
 
@@ -71,6 +72,7 @@ class GuardCore:
         rng: Callable[[], float] = random.random,
         flight_event: Callable[[], Any],
         node_of: Callable[[str], str] | None = None,
+        replicas: Callable[[], int] = lambda: 0,
     ) -> None:
         self.settings = settings
         self.namespace = settings.namespace
@@ -86,6 +88,7 @@ class GuardCore:
             timer=timer,
             node_of=node_of,
         )
+        self._replicas = replicas  # how many the deployment has, for confirm_replicas=None
         self._loads = Loads(self._stats, timer)
         self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms)
         self._l1: L1Feed | None = None
@@ -193,6 +196,13 @@ class GuardCore:
         """The circuit breaker of the node serving resource ``name`` (see Breakers)."""
         breakers = self._breakers
         return breakers.shared if breakers.single else breakers.of(value_key(self.namespace, name))
+
+    def _confirm(self) -> Confirm | None:
+        """What a write-path invalidation waits for: (replicas, seconds), or None."""
+        wanted = self.settings.confirm_replicas
+        if wanted is None:
+            wanted = self._replicas()
+        return (wanted, self.settings.confirm_timeout) if wanted else None
 
     def _backend_failed(self, name: str, exc: BaseException, *, key: str | None = None) -> None:
         """Redis failed ``name``'s call (or the call on Redis key ``key``)."""

@@ -45,8 +45,14 @@ from cacheguard.cache.write_path import (
     Scan,
     WritePath,
 )
-from cacheguard.clients import SyncClient, check_sync_client, node_namer, sync_client_from_url
-from cacheguard.exceptions import REDIS_DOWN
+from cacheguard.clients import (
+    SyncClient,
+    check_sync_client,
+    node_namer,
+    replicas_expected,
+    sync_client_from_url,
+)
+from cacheguard.exceptions import REDIS_DOWN, classify
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.locks.scripts import run_pipelined
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
@@ -86,6 +92,7 @@ class CacheGuard(WritePath):
             rng=rng,
             flight_event=threading.Event,
             node_of=node_namer(client),
+            replicas=replicas_expected(client),
         )
         self.client = client
         self._locks = LockFactory(
@@ -249,7 +256,10 @@ class CacheGuard(WritePath):
                 except REDIS_DOWN as exc:
                     step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
                 except redis.ResponseError as exc:  # a GET of someone else's key: not ours
-                    step = flow.send(exc) if step.__class__ is Lookup else flow.throw(exc)
+                    if not is_loader(step) and isinstance(error := classify(exc), REDIS_DOWN):
+                        step = flow.throw(backend_down(name, error))
+                    else:
+                        step = flow.send(exc) if step.__class__ is Lookup else flow.throw(exc)
                 except BaseException as exc:
                     step = flow.throw(exc)
                 else:
@@ -280,7 +290,7 @@ class CacheGuard(WritePath):
         if isinstance(step, Command):
             return client.execute_command(*step.args)  # type: ignore[no-untyped-call]
         if isinstance(step, Pipelined):
-            return run_pipelined(client, list(step.calls))
+            return run_pipelined(client, list(step.calls), step.confirm)
         if isinstance(step, Call):
             script, keys, args = step.call
             return script(client, keys, args)

@@ -57,6 +57,10 @@ class GuardSettings:
     max_load_time: float = 60.0
     breaker_failures: int = 3
     breaker_cooldown: float = 2.0
+    # Replicas that must acknowledge each invalidation (WAIT) before it counts as done;
+    # None: one on a Sentinel master or a cluster with replicas, none on one server.
+    confirm_replicas: int | None = None
+    confirm_timeout: float = 1.0
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -87,6 +91,10 @@ class GuardSettings:
             "max_load_time": check_positive("max_load_time", self.max_load_time),
             "breaker_failures": check_int("breaker_failures", self.breaker_failures, minimum=1),
             "breaker_cooldown": check_positive("breaker_cooldown", self.breaker_cooldown),
+            "confirm_replicas": None
+            if self.confirm_replicas is None
+            else check_int("confirm_replicas", self.confirm_replicas, minimum=0),
+            "confirm_timeout": check_positive("confirm_timeout", self.confirm_timeout),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)

@@ -27,8 +27,13 @@ from cacheguard.cache.core import add_note, closing_failed_note
 from cacheguard.cache.flow import Call
 from cacheguard.cache.invalidation import SCAN_BATCH
 from cacheguard.cache.read_path import ReadPath, client_error
-from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, backend_down
-from cacheguard.locks.scripts import ScriptCall
+from cacheguard.exceptions import (
+    REDIS_DOWN,
+    BackendUnavailable,
+    WriteNotConfirmed,
+    backend_down,
+)
+from cacheguard.locks.scripts import Confirm, ScriptCall
 
 __all__ = [
     "BODY",
@@ -52,9 +57,12 @@ class Command:
 
 @dataclass(frozen=True, slots=True)
 class Pipelined:
-    """Step: run script calls in one round trip. Answer: their replies, errors in place."""
+    """Step: run script calls in one round trip, then WAIT for ``confirm``'s replicas
+    (None: no WAIT). Answer: their replies, errors in place (unacknowledged calls:
+    :class:`WriteNotConfirmed`)."""
 
     calls: tuple[ScriptCall, ...]
+    confirm: Confirm | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +160,7 @@ class WritePath(ReadPath):
             raise self._unavailable(what, exc, names[0], key=sequence) from client_error(exc)
         self._breakers.of(sequence).success()
         try:
-            results = yield Pipelined(tuple(invalidation.calls(names, stamp)))
+            results = yield Pipelined(tuple(invalidation.calls(names, stamp)), self._confirm())
             lift = invalidation.lift(results, stamp)
             if lift is not None:  # a version ran ahead of the sequence: lift the sequence
                 yield Call(lift)
@@ -162,7 +170,10 @@ class WritePath(ReadPath):
         # is that call's error (and its node's breaker's), while the others went through.
         failed: BackendUnavailable | None = None
         for name, result in zip(names, results, strict=True):
-            if isinstance(result, REDIS_DOWN):
+            if isinstance(result, WriteNotConfirmed):  # the master is up: no breaker failure
+                self._stats.count("backend_errors", name, error=result)
+                failed = result
+            elif isinstance(result, REDIS_DOWN):
                 failed = self._unavailable(what, backend_down(name, result), name)
                 failed.__cause__ = result
             elif not isinstance(result, Exception):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import weakref
 from typing import Any, TypeVar
 
 import redis
@@ -44,9 +45,9 @@ import redis.asyncio.client
 import redis.client
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, NoScriptError
+from redis.exceptions import AskError, NoScriptError, RedisClusterException
 
-from cacheguard.exceptions import REDIS_DOWN, REDIS_UNREACHABLE
+from cacheguard.exceptions import REDIS_DOWN, REDIS_UNREACHABLE, WriteNotConfirmed, classify
 
 __all__ = [
     "ACQUIRE",
@@ -54,6 +55,7 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "WITHDRAW",
+    "Confirm",
     "LuaScript",
     "ScriptCall",
     "arun_pipelined",
@@ -412,108 +414,218 @@ class LuaScript:
 
     def __call__(self, client: redis.Redis | RedisCluster, keys: list[str], args: list[Any]) -> Any:
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            # First use on this server, or after a restart / SCRIPT FLUSH. EVAL runs it
-            # and caches it on the keys' own node (SCRIPT LOAD on a cluster client
-            # would go to every master, and fail while any of them is down).
-            return client.eval(self.source, len(keys), *keys, *args)
+            try:
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # First use on this server, or after a restart / SCRIPT FLUSH. EVAL runs
+                # it and caches it on the keys' own node (SCRIPT LOAD on a cluster client
+                # would go to every master, and fail while any of them is down).
+                return client.eval(self.source, len(keys), *keys, *args)
+        except redis.ResponseError as exc:
+            error = classify(exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     async def acall(
         self, client: redis.asyncio.Redis | AsyncRedisCluster, keys: list[str], args: list[Any]
     ) -> Any:
         """The same call on an asyncio client."""
         try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await client.eval(self.source, len(keys), *keys, *args)
+            try:
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return await client.eval(self.source, len(keys), *keys, *args)
+        except redis.ResponseError as exc:
+            error = classify(exc)
+            if error is exc:
+                raise
+            raise error from exc
 
 
 ScriptCall = tuple[LuaScript, list[str], list[Any]]
 
 
-def run_pipelined(client: redis.Redis | RedisCluster, calls: list[ScriptCall]) -> list[Any]:
+# (replicas that must acknowledge, seconds to wait): a WAIT after the calls.
+Confirm = tuple[int, float]
+
+
+def run_pipelined(
+    client: redis.Redis | RedisCluster, calls: list[ScriptCall], confirm: Confirm | None = None
+) -> list[Any]:
     """Run script calls in one pipelined round trip (EVALSHA, one reload on NOSCRIPT).
 
     Returns one result per call; an error reply comes back as the exception
-    object (the caller decides), while a lost connection raises. On a cluster the
-    calls go in one pipeline per node, and a node's failure is the error of its
-    calls only (the others' results stand).
+    object (the caller decides), while a lost connection raises. With ``confirm``,
+    a WAIT follows the calls on their connection, and the results of calls that
+    too few replicas acknowledged in time are :class:`WriteNotConfirmed` errors.
+    On a cluster the calls go in one pipeline per node, and a node's failure is the
+    error of its calls only (the others' results stand).
     """
     if isinstance(client, RedisCluster):
-        return _run_per_node(client, calls)
-    results = _queued(client.pipeline(transaction=False), calls).execute(raise_on_error=False)
+        return _run_per_node(client, calls, confirm)
+    results = _queued(client.pipeline(transaction=False), calls, confirm).execute(
+        raise_on_error=False
+    )
     if _needs_reload(results):
         for script in _scripts_of(calls):  # server restarted or flushed
             client.script_load(script.source)
-        results = _queued(client.pipeline(transaction=False), calls).execute(raise_on_error=False)
-    return _checked(results)
+        results = _queued(client.pipeline(transaction=False), calls, confirm).execute(
+            raise_on_error=False
+        )
+    return _confirmed(_checked(results), confirm)
 
 
 async def arun_pipelined(
-    client: redis.asyncio.Redis | AsyncRedisCluster, calls: list[ScriptCall]
+    client: redis.asyncio.Redis | AsyncRedisCluster,
+    calls: list[ScriptCall],
+    confirm: Confirm | None = None,
 ) -> list[Any]:
-    """:func:`run_pipelined` on an asyncio client (on a cluster: the calls sent at
-    once, each to its node, each failing alone)."""
+    """:func:`run_pipelined` on an asyncio client."""
     if isinstance(client, AsyncRedisCluster):
-        return list(
-            await asyncio.gather(
-                *(script.acall(client, keys, args) for script, keys, args in calls),
-                return_exceptions=True,
-            )
-        )
-    pipe = _queued(client.pipeline(transaction=False), calls)
+        return await _arun_per_node(client, calls, confirm)
+    pipe = _queued(client.pipeline(transaction=False), calls, confirm)
     results = await pipe.execute(raise_on_error=False)
     if _needs_reload(results):
         for script in _scripts_of(calls):
             await client.script_load(script.source)
-        pipe = _queued(client.pipeline(transaction=False), calls)
+        pipe = _queued(client.pipeline(transaction=False), calls, confirm)
         results = await pipe.execute(raise_on_error=False)
-    return _checked(results)
+    return _confirmed(_checked(results), confirm)
 
 
-def _run_per_node(client: RedisCluster, calls: list[ScriptCall]) -> list[Any]:
-    """:func:`run_pipelined` on a cluster: a plain pipeline to each call's node (a
-    cluster pipeline refuses scripts); a call the node redirects, or whose node
-    failed, is sent once more through the cluster client, which follows redirects
-    and notices failovers; what still fails is that call's result."""
-    by_node: dict[str, tuple[Any, list[int]]] = {}
+# -- on a cluster: a plain pipeline per node (a cluster pipeline refuses scripts, and a
+# WAIT must follow the writes on their own connection) -----------------------------------
+
+
+def _by_node(
+    client: Any, calls: list[ScriptCall], indexes: list[int], results: list[Any]
+) -> dict[str, tuple[Any, list[int]]]:
+    """``indexes`` of ``calls`` grouped by the node serving their keys now; a call
+    whose slot has no node (a failover) gets the error as its result."""
+    groups: dict[str, tuple[Any, list[int]]] = {}
+    for index in indexes:
+        try:
+            node = client.get_node_from_key(calls[index][1][0])
+        except REDIS_DOWN as exc:
+            results[index] = exc
+            continue
+        groups.setdefault(node.name, (node, []))[1].append(index)
+    return groups
+
+
+def _retry(replies: list[Any]) -> bool:
+    """Must a call with this reply go again, after the slot map is read anew?"""
+    return any(isinstance(r, (AskError, *REDIS_DOWN)) for r in replies)  # MOVED is an AskError
+
+
+def _run_per_node(
+    client: RedisCluster, calls: list[ScriptCall], confirm: Confirm | None
+) -> list[Any]:
+    """:func:`run_pipelined` on a cluster. Calls a node redirects, or whose node failed,
+    go once more after the client reads the slot map again; what still fails is
+    that call's result."""
     results: list[Any] = [None] * len(calls)
-    for index, (_, keys, _) in enumerate(calls):
+    pending = list(range(len(calls)))
+    for attempt in range(2):
+        again: list[int] = []
+        for node, indexes in _by_node(client, calls, pending, results).values():
+            try:
+                replies = run_pipelined(node.redis_connection, [calls[i] for i in indexes], confirm)
+            except REDIS_DOWN as exc:
+                replies = [exc] * len(indexes)
+            for index, reply in zip(indexes, replies, strict=True):
+                results[index] = reply
+                if _retry([reply]):
+                    again.append(index)
+        if not again or attempt:
+            break
         try:
-            node = client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
-        except REDIS_DOWN as exc:  # no node known for the slot (a failover)
-            results[index] = exc
-            continue
-        by_node.setdefault(node.name, (node, []))[1].append(index)
-    retry: list[int] = []
-    for node, indexes in by_node.values():
-        batch = [calls[i] for i in indexes]
+            client.nodes_manager.initialize()
+        except (redis.RedisError, RedisClusterException, OSError):
+            break  # no node answers: the errors stand
+        pending = again
+    return results
+
+
+_node_clients: weakref.WeakKeyDictionary[AsyncRedisCluster, dict[str, redis.asyncio.Redis]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _node_client(cluster: AsyncRedisCluster, node: Any) -> redis.asyncio.Redis:
+    """A plain asyncio client of one cluster node (the asyncio cluster client offers
+    no pipeline of a node's own), made with the node's connection settings."""
+    per_node = _node_clients.setdefault(cluster, {})
+    client = per_node.get(node.name)
+    if client is None:
+        pool = redis.asyncio.ConnectionPool(
+            connection_class=node.connection_class, **node.connection_kwargs
+        )
+        client = per_node[node.name] = redis.asyncio.Redis(connection_pool=pool)
+    return client
+
+
+async def _arun_per_node(
+    client: AsyncRedisCluster, calls: list[ScriptCall], confirm: Confirm | None
+) -> list[Any]:
+    """:func:`_run_per_node` on an asyncio cluster client (the nodes in parallel)."""
+    results: list[Any] = [None] * len(calls)
+    pending = list(range(len(calls)))
+    for attempt in range(2):
+        groups = list(_by_node(client, calls, pending, results).values())
+        batches = await asyncio.gather(
+            *(
+                arun_pipelined(_node_client(client, node), [calls[i] for i in indexes], confirm)
+                for node, indexes in groups
+            ),
+            return_exceptions=True,
+        )
+        again: list[int] = []
+        for (_, indexes), batch in zip(groups, batches, strict=True):
+            if isinstance(batch, BaseException) and not isinstance(batch, REDIS_DOWN):
+                raise batch
+            replies = [batch] * len(indexes) if isinstance(batch, BaseException) else batch
+            for index, reply in zip(indexes, replies, strict=True):
+                results[index] = reply
+                if _retry([reply]):
+                    again.append(index)
+        if not again or attempt:
+            break
         try:
-            replies = run_pipelined(node.redis_connection, batch)
-        except REDIS_DOWN:
-            retry.extend(indexes)
-            continue
-        for index, reply in zip(indexes, replies, strict=True):
-            results[index] = reply
-            if isinstance(reply, AskError):  # MOVED too: the slot is elsewhere now
-                retry.append(index)
-    for index in retry:
-        script, keys, args = calls[index]
-        try:
-            results[index] = script(client, keys, args)
-        except (*REDIS_DOWN, redis.ResponseError) as exc:
-            results[index] = exc
+            await client.nodes_manager.initialize()
+        except (redis.RedisError, RedisClusterException, OSError):
+            break
+        pending = again
     return results
 
 
 _Pipeline = TypeVar("_Pipeline", redis.client.Pipeline, redis.asyncio.client.Pipeline)
 
 
-def _queued(pipe: _Pipeline, calls: list[ScriptCall]) -> _Pipeline:
+def _queued(pipe: _Pipeline, calls: list[ScriptCall], confirm: Confirm | None) -> _Pipeline:
     for script, keys, args in calls:
         pipe.evalsha(script.sha, len(keys), *keys, *args)
+    if confirm is not None:
+        replicas, seconds = confirm
+        pipe.execute_command("WAIT", replicas, max(1, int(seconds * 1000)))  # type: ignore[no-untyped-call]
     return pipe
+
+
+def _confirmed(results: list[Any], confirm: Confirm | None) -> list[Any]:
+    """The calls' results, WAIT's reply taken off the end; with too few replicas
+    acknowledging, every successful call's result becomes WriteNotConfirmed."""
+    if confirm is None:
+        return results
+    acked, results = results[-1], results[:-1]
+    replicas, seconds = confirm
+    if isinstance(acked, int) and acked >= replicas:
+        return results
+    error = WriteNotConfirmed(
+        f"{acked if isinstance(acked, int) else 'no'} of {replicas} replica(s) acknowledged "
+        f"the write within {seconds} s (WAIT): a failover now could lose it"
+    )
+    return [r if isinstance(r, Exception) else error for r in results]
 
 
 def _needs_reload(results: list[Any]) -> bool:
@@ -525,11 +637,12 @@ def _scripts_of(calls: list[ScriptCall]) -> set[LuaScript]:
 
 
 def _checked(results: list[Any]) -> list[Any]:
-    """``results`` as a list; raises the first "Redis unreachable" error among them."""
+    """``results`` as a list, error replies classified; raises the first "Redis
+    unreachable" error among them."""
     for r in results:
         if isinstance(r, REDIS_UNREACHABLE):
             raise r
-    return list(results)
+    return [classify(r) if isinstance(r, redis.ResponseError) else r for r in results]
 
 
 ACQUIRE = LuaScript(ACQUIRE_CONTRACT + LOCK_PRELUDE + _ACQUIRE_BODY)
