@@ -828,6 +828,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_guard_both_drivers.py::"
             "test_an_unconfirmed_invalidation_fails_the_write_before_its_body",
+            "tests/test_failovers.py::test_sentinel_planned_failover_under_load[sync]",
         ),
     ),
     Mutant(
