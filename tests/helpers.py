@@ -10,6 +10,7 @@ from typing import Any
 import redis
 
 from cacheguard import CacheGuard
+from cacheguard.clients import sync_client_from_url
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
@@ -30,9 +31,9 @@ def subscribers(client: redis.Redis, channel: str) -> int:
     return broadcast + int(sharded[1])
 
 
-def client_for(url: str) -> redis.Redis:
-    """The client a test child process uses."""
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+def client_for(url: str) -> Any:
+    """The client a test child process uses (any deployment's URL, see cacheguard.clients)."""
+    return sync_client_from_url(url, {"socket_connect_timeout": 2, "socket_timeout": 10})
 
 
 def make_guard(client: redis.Redis, namespace: str, **settings: Any) -> CacheGuard:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -20,8 +21,10 @@ from cacheguard import MISSING, CacheGuard, RedisRWLock
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.deployments import OwnedRedisCluster
 from cacheguard.keys import ResourceKeys
+from tests import cache_workers
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
-from tests.helpers import wait_until
+from tests.helpers import start_gated_fill, wait_until
+from tests.procs import CTX, result_within, run_processes, start_process_reporting
 from tests.test_guard_both_drivers import Loads, started
 
 pytest_plugins = ["tests.deployment_fixtures"]
@@ -222,3 +225,50 @@ async def test_a_dead_shard_bypasses_only_its_own_keys(
         for made_guard in made:
             await made_guard.close()
         cluster.close()
+
+
+def test_a_cold_key_stampede_across_processes_on_a_cluster_loads_once(
+    redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    """4 processes x 25 threads ask for one cold key on every master at once."""
+    names = names_on_every_master(redis_cluster, cluster_ns)
+    start_at = time.time() + 2.0  # all threads start together, after the spawns
+    results = run_processes(
+        cache_workers.stampede_worker,
+        [(cluster_url(redis_cluster), cluster_ns, 25, names, 0.1, start_at)] * 4,
+    )
+    assert len([v for per_process in results for v in per_process]) == 100 * len(names)
+    client = redis_cluster.client()
+    try:
+        for name in names:
+            assert int(client.get(f"{cluster_ns}:loads:{name}")) == 1
+    finally:
+        client.close()
+
+
+def test_a_waiter_in_another_process_on_a_cluster_is_woken_by_the_announcement(
+    redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    """As tests/test_cache_processes.py's test of the name, on a cluster: every timer
+    that could wake the waiting process is a minute long, so only the fill's sharded
+    announcement, heard on the key's shard, answers it within 20 s."""
+    url = cluster_url(redis_cluster)
+    for name in names_on_every_master(redis_cluster, cluster_ns):
+        filler = CacheGuard.from_url(url, namespace=cluster_ns, lease=60)
+        release, fill = start_gated_fill(filler, name, "filled", hold=60)
+        in_wait = CTX.Event()
+        child, results = start_process_reporting(
+            cache_workers.wait_for_announced_fill, url, cluster_ns, name, in_wait
+        )
+        try:
+            assert in_wait.wait(60), "the waiting process never started waiting"
+            release.set()
+            fill.join(10)
+            got = result_within(results, 20, "the waiter was not woken by the announcement")
+            assert got == {"value": "filled", "loads": 0}
+        finally:
+            release.set()
+            child.join(5)
+            if child.is_alive():
+                child.kill()
+            filler.client.close()

@@ -10,12 +10,17 @@ lists a run's).
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from cacheguard import CacheGuard
 from cacheguard.deployments import OwnedRedisCluster, OwnedSentinelSet
 from cacheguard.keys import ResourceKeys
 from tests.failover_load import Load, Tally, guard_maker
-from tests.guard_drivers import KINDS
+from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP
+from tests.helpers import start_gated_fill, wait_until
+from tests.test_cluster import shard_subscribers
 
 pytest_plugins = ["tests.deployment_fixtures"]
 
@@ -99,6 +104,7 @@ def test_cluster_master_sigkill_under_load(kind: str, redis_server_binary: str) 
             for m in cluster.masters()
             if m.port != keep and any(port_of(key) == m.port for key in KEYS)
         )
+        moved = [key for key in KEYS if port_of(key) == victim.port]  # to the promoted one
         load.start()
         try:
             load.settle(1.5)
@@ -112,8 +118,42 @@ def test_cluster_master_sigkill_under_load(kind: str, redis_server_binary: str) 
         finally:
             load.stop()
         check(load, f"cluster master SIGKILL ({kind})")
+        # Wake-ups are back on the failed-over shard: a waiter whose every timer is a
+        # minute long gets the fill's value through the promoted master's announcement.
+        woken_by_the_announcement(cluster, url, namespace, moved[0])
         during = load.phases["during"]
-        healthy = [key for key in KEYS if port_of(key) != victim.port]
-        # The other shards kept working: their keys were read and written meanwhile.
+        healthy = [key for key in KEYS if key not in moved]
+        # The other shards kept working: their keys were read and written meanwhile,
+        # and their reads kept hitting the cache (loads: one per write, about).
+        reads = sum(during.reads[key] for key in healthy)
+        loads = sum(during.loads[key] for key in healthy)
+        writes = sum(during.writes_ok[key] for key in healthy)
+        print(f"healthy shards during the failover: {reads} reads, {loads} loads, {writes} writes")
         assert all(during.reads[key] > 0 for key in healthy)
-        assert sum(during.writes_ok[key] for key in healthy) > 0
+        assert writes > 0
+        assert loads < reads / 2
+
+
+def woken_by_the_announcement(
+    cluster: OwnedRedisCluster, url: str, namespace: str, name: str
+) -> None:
+    filler = CacheGuard.from_url(url, namespace=namespace, lease=60)
+    waiter = CacheGuard.from_url(url, namespace=namespace, wait_timeout=120, on_timeout="raise")
+    waiter._wait_backoff = NO_TIMER_WAKE_UP
+    try:
+        filler.invalidate(name)
+        release, fill = start_gated_fill(filler, name, "filled after the failover", hold=60)
+        got: list[str] = []
+        asking = threading.Thread(
+            target=lambda: got.append(waiter.get_or_load(name, lambda: "waiter", ttl=60))
+        )
+        asking.start()
+        channel = waiter.keys(name).released_channel
+        assert wait_until(lambda: shard_subscribers(cluster, channel) >= 1, 10)
+        release.set()
+        fill.join(10)
+        asking.join(20)
+        assert got == ["filled after the failover"]
+    finally:
+        filler.client.close()
+        waiter.client.close()
