@@ -17,6 +17,9 @@ The same stampede through naive cache-aside (GET, load, SET) runs beside it.
 Then on asyncio: P processes x ``--tasks`` tasks of an AsyncCacheGuard, with a
 1 ms ticker task in each loop recording its longest gap (a blocked loop shows),
 and sync and asyncio processes side by side on one key (one load expected).
+With ``--cluster`` (the default when ``redis-server`` is installed) the sync and
+asyncio stampedes run again on a throwaway Redis Cluster (3 masters, 3 replicas),
+beside the single-server figures; commands are summed over the masters.
 
 Hit path: one warm key, one thread, default settings: µs per ``get_or_load``,
 ``CacheLoader.get`` and a ``@cached_with_lock`` call next to a raw GET +
@@ -32,6 +35,7 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import sys
 import threading
@@ -58,6 +62,8 @@ from bench._common import (
 )
 from cacheguard import CacheGuard, CacheLoader, cached_with_lock
 from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader, async_notifier_for
+from cacheguard.clients import parse_url, sync_client_from_url
+from cacheguard.deployments import OwnedRedisCluster
 from cacheguard.locks.notifier import notifier_for
 from cacheguard.testing import RedisEndpoint
 
@@ -71,7 +77,7 @@ def _worker(
     if kind == "cacheguard-async":
         asyncio.run(_async_worker(url, name, threads, load_s, ready, go, out))
         return
-    client = redis.Redis.from_url(url)
+    client = sync_client_from_url(url, {})
     guard = CacheGuard(client, namespace="bench", ttl_jitter=0, early_refresh_beta=0)
     # Warm up as a running service would be: pool connection, scripts, subscriber.
     guard.get_or_load(f"warm-{os.getpid()}", lambda: 1, ttl=60)
@@ -184,15 +190,17 @@ def stampede(
     for _ in procs:
         ready.get(timeout=60)
     time.sleep(0.2)  # every thread is parked on the go signal
-    admin = redis.Redis.from_url(url)
-    calls_before = command_calls(admin)
-    before = total_commands(admin)
+    admins = _admins(url)
+    calls_before = _summed(command_calls(a) for a in admins)
+    before = sum(total_commands(a) for a in admins)
     go.set()
     rows: list[tuple[float, Any]] = []
     for _ in procs:
         rows.extend(out.get(timeout=120))
-    after = total_commands(admin)
-    calls_after = command_calls(admin)
+    after = sum(total_commands(a) for a in admins)
+    calls_after = _summed(command_calls(a) for a in admins)
+    for admin in admins:
+        admin.close()
     breakdown = {
         k: calls_after.get(k, 0) - calls_before.get(k, 0)
         for k in calls_after
@@ -210,8 +218,8 @@ def stampede(
     lags = sorted((r - first_end) * 1000 for r in returns)[loads:]
     return {
         "loads": loads,
-        # minus the first INFO, counted by the second; -1: no INFO (fakeredis)
-        "commands": after - before - 1 if before >= 0 else -1,
+        # minus the first INFO of each server, counted by the second; -1: no INFO (fakeredis)
+        "commands": after - before - len(admins) if before >= 0 else -1,
         "lag_p50": statistics.median(lags) if lags else 0.0,
         "lag_max": max(lags) if lags else 0.0,
         "lat_p50": statistics.median(latencies),
@@ -219,6 +227,44 @@ def stampede(
         "gap_max": max(gaps, default=float("nan")),  # the loop's longest stall (asyncio)
         "breakdown": breakdown,  # type: ignore[dict-item]
     }
+
+
+def _admins(url: str) -> list[redis.Redis]:
+    """A client of each server whose commands a stampede is counted on: the one
+    server, or every master of a cluster (replicas only replay what masters did)."""
+    if parse_url(url).kind != "cluster":
+        return [redis.Redis.from_url(url)]
+    cluster = sync_client_from_url(url, {})
+    try:
+        return [redis.Redis(host=n.host, port=n.port) for n in cluster.get_primaries()]
+    finally:
+        cluster.close()
+
+
+def _summed(counts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for count in counts:
+        for name, calls in count.items():
+            total[name] = total.get(name, 0) + calls
+    return total
+
+
+def cluster_stampedes(args: argparse.Namespace, load_s: float) -> dict[str, list[dict[str, Any]]]:
+    """The sync and asyncio stampedes on a throwaway cluster (3 masters, 3 replicas)."""
+    runs: dict[str, list[dict[str, Any]]] = {
+        "cacheguard, cluster": [],
+        "cacheguard (asyncio), cluster": [],
+    }
+    with OwnedRedisCluster() as cluster:
+        url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster.nodes)
+        for rnd in range(args.rounds):
+            runs["cacheguard, cluster"].append(
+                stampede(url, "cacheguard", args.processes, args.threads, load_s, rnd)
+            )
+            runs["cacheguard (asyncio), cluster"].append(
+                stampede(url, "cacheguard-async", args.processes, args.tasks, load_s, rnd)
+            )
+    return runs
 
 
 class _InMemory:
@@ -415,13 +461,16 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
         async_runs["sync + asyncio processes"].append(
             stampede(endpoint.url, "mixed", args.processes, args.tasks, load_s, rnd)
         )
+    cluster_runs = (
+        cluster_stampedes(args, load_s) if args.cluster and shutil.which("redis-server") else {}
+    )
     floors = [wake_floor(args.processes, args.threads) for _ in range(args.rounds)]
     task_floors = [wake_floor(args.processes, args.tasks, tasks=True) for _ in range(args.rounds)]
     hits = hit_path(endpoint.url, args.cycles)
     async_hits = async_hit_path(endpoint.url, args.cycles)
 
     def med(kind: str, field: str) -> float:
-        return statistics.median(r[field] for r in {**runs, **async_runs}[kind])
+        return statistics.median(r[field] for r in {**runs, **async_runs, **cluster_runs}[kind])
 
     lines = [
         run_line(str(server.get("redis_version")), endpoint.kind),
@@ -484,6 +533,37 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
         + "; ".join(f"- / {f['lag_max']:.1f} / -" for f in task_floors)
         + " |"
     )
+    if cluster_runs:
+        lines += [
+            "",
+            "The same stampedes on a Redis Cluster of 3 masters and 3 replicas (throwaway, "
+            "loopback), beside the single server's: commands summed over the masters, the "
+            "calls inside Lua included. Every write-path invalidation there waits for a "
+            "replica (WAIT); a fill does not.",
+            "",
+            "| system | loads | waiter lag p50 ms | waiter lag max ms | latency p50 ms "
+            "| latency p99 ms | Redis commands | rounds (loads / lag max / commands) |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for kind in ("cacheguard", "cacheguard, cluster", "cacheguard (asyncio)",
+                     "cacheguard (asyncio), cluster"):  # fmt: skip
+            rounds = {**runs, **async_runs, **cluster_runs}[kind]
+            per_round = "; ".join(
+                f"{int(r['loads'])} / {r['lag_max']:.1f} / {_count(r['commands'])}" for r in rounds
+            )
+            lines.append(
+                f"| {kind} | {med(kind, 'loads'):.0f} | {med(kind, 'lag_p50'):.2f} "
+                f"| {med(kind, 'lag_max'):.2f} | {med(kind, 'lat_p50'):.1f} "
+                f"| {med(kind, 'lat_p99'):.1f} | {_count(med(kind, 'commands'))} | {per_round} |"
+            )
+        first = cluster_runs["cacheguard, cluster"][0]["breakdown"]
+        lines += [
+            "",
+            "Where the cluster's commands went (first round, sync): "
+            + ", ".join(
+                f"{k.upper()} {v}" for k, v in sorted(first.items(), key=lambda kv: -kv[1])
+            ),
+        ]
     hits = {
         where: {**micros, **{k: v for k, v in async_hits[where].items()}}
         for where, micros in hits.items()
@@ -520,6 +600,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cycles", type=int, default=3000, help="hit-path cycles per row")
     parser.add_argument("--write", type=Path, help="also write the tables into this Markdown file")
+    parser.add_argument(
+        "--cluster",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the stampedes on a throwaway Redis Cluster (needs redis-server)",
+    )
     args = parser.parse_args(argv)
     if (
         min(args.processes, args.threads, args.tasks, args.rounds) < 1

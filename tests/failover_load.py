@@ -205,6 +205,16 @@ class Load:
                 self._write_done(key, version)
             await asyncio.sleep(self._write_pause)
 
+    def recovered(self, timeout: float) -> bool:
+        """Wait (up to ``timeout``) until a write succeeded in the current phase."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._mutex:
+                if sum(self._tally.writes_ok.values()) > 0:
+                    return True
+            self._stop.wait(0.05)
+        return False
+
     def settle(self, seconds: float) -> None:
         """Let the load run ``seconds`` more (the load is the thing being measured)."""
         self._stop.wait(seconds)

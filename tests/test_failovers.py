@@ -55,10 +55,12 @@ def test_sentinel_crash_failover_under_load(kind: str, redis_server_binary: str)
             load.settle(1.5)
             load.phase("during")
             old = sentinels.kill_master()
-            sentinels.wait_for_new_master(old, timeout=30)
+            new = sentinels.wait_for_new_master(old, timeout=30)
             sentinels.restart(sentinels.server_at(old))  # back as the new master's replica
             sentinels.wait_healthy(timeout=30)
+            print(f"sentinel crash ({kind}): master {old} killed, {new} promoted")
             load.phase("after")
+            assert load.recovered(30), f"no write within 30 s: {load.phases['after'].summary()}"
             load.settle(2.0)
         finally:
             load.stop()
@@ -79,6 +81,7 @@ def test_sentinel_planned_failover_under_load(kind: str, redis_server_binary: st
             sentinels.wait_for_new_master(old, timeout=30)
             sentinels.wait_healthy(timeout=30)
             load.phase("after")
+            assert load.recovered(30), f"no write within 30 s: {load.phases['after'].summary()}"
             load.settle(2.0)
         finally:
             load.stop()
@@ -114,6 +117,7 @@ def test_cluster_master_sigkill_under_load(kind: str, redis_server_binary: str) 
             cluster.restart(victim)  # rejoins as a replica of the promoted one
             cluster.wait_healthy(timeout=30)
             load.phase("after")
+            assert load.recovered(30), f"no write within 30 s: {load.phases['after'].summary()}"
             load.settle(2.0)
         finally:
             load.stop()

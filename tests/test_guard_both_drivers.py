@@ -440,3 +440,14 @@ async def test_an_unconfirmed_invalidation_fails_the_write_before_its_body(make:
     async with make().write("k"):
         ran.append("unconfirmed write")
     assert ran == ["unconfirmed write"]
+
+
+async def test_a_write_failing_in_the_lock_layer_counts_toward_the_circuit(make: Make) -> None:
+    # Nothing listens on port 1: the write's lock script fails. It must count like
+    # any Redis failure (else a half-open circuit's probe would never report back).
+    guard = make(url="redis://127.0.0.1:1/0", breaker_failures=1, breaker_cooldown=60)
+    with pytest.raises(BackendUnavailable):
+        async with guard.write("k"):
+            pass
+    assert guard.stats().backend_errors == 1
+    assert guard.guard._breaker("k").state == "open"

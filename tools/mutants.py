@@ -843,6 +843,28 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_master_without_its_replicas_is_redis_refusing_not_an_error",
         ),
     ),
+    Mutant(
+        "breaker-probe-expires",
+        "a half-open circuit's probe whose outcome never comes back expires after a "
+        "cooldown (the circuit does not stay open for good)",
+        "cacheguard/cache/breaker.py",
+        "            if self._probing and now - self._probe_at < self.cooldown:\n",
+        "            if self._probing:\n",
+        ("tests/test_breaker.py::test_a_probe_whose_outcome_never_comes_back_expires",),
+    ),
+    Mutant(
+        "write-lock-failure-counts",
+        "a write whose lock script fails counts toward the circuit breaker and "
+        "backend_errors, like any Redis failure",
+        "cacheguard/cache/write_path.py",
+        "                    self._backend_failed(name, client_error(exc))\n"
+        "                    raise\n",
+        "                    raise\n",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_a_write_failing_in_the_lock_layer_counts_toward_the_circuit",
+        ),
+    ),
 )
 
 

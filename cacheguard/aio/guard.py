@@ -163,7 +163,7 @@ class AsyncCacheGuard(WritePath):
     ) -> Any:
         """The cached value of ``name``, loaded by ``load()`` once if missing."""
         self._binding.check()
-        return await self._drive(self._read_flow(name, load, ttl, none_ttl), name, load)
+        return await self._run(self._read_flow(name, load, ttl, none_ttl), name, load)
 
     async def peek(self, name: str) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
@@ -251,7 +251,7 @@ class AsyncCacheGuard(WritePath):
         until it returns (its value) or asks for the caller's ``with`` block; closed
         unless suspended there. With ``to_the_end``, and for releases, a cancellation
         waits for the flow's end."""
-        deferral = Deferral()
+        deferral: Deferral | None = None  # made on the first step that must run through
         step: Any = None
         try:
             step = flow.send(None) if error is None else flow.throw(error)
@@ -260,14 +260,15 @@ class AsyncCacheGuard(WritePath):
                     if step.__class__ is Lookup:  # the hit path's one step, inline
                         reply = await self.client.get(value_key(self.namespace, name))
                     elif to_the_end or isinstance(step, ReleaseWrites):
+                        deferral = deferral or Deferral()
                         reply = await deferral.through(self._answer(step, name, load))
                     else:
                         reply = await self._answer(step, name, load)
                 except REDIS_DOWN as exc:
                     step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
                 except redis.ResponseError as exc:  # a GET of someone else's key: not ours
-                    if not is_loader(step) and isinstance(error := classify(exc), REDIS_DOWN):
-                        step = flow.throw(backend_down(name, error))
+                    if not is_loader(step) and isinstance(refusal := classify(exc), REDIS_DOWN):
+                        step = flow.throw(backend_down(name, refusal))
                     else:
                         step = flow.send(exc) if step.__class__ is Lookup else flow.throw(exc)
                 except BaseException as exc:
@@ -275,13 +276,13 @@ class AsyncCacheGuard(WritePath):
                 else:
                     step = flow.send(reply)
         except StopIteration as done:
-            if deferral.cancelled:
+            if deferral is not None and deferral.cancelled:
                 raise asyncio.CancelledError from None
             return done.value
         finally:
             if step is not BODY:
                 flow.close()
-        if deferral.cancelled:
+        if deferral is not None and deferral.cancelled:
             raise asyncio.CancelledError
         return None
 

@@ -2,7 +2,9 @@
 
 closed    -> calls go to Redis; ``failures`` consecutive backend errors open it
 open      -> calls skip Redis (bypass or raise at once) for ``cooldown`` seconds
-half-open -> one call probes Redis; success closes the circuit, failure re-opens it
+half-open -> one call probes Redis; success closes the circuit, failure re-opens it;
+             a probe whose outcome never comes back (its call failed in a layer that
+             does not report here) expires after a cooldown, and another call probes
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class CircuitBreaker:
         self._consecutive = 0
         self._opened_at: float | None = None
         self._probing = False
+        self._probe_at = 0.0
         self.opened = 0  # how many times it opened, for stats
 
     @property
@@ -51,9 +54,12 @@ class CircuitBreaker:
         with self._mutex:
             if self._opened_at is None:
                 return True
-            if self._probing or self._timer() - self._opened_at < self.cooldown:
+            now = self._timer()
+            if now - self._opened_at < self.cooldown:
                 return False
-            self._probing = True
+            if self._probing and now - self._probe_at < self.cooldown:
+                return False  # one probe at a time, until it reports or expires
+            self._probing, self._probe_at = True, now
             return True
 
     def success(self) -> None:

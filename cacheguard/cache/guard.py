@@ -147,7 +147,7 @@ class CacheGuard(WritePath):
         none_ttl: float | Missing | None = MISSING,
     ) -> T:
         """The cached value of ``name``, loaded by ``load()`` once if missing."""
-        return self._drive(self._read_flow(name, load, ttl, none_ttl), name, load)  # type: ignore[no-any-return]
+        return self._run(self._read_flow(name, load, ttl, none_ttl), name, load)  # type: ignore[no-any-return]
 
     def peek(self, name: str) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
@@ -256,8 +256,8 @@ class CacheGuard(WritePath):
                 except REDIS_DOWN as exc:
                     step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
                 except redis.ResponseError as exc:  # a GET of someone else's key: not ours
-                    if not is_loader(step) and isinstance(error := classify(exc), REDIS_DOWN):
-                        step = flow.throw(backend_down(name, error))
+                    if not is_loader(step) and isinstance(refusal := classify(exc), REDIS_DOWN):
+                        step = flow.throw(backend_down(name, refusal))
                     else:
                         step = flow.send(exc) if step.__class__ is Lookup else flow.throw(exc)
                 except BaseException as exc:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from cacheguard.cache.core import GuardCore, Lock
-from cacheguard.cache.entry import MISSING, Missing
+from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flow import (
     LOAD_UNLOCKED,
     LOOKUP,
@@ -126,7 +126,27 @@ class ReadPath(GuardCore):
             # We joined after the leader's read was sent (it may predate a write that
             # ended before we started), or the leader was interrupted: read again.
         try:
-            value, valid_below = yield from self._lead(name, flight, load, ttl, none_ttl, start)
+            # The leader's read. The hit is written out here, not in a sub-flow: it is
+            # the path nearly every call takes, and a generator less is worth it.
+            breaker = self._breaker(name)
+            if breaker.allow():
+                l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
+                sealed = flight.generation  # flights are born sealed for this first GET
+                try:
+                    raw = yield LOOKUP
+                except BackendUnavailable as exc:
+                    value, valid_below = yield from self._bypassed(name, flight, exc.__cause__)
+                else:
+                    breaker.success()
+                    served, entry = self._served(name, raw, l1_seen, load, ttl, none_ttl)
+                    if served:
+                        value, valid_below = entry.value, sealed  # type: ignore[union-attr]
+                    else:
+                        value, valid_below = yield from self._fill_missing(
+                            name, flight, entry, l1_seen, ttl, none_ttl, start
+                        )
+            else:
+                value, valid_below = yield from self._bypassed(name, flight, None)
             if flight.has_followers_from(valid_below):
                 value, valid_below = yield from self._reread_for_late_followers(
                     name, flight, value, valid_below
@@ -140,30 +160,19 @@ class ReadPath(GuardCore):
         self._flights.finish(name, flight, value, valid_below=valid_below)
         return value
 
-    def _lead(
+    def _fill_missing(
         self,
         name: str,
         flight: Flight,
-        load: Callable[[], Any],
+        stale: Entry | None,
+        l1_seen: tuple[int, object] | None,
         ttl: float,
         none_ttl: float | Missing | None,
         start: float,
     ) -> Generator[ReadStep, Any, tuple[Any, int]]:
-        """Get ``name`` for the flight (the call began at ``start``): the value and
-        the generation below which followers may take it."""
-        breaker = self._breaker(name)
-        if not breaker.allow():
-            return (yield from self._bypass(name, None)), self._flights.seal(flight)
-        l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
-        sealed = flight.generation  # flights are born sealed for this first GET
-        try:
-            raw = yield LOOKUP
-        except BackendUnavailable as exc:
-            return (yield from self._bypass(name, exc.__cause__)), self._flights.seal(flight)
-        breaker.success()
-        served, entry = self._served(name, raw, l1_seen, load, ttl, none_ttl)
-        if served:
-            return entry.value, sealed  # type: ignore[union-attr]
+        """The leader's GET missed (the call began at ``start``): fill ``name`` (once
+        across processes); the value and the generation below which followers may
+        take it. ``stale`` is the expired entry, if any, for the stale policy."""
         self._stats.count("misses", name)
         lock = self.rwlock(name)  # one instance for the job and the driver: one owner
         flow = self._fill_flow(
@@ -172,7 +181,7 @@ class ReadPath(GuardCore):
             ttl,
             none_ttl,
             refresh=False,
-            stale=entry,
+            stale=stale,
             budget=self.settings.wait_timeout - (self._timer() - start),
         )
         try:
@@ -180,9 +189,15 @@ class ReadPath(GuardCore):
                 lock, flow, functools.partial(self._flights.seal, flight)
             )
         except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
-            return (yield from self._bypass(name, exc)), self._flights.seal(flight)
+            return (yield from self._bypassed(name, flight, exc))
         self._keep_filled(name, outcome, l1_seen, ttl)
         return outcome.value, valid_below
+
+    def _bypassed(
+        self, name: str, flight: Flight, exc: BaseException | None
+    ) -> Generator[ReadStep, Any, tuple[Any, int]]:
+        """:meth:`_bypass` for the flight's leader: its value, sealed for followers."""
+        return (yield from self._bypass(name, exc)), self._flights.seal(flight)
 
     def _reread_for_late_followers(
         self, name: str, flight: Flight, value: Any, valid_below: int

@@ -119,7 +119,11 @@ class WritePath(ReadPath):
         try:
             for name in ordered:
                 lock = self.rwlock(name)
-                yield AcquireWrite(lock, timeout)
+                try:
+                    yield AcquireWrite(lock, timeout)
+                except BackendUnavailable as exc:  # the lock layer's: count it here too
+                    self._backend_failed(name, client_error(exc))
+                    raise
                 held.append(lock)
             yield from self._invalidate_flow(ordered)
             try:
