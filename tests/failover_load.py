@@ -10,6 +10,7 @@ on an asyncio guard in a loop of their own, so one harness serves both drivers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections import Counter, defaultdict
@@ -19,6 +20,7 @@ from typing import Any
 
 from cacheguard import CacheGuard, CacheGuardError
 from cacheguard.aio import AsyncCacheGuard
+from tests.guard_drivers import guard_from_url
 
 
 class Database:
@@ -243,9 +245,4 @@ def guard_maker(kind: str, url: str, **settings: Any) -> Callable[[], CacheGuard
         **settings,
     }
 
-    def make() -> CacheGuard | AsyncCacheGuard:
-        if kind == "sync":
-            return CacheGuard.from_url(url, socket_timeout=1.0, **settings)
-        return AsyncCacheGuard.from_url(url, socket_timeout=1.0, **settings)
-
-    return make
+    return functools.partial(guard_from_url, kind, url, socket_timeout=1.0, **settings)

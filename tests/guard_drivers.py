@@ -22,6 +22,33 @@ from cacheguard.backoff import Backoff
 
 KINDS = ("sync", "async")
 
+
+def guard_from_url(
+    kind: str, url: str, *, socket_timeout: float = 10.0, **settings: Any
+) -> CacheGuard | AsyncCacheGuard:
+    """A guard of ``kind`` on a new client for ``url``, in any deployment's form."""
+    if kind == "sync":
+        return CacheGuard.from_url(url, socket_timeout=socket_timeout, **settings)
+    return AsyncCacheGuard.from_url(url, socket_timeout=socket_timeout, **settings)
+
+
+@contextlib.asynccontextmanager
+async def guards_on(kind: str, url: str, **defaults: Any) -> AsyncIterator[Callable[..., Guard]]:
+    """A factory of guards of ``kind`` for ``url`` (``defaults`` under each call's
+    settings); every guard made is closed at the end."""
+    made: list[Guard] = []
+
+    def build(**settings: Any) -> Guard:
+        made.append(Guard(kind, guard_from_url(kind, url, **{**defaults, **settings})))
+        return made[-1]
+
+    try:
+        yield build
+    finally:
+        for guard in made:
+            await guard.close()
+
+
 # A retry timer of a minute: within a test's deadline only an announcement wakes.
 NO_TIMER_WAKE_UP = functools.partial(Backoff, initial=60.0, cap=60.0)
 

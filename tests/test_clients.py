@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
 import redis
@@ -19,7 +18,7 @@ from cacheguard.clients import parse_url
 from cacheguard.deployments import OwnedSentinelSet
 from cacheguard.exceptions import NoReplicasError
 from cacheguard.testing import OwnedRedisServer
-from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
+from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard, guards_on
 from tests.helpers import subscribers, wait_until
 from tests.test_guard_both_drivers import Loads, started
 
@@ -82,23 +81,8 @@ def sentinel_url(sentinels: OwnedSentinelSet) -> str:
 async def make(
     request: pytest.FixtureRequest, sentinel_set: OwnedSentinelSet, namespace: str
 ) -> AsyncIterator[Make]:
-    made: list[Guard] = []
-
-    def build(**settings: Any) -> Guard:
-        settings.setdefault("namespace", namespace)
-        url = sentinel_url(sentinel_set)
-        if request.param == "sync":
-            guard: CacheGuard | AsyncCacheGuard = CacheGuard.from_url(
-                url, socket_timeout=10, **settings
-            )
-        else:
-            guard = AsyncCacheGuard.from_url(url, socket_timeout=10, **settings)
-        made.append(Guard(request.param, guard))
-        return made[-1]
-
-    yield build
-    for guard in made:
-        await guard.close()
+    async with guards_on(request.param, sentinel_url(sentinel_set), namespace=namespace) as build:
+        yield build
 
 
 async def test_guards_on_a_sentinel_master_fill_write_and_wake_by_announcement(

@@ -18,11 +18,10 @@ import pytest
 import redis
 
 from cacheguard import MISSING, CacheGuard, RedisRWLock
-from cacheguard.aio import AsyncCacheGuard
 from cacheguard.deployments import OwnedRedisCluster
 from cacheguard.keys import ResourceKeys
 from tests import cache_workers
-from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
+from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard, guard_from_url, guards_on
 from tests.helpers import start_gated_fill, wait_until
 from tests.procs import CTX, result_within, run_processes, start_process_reporting
 from tests.test_guard_both_drivers import Loads, started
@@ -45,24 +44,9 @@ def cluster_ns() -> str:
 async def make(
     request: pytest.FixtureRequest, redis_cluster: OwnedRedisCluster, cluster_ns: str
 ) -> AsyncIterator[Make]:
-    made: list[Guard] = []
-
-    def build(**settings: Any) -> Guard:
-        settings.setdefault("namespace", cluster_ns)
-        settings.setdefault("ttl_jitter", 0)
-        url = cluster_url(redis_cluster)
-        if request.param == "sync":
-            guard: CacheGuard | AsyncCacheGuard = CacheGuard.from_url(
-                url, socket_timeout=10, **settings
-            )
-        else:
-            guard = AsyncCacheGuard.from_url(url, socket_timeout=10, **settings)
-        made.append(Guard(request.param, guard))
-        return made[-1]
-
-    yield build
-    for guard in made:
-        await guard.close()
+    url = cluster_url(redis_cluster)
+    async with guards_on(request.param, url, namespace=cluster_ns, ttl_jitter=0) as build:
+        yield build
 
 
 def names_on_every_master(cluster: OwnedRedisCluster, namespace: str) -> list[str]:
@@ -193,10 +177,7 @@ async def test_a_dead_shard_bypasses_only_its_own_keys(
             "breaker_cooldown": 600,
             "wait_timeout": 5,
         }
-        if kind == "sync":
-            guard = Guard(kind, CacheGuard.from_url(url, socket_timeout=2, **settings))
-        else:
-            guard = Guard(kind, AsyncCacheGuard.from_url(url, socket_timeout=2, **settings))
+        guard = Guard(kind, guard_from_url(kind, url, socket_timeout=2, **settings))
         made.append(guard)
         names = names_on_every_master(cluster, cluster_ns)
         sequence = f"{cluster_ns}:wm"  # the namespace's sequence: not the shard we kill

@@ -11,6 +11,7 @@ lists a run's).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -46,24 +47,34 @@ def check(load: Load, label: str) -> Tally:
     return total
 
 
+def through(load: Load, failover: Callable[[], object]) -> None:
+    """Run ``load`` before, during and after ``failover`` (which returns once the
+    deployment is healthy again), until a write succeeded after it and 2 s more."""
+    load.start()
+    try:
+        load.settle(1.5)
+        load.phase("during")
+        failover()
+        load.phase("after")
+        assert load.recovered(30), f"no write within 30 s: {load.phases['after'].summary()}"
+        load.settle(2.0)
+    finally:
+        load.stop()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_sentinel_crash_failover_under_load(kind: str, redis_server_binary: str) -> None:
     with OwnedSentinelSet() as sentinels:
         load = Load(guard_maker(kind, sentinel_url(sentinels), namespace="fo"), KEYS)
-        load.start()
-        try:
-            load.settle(1.5)
-            load.phase("during")
+
+        def crash() -> None:
             old = sentinels.kill_master()
             new = sentinels.wait_for_new_master(old, timeout=30)
             sentinels.restart(sentinels.server_at(old))  # back as the new master's replica
             sentinels.wait_healthy(timeout=30)
             print(f"sentinel crash ({kind}): master {old} killed, {new} promoted")
-            load.phase("after")
-            assert load.recovered(30), f"no write within 30 s: {load.phases['after'].summary()}"
-            load.settle(2.0)
-        finally:
-            load.stop()
+
+        through(load, crash)
         check(load, f"sentinel crash ({kind})")
 
 
@@ -73,18 +84,12 @@ def test_sentinel_planned_failover_under_load(kind: str, redis_server_binary: st
     # invalidations were acknowledged and then lost (thousands of stale reads).
     with OwnedSentinelSet() as sentinels:
         load = Load(guard_maker(kind, sentinel_url(sentinels), namespace="fo"), KEYS)
-        load.start()
-        try:
-            load.settle(1.5)
-            load.phase("during")
-            old = sentinels.planned_failover()
-            sentinels.wait_for_new_master(old, timeout=30)
+
+        def planned() -> None:
+            sentinels.wait_for_new_master(sentinels.planned_failover(), timeout=30)
             sentinels.wait_healthy(timeout=30)
-            load.phase("after")
-            assert load.recovered(30), f"no write within 30 s: {load.phases['after'].summary()}"
-            load.settle(2.0)
-        finally:
-            load.stop()
+
+        through(load, planned)
         check(load, f"sentinel planned failover ({kind})")
 
 
@@ -108,19 +113,14 @@ def test_cluster_master_sigkill_under_load(kind: str, redis_server_binary: str) 
             if m.port != keep and any(port_of(key) == m.port for key in KEYS)
         )
         moved = [key for key in KEYS if port_of(key) == victim.port]  # to the promoted one
-        load.start()
-        try:
-            load.settle(1.5)
-            load.phase("during")
+
+        def kill() -> None:
             cluster.kill(victim)
             cluster.wait_for_failover(victim, timeout=30)
             cluster.restart(victim)  # rejoins as a replica of the promoted one
             cluster.wait_healthy(timeout=30)
-            load.phase("after")
-            assert load.recovered(30), f"no write within 30 s: {load.phases['after'].summary()}"
-            load.settle(2.0)
-        finally:
-            load.stop()
+
+        through(load, kill)
         check(load, f"cluster master SIGKILL ({kind})")
         # Wake-ups are back on the failed-over shard: a waiter whose every timer is a
         # minute long gets the fill's value through the promoted master's announcement.

@@ -514,9 +514,16 @@ def _by_node(
     return groups
 
 
-def _retry(replies: list[Any]) -> bool:
-    """Must a call with this reply go again, after the slot map is read anew?"""
-    return any(isinstance(r, (AskError, *REDIS_DOWN)) for r in replies)  # MOVED is an AskError
+def _placed(indexes: list[int], replies: list[Any], results: list[Any]) -> list[int]:
+    """Put one node's ``replies`` in ``results``; the indexes of the calls that must go
+    again once the slot map is read anew (redirected: MOVED is an AskError; or their
+    node failed)."""
+    again = []
+    for index, reply in zip(indexes, replies, strict=True):
+        results[index] = reply
+        if isinstance(reply, (AskError, *REDIS_DOWN)):
+            again.append(index)
+    return again
 
 
 def _run_per_node(
@@ -534,10 +541,7 @@ def _run_per_node(
                 replies = run_pipelined(node.redis_connection, [calls[i] for i in indexes], confirm)
             except REDIS_DOWN as exc:
                 replies = [exc] * len(indexes)
-            for index, reply in zip(indexes, replies, strict=True):
-                results[index] = reply
-                if _retry([reply]):
-                    again.append(index)
+            again += _placed(indexes, replies, results)
         if not again or attempt:
             break
         try:
@@ -586,10 +590,7 @@ async def _arun_per_node(
             if isinstance(batch, BaseException) and not isinstance(batch, REDIS_DOWN):
                 raise batch
             replies = [batch] * len(indexes) if isinstance(batch, BaseException) else batch
-            for index, reply in zip(indexes, replies, strict=True):
-                results[index] = reply
-                if _retry([reply]):
-                    again.append(index)
+            again += _placed(indexes, replies, results)
         if not again or attempt:
             break
         try:
