@@ -22,6 +22,7 @@ from cacheguard.backoff import Backoff
 from cacheguard.cache.codec import MsgpackCodec
 from cacheguard.cache.entry import pack_entry
 from cacheguard.cache.scripts import FILL_BEGIN
+from cacheguard.locks.notifier import Subscription
 from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
 
 # A retry timer of a minute: within a test's deadline only an announcement wakes.
@@ -29,10 +30,20 @@ _NO_TIMER_WAKE_UP = functools.partial(Backoff, initial=60.0, cap=60.0)
 
 
 def test_lock_waiter_is_woken_by_the_release_announcement(
-    client: redis.Redis, namespace: str
+    client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The holder's lease and the waiter's retry timer both run for a minute, longer
-    than the test waits for the waiter: only the release's PUBLISH can wake it."""
+    than the test waits for the waiter: only the release's PUBLISH can wake it. The
+    release comes once the waiter waits (after its try that follows subscribing: a
+    release before that try would let the try succeed without any message)."""
+    in_wait = threading.Event()
+    real_wait = Subscription.wait
+
+    def wait(self: Subscription, seconds: float) -> list[bytes]:
+        in_wait.set()  # a message that arrives from here on is kept for this wait
+        return real_wait(self, seconds)
+
+    monkeypatch.setattr(Subscription, "wait", wait)
 
     def lock() -> RedisRWLock:
         return RedisRWLock(
@@ -49,6 +60,7 @@ def test_lock_waiter_is_woken_by_the_release_announcement(
     keys = lock().keys
     assert wait_until(lambda: client.hexists(keys.lock, "q:waiter"))
     assert wait_until(lambda: subscribers(client, keys.released_channel) >= 1)
+    assert in_wait.wait(10), "the waiter never started waiting"
     held.release()
     waiter.join(20)
     assert len(got) == 1
