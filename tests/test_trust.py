@@ -386,3 +386,22 @@ def test_a_corrupt_entry_is_counted_once_per_read(client: redis.Redis, namespace
     client.set(guard.keys("k").value, b"garbage")
     assert guard.get_or_load("k", lambda: "fresh", ttl=60) == "fresh"
     assert guard.stats().corrupt_entries == 1
+
+
+def test_a_write_of_several_keys_can_be_the_probe_of_a_half_open_circuit(
+    client: redis.Redis, namespace: str
+) -> None:
+    # Both keys live on one server, so on one breaker: the write must ask it once,
+    # not once per key (the second ask would be refused while the first holds the
+    # probe, and a multi-key write could never close the circuit).
+    now = [0.0]
+    guard = make_guard(
+        client, namespace, breaker_failures=1, breaker_cooldown=5, timer=lambda: now[0]
+    )
+    guard._breaker("a").failure()
+    with pytest.raises(BackendUnavailable, match="circuit open"), guard.write("a", "b"):
+        pass
+    now[0] = 6.0  # cooldown over: this write is the probe
+    with guard.write("a", "b"):
+        pass
+    assert guard._breaker("a").state == "closed"

@@ -212,7 +212,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-invalidates-after-body",
         "guard.write invalidates again after its body returned",
         "cacheguard/cache/write_path.py",
-        "                raise\n            yield from self._invalidate_flow(ordered)\n",
+        "                raise\n"
+        "            yield from self._invalidate_flow(ordered, checked=True)\n",
         "                raise\n",
         (
             "tests/test_guarantees.py::"
@@ -223,7 +224,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-invalidates-after-failed-body",
         "guard.write invalidates again after its body raised",
         "cacheguard/cache/write_path.py",
-        "                try:\n                    yield from self._invalidate_flow(ordered)\n"
+        "                try:\n"
+        "                    yield from self._invalidate_flow(ordered, checked=True)\n"
         "                except Exception as closing_error:\n",
         "                try:\n                    pass\n"
         "                except Exception as closing_error:\n",
@@ -863,6 +865,18 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_guard_both_drivers.py::"
             "test_a_write_failing_in_the_lock_layer_counts_toward_the_circuit",
+        ),
+    ),
+    Mutant(
+        "circuit-asks-each-breaker-once",
+        "a call needing several keys asks each node's breaker once, so a multi-key write "
+        "can be the probe of a half-open circuit",
+        "cacheguard/cache/core.py",
+        "        breakers = {id(breaker): breaker for breaker in needed}.values()\n",
+        "        breakers = needed\n",
+        (
+            "tests/test_trust.py::"
+            "test_a_write_of_several_keys_can_be_the_probe_of_a_half_open_circuit",
         ),
     ),
 )

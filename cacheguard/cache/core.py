@@ -226,9 +226,12 @@ class GuardCore:
     ) -> BackendUnavailable | None:
         """The error for ``what`` when the circuit of a node it needs (serving one of
         ``names``, or Redis key ``key``) is open, else None."""
-        breakers = [self._breaker(name) for name in names]
+        needed = [self._breaker(name) for name in names]
         if key is not None:
-            breakers.append(self._breakers.of(key))
+            needed.append(self._breakers.of(key))
+        # Each breaker once: keys on one node share it, and in its half-open state a
+        # second ask would be refused while the first holds the probe.
+        breakers = {id(breaker): breaker for breaker in needed}.values()
         if all(breaker.allow() for breaker in breakers):
             return None
         return BackendUnavailable(f"Redis unavailable {what} (circuit open)")

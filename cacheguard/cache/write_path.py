@@ -112,7 +112,9 @@ class WritePath(ReadPath):
         ordered = sorted(set(names))
         if not ordered:
             raise ValueError("write() needs at least one key name")
-        closed = self._circuit_open(f"writing {', '.join(map(repr, ordered))}", ordered)
+        # Every node the write needs: its keys' and the invalidation sequence's.
+        sequence = self._invalidation.watermark_key
+        closed = self._circuit_open(f"writing {', '.join(map(repr, ordered))}", ordered, sequence)
         if closed is not None:
             raise closed
         held: list[Any] = []
@@ -125,28 +127,30 @@ class WritePath(ReadPath):
                     self._backend_failed(name, client_error(exc))
                     raise
                 held.append(lock)
-            yield from self._invalidate_flow(ordered)
+            yield from self._invalidate_flow(ordered, checked=True)
             try:
                 yield BODY
             except BaseException as body_error:
                 # The body's error is what the caller must see; a failing closing
                 # invalidation is attached to it, not raised in its place.
                 try:
-                    yield from self._invalidate_flow(ordered)
+                    yield from self._invalidate_flow(ordered, checked=True)
                 except Exception as closing_error:
                     add_note(body_error, closing_failed_note(ordered, closing_error))
                 raise
-            yield from self._invalidate_flow(ordered)
+            yield from self._invalidate_flow(ordered, checked=True)
         finally:
             if held:
                 yield ReleaseWrites(tuple(held), holder)
 
     def _invalidate_flow(
-        self, names: list[str] | tuple[str, ...]
+        self, names: list[str] | tuple[str, ...], *, checked: bool = False
     ) -> Generator[WriteStep, Any, None]:
         """``invalidate``: stamp ``names`` with the next invalidation number and delete
         them. Every fill in flight for them fails its store, and so does every later
-        fill from an older database snapshot; L1 copies everywhere are dropped."""
+        fill from an older database snapshot; L1 copies everywhere are dropped.
+        ``checked``: the caller (a write) asked the circuit already; asking again
+        would refuse the write's own probe of a half-open circuit."""
         if not names:
             return
         if self._l1 is not None:
@@ -154,7 +158,7 @@ class WritePath(ReadPath):
         listed = ", ".join(map(repr, names))
         invalidation = self._invalidation
         sequence = invalidation.watermark_key
-        closed = self._circuit_open(f"invalidating {listed}", names, sequence)
+        closed = None if checked else self._circuit_open(f"invalidating {listed}", names, sequence)
         if closed is not None:
             raise closed
         what = f"invalidating {listed}"
