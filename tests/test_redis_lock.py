@@ -252,7 +252,8 @@ def test_lost_lock_is_reported_and_release_spares_new_holder(
     handle = lock.acquire_write()
     client.delete(lock.keys.lock)  # behind the holder's back
     assert wait_until(lambda: handle.lost, timeout=3)
-    assert lost == [handle]
+    # on_lost runs in a thread of its own, just after the handle is marked lost.
+    assert wait_until(lambda: lost == [handle], timeout=3)
     assert "gone" in handle.lost_reason
     newcomer = lock.acquire_write(owner="newcomer", timeout=2)
     with pytest.raises(LockLostError) as info:
