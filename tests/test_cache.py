@@ -27,6 +27,7 @@ from cacheguard import (
     cached_with_lock,
 )
 from cacheguard.cache.entry import pack_entry
+from cacheguard.keys import ResourceKeys
 from cacheguard.testing import free_port
 from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
 
@@ -463,10 +464,8 @@ def test_invalidation_stamps_rise_and_never_go_down(client: redis.Redis, namespa
     assert stamp == before + 1
     assert int(client.get(guard.keys("a").version)) == stamp
     # A stamp that arrives late (a slower writer) still moves the version up.
-    from cacheguard.cache.scripts import INVALIDATE
-
     keys = guard.keys("a")
-    late = INVALIDATE(client, [keys.value, keys.version], [60_000, "", "a", stamp - 1])
+    late = _invalidate(client, keys, stamp - 1)
     assert late == stamp + 1
     # A sequence that lost increments (a failover) is lifted to the versions in use,
     # and every invalidation still changes the version (fills in flight fail).
@@ -474,6 +473,60 @@ def test_invalidation_stamps_rise_and_never_go_down(client: redis.Redis, namespa
     guard.invalidate("a")
     assert int(client.get(keys.version)) == stamp + 2
     assert guard.watermark() == stamp + 2
+
+
+def _invalidate(
+    client: redis.Redis, keys: ResourceKeys, stamp: int | None, heals: int | None = None
+) -> int:
+    from cacheguard.cache.wire import invalidate_call
+
+    script, keys_, args = invalidate_call(
+        keys, version_ttl_ms=60_000, l1_channel="", name=keys.name, stamp=stamp, heals=heals
+    )
+    return int(script(client, keys_, args))
+
+
+def test_a_poisoned_version_refuses_tracked_fills_until_a_heal(
+    client: redis.Redis, namespace: str
+) -> None:
+    # The invalidation sequence's node was down: the invalidation poisoned the version
+    # (the INVALIDATE script, on a real server; the flow's choice is scripted in
+    # test_write_path_scripted.py).
+    from cacheguard.cache.watermark import note_snapshot
+    from cacheguard.cache.wire import POISON_FLOOR
+
+    guard = make_guard(client, namespace)
+    keys = guard.keys("k")
+    guard.get_or_load("k", lambda: "before", ttl=60)
+    poisoned = _invalidate(client, keys, None)
+    assert poisoned > POISON_FLOOR
+    assert guard.peek("k") is MISSING  # the value is gone all the same
+    again = _invalidate(client, keys, None)
+    assert again > poisoned  # every invalidation changes it (fills in flight fail)
+    watermark = guard.watermark()
+
+    def tracked() -> str:
+        note_snapshot(watermark)  # a load that read a snapshot with this watermark
+        return "from a snapshot"
+
+    assert guard.get_or_load("k", tracked, ttl=60) == "from a snapshot"
+    assert guard.peek("k") is MISSING  # no known snapshot is newer than a poison
+    assert guard.stats().stores_rejected == 1
+    # A later real number does not lower it (it may predate the poisoning commit) ...
+    stamp = watermark + 1
+    assert _invalidate(client, keys, stamp) == again + 1
+    # ... nor does a heal of a version that is no longer the healer's own ...
+    assert _invalidate(client, keys, stamp, heals=again) == again + 2
+    # ... a heal of the healer's own poisoned version does.
+    assert _invalidate(client, keys, stamp, heals=again + 2) == stamp
+    client.set(f"{namespace}:wm", stamp)
+    watermark = guard.watermark()
+    assert guard.get_or_load("k", tracked, ttl=60) == "from a snapshot"
+    assert guard.peek("k") == "from a snapshot"
+    # A fill that read no known snapshot stores under a poisoned version too.
+    _invalidate(client, keys, None)
+    assert guard.get_or_load("k", lambda: "untracked", ttl=60) == "untracked"
+    assert guard.peek("k") == "untracked"
 
 
 def test_write_body_exception_still_invalidates_and_releases(

@@ -16,10 +16,16 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio.cluster
+import redis.cluster
 
-from cacheguard import MISSING, CacheGuard, RedisRWLock
+from cacheguard import MISSING, BackendUnavailable, CacheGuard, RedisRWLock
+from cacheguard.cache.scripts import NEXT_STAMP
+from cacheguard.cache.watermark import note_snapshot
+from cacheguard.cache.wire import POISON_FLOOR
 from cacheguard.deployments import OwnedRedisCluster
 from cacheguard.keys import ResourceKeys
+from cacheguard.locks.scripts import arun_pipelined, run_pipelined
 from tests import cache_workers
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard, guard_from_url, guards_on
 from tests.helpers import start_gated_fill, wait_until
@@ -136,6 +142,33 @@ async def test_l1_copies_are_dropped_by_an_invalidation_on_any_master(
         )
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_call_outside_the_clients_slot_map_goes_again_after_reading_it_anew(
+    kind: str, redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    # A slot map read while a node was down (or before a failover ended) lacks some
+    # slots: a script call in such a slot goes again once the client reads the map
+    # anew, instead of failing while the node serving it is up.
+    port = redis_cluster.masters()[0].port
+    key = f"{cluster_ns}:wm"
+    calls = [(NEXT_STAMP, [key], [])]
+    if kind == "sync":
+        client = redis.cluster.RedisCluster(host="127.0.0.1", port=port)
+        try:
+            client.nodes_manager.slots_cache.pop(client.keyslot(key))
+            assert run_pipelined(client, calls) == [1]
+        finally:
+            client.close()
+    else:
+        aclient = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=port)
+        try:
+            await aclient.initialize()
+            aclient.nodes_manager.slots_cache.pop(aclient.keyslot(key))
+            assert await arun_pipelined(aclient, calls) == [1]
+        finally:
+            await aclient.aclose()
+
+
 def test_a_lock_on_a_cluster_excludes_and_wakes_its_waiter_by_sharded_pubsub(
     redis_cluster: OwnedRedisCluster, cluster_ns: str
 ) -> None:
@@ -202,6 +235,93 @@ async def test_a_dead_shard_bypasses_only_its_own_keys(
             pass
         for name in healthy:
             assert await guard.peek(name) is MISSING
+    finally:
+        for made_guard in made:
+            await made_guard.close()
+        cluster.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+async def test_writes_go_on_while_the_invalidation_sequence_shard_is_dead(
+    kind: str, redis_server_binary: str, cluster_ns: str
+) -> None:
+    # The namespace's invalidation sequence lives on one shard. With that shard dead
+    # (no replica to take over), writes of keys on the other shards still succeed:
+    # their invalidations poison the keys' versions, so no fill from a known database
+    # snapshot stores them (a fill that read no snapshot still does). When the shard
+    # is back, the next write of a key heals its version.
+    cluster = OwnedRedisCluster(replicas_per_master=0)
+    made: list[Guard] = []
+    try:
+        url = cluster_url(cluster)
+        settings: dict[str, Any] = {
+            "namespace": cluster_ns,
+            "breaker_failures": 2,
+            "breaker_cooldown": 0.5,
+            "wait_timeout": 5,
+        }
+        guard = Guard(kind, guard_from_url(kind, url, socket_timeout=2, **settings))
+        made.append(guard)
+        sequence = cluster.master_for_key(f"{cluster_ns}:wm")
+
+        def port_of(name: str) -> int:
+            return cluster.master_for_key(ResourceKeys(cluster_ns, name).value).port
+
+        tracked_name, untracked_name = [
+            n for n in names_on_every_master(cluster, cluster_ns) if port_of(n) != sequence.port
+        ]
+        names = (tracked_name, untracked_name)
+        before = await guard.watermark()  # a snapshot taken before the writes
+        for name in names:
+            assert await guard.get_or_load(name, lambda: "old", ttl=600) == "old"
+        cluster.kill(sequence)
+        for _ in range(4):  # past breaker_failures: the sequence's circuit opens too
+            async with guard.write(*names):
+                pass
+            for name in names:
+                assert await guard.peek(name) is MISSING
+        with pytest.raises(BackendUnavailable):
+            await guard.watermark()  # the SQLAlchemy hooks then refuse every fill
+
+        def tracked() -> str:
+            note_snapshot(before)
+            return "from an old snapshot"
+
+        assert await guard.get_or_load(tracked_name, tracked, ttl=600) == "from an old snapshot"
+        assert await guard.peek(tracked_name) is MISSING  # refused: it predates the writes
+        assert await guard.get_or_load(untracked_name, lambda: "new", ttl=600) == "new"
+        assert await guard.peek(untracked_name) == "new"
+
+        def version(name: str) -> int:
+            node = cluster.master_for_key(ResourceKeys(cluster_ns, name).version)
+            with redis.Redis(port=node.port) as direct:
+                return int(direct.get(ResourceKeys(cluster_ns, name).version) or 0)
+
+        assert version(tracked_name) >= POISON_FLOOR
+        cluster.restart(sequence)  # back, empty (no persistence): the sequence restarts
+        cluster.wait_healthy(timeout=30)
+
+        async def healed() -> bool:
+            try:
+                async with guard.write(tracked_name):
+                    pass
+            except BackendUnavailable:
+                return False  # the client has not seen the node back yet
+            return version(tracked_name) < POISON_FLOOR
+
+        deadline = time.monotonic() + 30
+        while not await healed():
+            assert time.monotonic() < deadline, "no write healed the poisoned version"
+            await asyncio.sleep(0.2)
+        now = await guard.watermark()
+
+        def current() -> str:
+            note_snapshot(now)
+            return "from a current snapshot"
+
+        assert await guard.get_or_load(tracked_name, current, ttl=600) == "from a current snapshot"
+        assert await guard.peek(tracked_name) == "from a current snapshot"
     finally:
         for made_guard in made:
             await made_guard.close()

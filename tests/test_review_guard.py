@@ -13,9 +13,11 @@ import pytest
 import redis
 import redis.asyncio
 
+import cacheguard.aio.guard
 from cacheguard import CacheGuard
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.aio.two_tier import AsyncTwoTierRWLock
+from cacheguard.cache.scripts import NEXT_STAMP
 from cacheguard.locks.scripts import LuaScript
 from tests.helpers import wait_until
 
@@ -199,24 +201,25 @@ async def test_a_filler_cancelled_twice_during_fill_begin_still_ends_its_fill(
 
 
 async def test_a_writer_cancelled_during_its_closing_invalidation_still_invalidates(
-    aguard: AsyncCacheGuard,
+    aguard: AsyncCacheGuard, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The body returned (the transaction committed); the closing invalidation is on
     # its way when the task is cancelled. It must still run to its end.
     closing, go_on = asyncio.Event(), asyncio.Event()
     stamps: list[int] = []
-    send = aguard.client.execute_command
+    send = cacheguard.aio.guard.arun_pipelined
 
-    async def slow_closing(*args: Any, **options: Any) -> Any:
-        if args[0] == "INCR" and stamps:  # the second stamp: the closing invalidation
+    async def slow_closing(client: Any, calls: list[Any], *args: Any) -> Any:
+        stamp = calls[0][0] is NEXT_STAMP
+        if stamp and stamps:  # the second stamp: the closing invalidation
             closing.set()
             await go_on.wait()
-        reply = await send(*args, **options)
-        if args[0] == "INCR":
-            stamps.append(reply)
-        return reply
+        replies = await send(client, calls, *args)
+        if stamp:
+            stamps.extend(replies)
+        return replies
 
-    aguard.client.execute_command = slow_closing  # type: ignore[method-assign]
+    monkeypatch.setattr(cacheguard.aio.guard, "arun_pipelined", slow_closing)
 
     async def write() -> None:
         async with aguard.write("k"):
@@ -229,7 +232,7 @@ async def test_a_writer_cancelled_during_its_closing_invalidation_still_invalida
     go_on.set()
     with pytest.raises(asyncio.CancelledError):
         await writer
-    aguard.client.execute_command = send  # type: ignore[method-assign]
+    monkeypatch.undo()
     assert stamps == [1, 2]
     # The closing invalidation ran to its end: the key carries its stamp.
     assert int(await aguard.client.get(aguard.keys("k").version)) == 2

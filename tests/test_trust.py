@@ -73,18 +73,21 @@ def test_a_write_exited_in_another_thread_releases_its_locks(
 def test_the_bodys_error_wins_over_a_failing_closing_invalidation(
     client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import cacheguard.cache.guard
+    from cacheguard.cache.scripts import NEXT_STAMP
+
     guard = make_guard(client, namespace)
     stamps = {"n": 0}
-    send = client.execute_command
+    send = cacheguard.cache.guard.run_pipelined
 
-    def fail_the_closing_stamp(*args: Any, **options: Any) -> Any:
-        if args[0] == "INCR":
+    def fail_the_closing_stamp(client: Any, calls: list[Any], *args: Any) -> Any:
+        if calls[0][0] is NEXT_STAMP:
             stamps["n"] += 1
             if stamps["n"] == 2:  # the closing invalidation's
                 raise redis.ConnectionError("Redis went away")
-        return send(*args, **options)
+        return send(client, calls, *args)
 
-    monkeypatch.setattr(client, "execute_command", fail_the_closing_stamp)
+    monkeypatch.setattr(cacheguard.cache.guard, "run_pipelined", fail_the_closing_stamp)
     with pytest.raises(RuntimeError, match="the update failed") as caught, guard.write("k"):
         raise RuntimeError("the update failed")
     if sys.version_info >= (3, 11):

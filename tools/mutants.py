@@ -828,6 +828,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "self._confirm())\n",
         "            results = yield Pipelined(tuple(invalidation.calls(names, stamp)), None)\n",
         (
+            "tests/test_write_path_scripted.py::"
+            "test_an_unconfirmed_invalidation_fails_the_write_before_its_body",
             "tests/test_guard_both_drivers.py::"
             "test_an_unconfirmed_invalidation_fails_the_write_before_its_body",
             "tests/test_failovers.py::test_sentinel_planned_failover_under_load[sync]",
@@ -877,6 +879,112 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_trust.py::"
             "test_a_write_of_several_keys_can_be_the_probe_of_a_half_open_circuit",
+        ),
+    ),
+    # -- the invalidation sequence's shard down (issue #13) -------------------------------------
+    Mutant(
+        "sequence-outage-poisons-instead-of-failing",
+        "on a cluster, an invalidation goes through while the namespace's sequence shard is "
+        "down (it poisons the versions): writes of keys on healthy shards succeed",
+        "cacheguard/cache/write_path.py",
+        "        strict = required or self._breakers.single\n",
+        "        strict = True\n",
+        (
+            "tests/test_write_path_scripted.py::"
+            "test_an_unreachable_sequence_on_a_cluster_poisons_instead_of_failing",
+            "tests/test_cluster.py::"
+            "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[sync]",
+        ),
+    ),
+    Mutant(
+        "write-needs-only-its-keys-nodes",
+        "a write is not refused because the sequence's circuit is open",
+        "cacheguard/cache/write_path.py",
+        "closed = self._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered)",
+        "closed = self._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered, "
+        "self._invalidation.watermark_key)",
+        (
+            "tests/test_write_path_scripted.py::"
+            "test_a_dead_sequence_opens_its_own_circuit_and_is_not_asked_again",
+        ),
+    ),
+    Mutant(
+        "poison-outranks-every-watermark",
+        "a poisoned version is above every snapshot watermark: no tracked fill stores it",
+        "cacheguard/cache/scripts.py",
+        "  if poison > version then version = poison else version = version + 1 end\n",
+        "  version = version + 1\n",
+        ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
+    ),
+    Mutant(
+        "heal-only-the-healers-own-poison",
+        "a heal replaces a poisoned version only if nobody invalidated the key since",
+        "cacheguard/cache/scripts.py",
+        "elseif ARGV[5] ~= '' and raw == ARGV[5] then\n",
+        "elseif ARGV[5] ~= '' then\n",
+        ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
+    ),
+    Mutant(
+        "poisoned-versions-are-healed",
+        "an invalidation that finds a version poisoned heals it with a later number",
+        "cacheguard/cache/write_path.py",
+        "            if poisoned:\n",
+        "            if False:\n",
+        (
+            "tests/test_write_path_scripted.py::"
+            "test_versions_found_poisoned_are_healed_with_a_number_taken_afterwards",
+            "tests/test_cluster.py::"
+            "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[sync]",
+        ),
+    ),
+    Mutant(
+        "lift-ignores-poison",
+        "the sequence is never lifted to a poisoned version",
+        "cacheguard/cache/invalidation.py",
+        "if isinstance(r, int) and r < POISON_FLOOR),",
+        "if isinstance(r, int)),",
+        ("tests/test_write_path_scripted.py::test_the_lift_ignores_poisoned_versions",),
+    ),
+    Mutant(
+        "stamps-are-confirmed",
+        "an invalidation number is confirmed by replicas before it is used",
+        "cacheguard/cache/write_path.py",
+        "yield Pipelined((invalidation.next_stamp(),), self._confirm())",
+        "yield Pipelined((invalidation.next_stamp(),), None)",
+        (
+            "tests/test_write_path_scripted.py::"
+            "test_a_stamp_is_taken_then_every_key_is_stamped_with_it",
+        ),
+    ),
+    Mutant(
+        "watermark-read-is-confirmed",
+        "a snapshot watermark counts only numbers replicas hold",
+        "cacheguard/cache/write_path.py",
+        "yield Pipelined((invalidation.read_watermark(),), self._confirm())",
+        "yield Pipelined((invalidation.read_watermark(),), None)",
+        ("tests/test_write_path_scripted.py::test_the_watermark_is_read_as_a_confirmed_write",),
+    ),
+    Mutant(
+        "async-cluster-client-initialised-before-batches",
+        "a new asyncio cluster client reads its slot map before its first script batch",
+        "cacheguard/locks/scripts.py",
+        "        await client.initialize()  # a new client reads its slot map on its first "
+        "command\n",
+        "        pass\n",
+        (
+            "tests/test_cluster.py::"
+            "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[async]",
+        ),
+    ),
+    Mutant(
+        "unplaced-calls-go-again",
+        "a call whose slot the client's map does not cover goes again after the map is read anew",
+        "cacheguard/locks/scripts.py",
+        "            results[index] = exc\n            again.append(index)\n",
+        "            results[index] = exc\n",
+        (
+            "tests/test_cluster.py::"
+            "test_a_call_outside_the_clients_slot_map_goes_again_after_reading_it_anew",
         ),
     ),
 )

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from cacheguard.locks.scripts import LOCK_PRELUDE, LuaScript
 
-__all__ = ["FILL_BEGIN", "FILL_END", "INVALIDATE", "RAISE_WATERMARK"]
+__all__ = [
+    "FILL_BEGIN",
+    "FILL_END",
+    "INVALIDATE",
+    "NEXT_STAMP",
+    "RAISE_WATERMARK",
+    "READ_WATERMARK",
+]
 
 FILL_BEGIN_CONTRACT = """\
 -- fill_begin: return the value, or make the caller the key's one filler, or say who is busy.
@@ -134,24 +141,60 @@ INVALIDATE = LuaScript("""\
 -- ARGV[2]  L1 invalidation channel ('' for none): namespace-wide, so a plain PUBLISH,
 --          which a cluster broadcasts to every node
 -- ARGV[3]  the resource name, announced on that channel
--- ARGV[4]  this invalidation's number (INCR of <ns>:wm, sent just before)
--- Returns the key's new version, which is always higher than before: the stamp,
+-- ARGV[4]  this invalidation's number (NEXT_STAMP, sent just before), or '' when the
+--          sequence's node is unreachable: the version is then *poisoned*, set above
+--          ARGV[6] (server µs added, so no poisoned value repeats), where no snapshot
+--          watermark reaches it: fills that read a known snapshot refuse to store
+-- ARGV[5]  '' or a poisoned version this caller wrote a moment ago: if the version
+--          still is that one, the number in ARGV[4] (taken after it was written)
+--          replaces it: the key is *healed*
+-- ARGV[6]  the poison floor, far above any number the sequence hands out
+-- Returns the key's new version. Otherwise always higher than before: the stamp,
 -- or the old version + 1 when the stamp is not above it (two invalidations that
--- arrived out of order, or a counter that lost increments in a failover; the
--- caller then raises the counter to the version, see RAISE_WATERMARK).
-local version = tonumber(redis.call('GET', KEYS[2]) or '0')
-local stamp = tonumber(ARGV[4])
-if stamp > version then version = stamp else version = version + 1 end
+-- arrived out of order, a counter that lost increments in a failover, or a
+-- poisoned version, which only a heal brings down; the caller then raises the
+-- counter to a real version, see RAISE_WATERMARK, or heals a poisoned one).
+local raw = redis.call('GET', KEYS[2])
+local version = tonumber(raw or '0')
+local stamp, floor = tonumber(ARGV[4]), tonumber(ARGV[6])
+if stamp == nil then
+  local clock = redis.call('TIME')
+  local poison = floor + tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  if poison > version then version = poison else version = version + 1 end
+elseif ARGV[5] ~= '' and raw == ARGV[5] then
+  version = stamp
+elseif stamp > version then
+  version = stamp
+else
+  version = version + 1
+end
 redis.call('SET', KEYS[2], string.format('%d', version), 'PX', ARGV[1])
 redis.call('DEL', KEYS[1])
 if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return version
 """)
 
+NEXT_STAMP = LuaScript("""\
+-- next_stamp: the next number of the namespace's invalidation sequence (a script, so
+-- that it runs in a batch with a WAIT: a number a failover could hand out twice is
+-- never used).
+-- KEYS[1]  the namespace's sequence   <ns>:wm
+-- Returns the number.
+return redis.call('INCR', KEYS[1])
+""")
+
+READ_WATERMARK = LuaScript("""\
+-- read_watermark: the namespace's invalidation sequence now, as a write (INCRBY 0), so
+-- that a WAIT after it confirms that replicas hold every number up to it.
+-- KEYS[1]  the namespace's sequence   <ns>:wm
+-- Returns the sequence's value.
+return redis.call('INCRBY', KEYS[1], 0)
+""")
+
 RAISE_WATERMARK = LuaScript("""\
 -- raise_watermark: lift the invalidation sequence to at least a version in use.
 -- KEYS[1]  the namespace's sequence   <ns>:wm
--- ARGV[1]  the highest version an invalidation just wrote
+-- ARGV[1]  the highest (unpoisoned) version an invalidation just wrote
 -- Returns the sequence's value afterwards.
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local wanted = tonumber(ARGV[1])

@@ -14,21 +14,36 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cacheguard.cache.entry import Entry
-from cacheguard.cache.scripts import FILL_BEGIN, FILL_END, INVALIDATE, RAISE_WATERMARK
+from cacheguard.cache.scripts import (
+    FILL_BEGIN,
+    FILL_END,
+    INVALIDATE,
+    NEXT_STAMP,
+    RAISE_WATERMARK,
+    READ_WATERMARK,
+)
 from cacheguard.keys import ResourceKeys
 from cacheguard.locks.scripts import ScriptCall
 
 __all__ = [
+    "POISON_FLOOR",
     "Begin",
     "Decode",
     "Message",
     "fill_begin_call",
     "fill_end_call",
     "invalidate_call",
+    "next_stamp_call",
     "parse_fill_begin",
     "parse_message",
     "raise_watermark_call",
+    "read_watermark_call",
 ]
+
+# Versions at or above this are poisoned (see INVALIDATE): 2**52, far above what a
+# sequence reaches (INCR once a microsecond: 142 years), and with the server's µs
+# added still below 2**53, so Lua's doubles hold them exactly.
+POISON_FLOOR = 2**52
 
 # Raw bytes (or the error a GET got, e.g. WRONGTYPE) -> an entry, None if unusable.
 Decode = Callable[[Any], "Entry | None"]
@@ -149,9 +164,36 @@ def parse_message(payload: bytes, decode: Decode) -> Message:
 
 
 def invalidate_call(
-    keys: ResourceKeys, *, version_ttl_ms: int, l1_channel: str, name: str, stamp: int
+    keys: ResourceKeys,
+    *,
+    version_ttl_ms: int,
+    l1_channel: str,
+    name: str,
+    stamp: int | None,
+    heals: int | None = None,
 ) -> ScriptCall:
-    return (INVALIDATE, [keys.value, keys.version], [version_ttl_ms, l1_channel, name, stamp])
+    """``stamp`` None: the sequence is unreachable, poison the version; ``heals``: the
+    poisoned version this caller wrote, which ``stamp`` replaces if still there."""
+    return (
+        INVALIDATE,
+        [keys.value, keys.version],
+        [
+            version_ttl_ms,
+            l1_channel,
+            name,
+            "" if stamp is None else stamp,
+            "" if heals is None else heals,
+            POISON_FLOOR,
+        ],
+    )
+
+
+def next_stamp_call(watermark_key: str) -> ScriptCall:
+    return (NEXT_STAMP, [watermark_key], [])
+
+
+def read_watermark_call(watermark_key: str) -> ScriptCall:
+    return (READ_WATERMARK, [watermark_key], [])
 
 
 def raise_watermark_call(watermark_key: str, highest: int) -> ScriptCall:

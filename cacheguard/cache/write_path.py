@@ -14,11 +14,14 @@ body's error, not raised in its place), release (always).
 
 ``invalidate``: one number from the namespace's sequence for the whole call,
 taken first (the keys' scripts then run in their own slots), then every key is
-stamped with it and deleted; a version that ran ahead lifts the sequence.
+stamped with it and deleted; a version that ran ahead lifts the sequence. On a
+cluster whose sequence node is down the keys are stamped with a poison instead
+(:mod:`cacheguard.cache.invalidation`), healed by a later invalidation.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -46,6 +49,8 @@ __all__ = [
     "WritePath",
     "WriteStep",
 ]
+
+log = logging.getLogger("cacheguard")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +117,9 @@ class WritePath(ReadPath):
         ordered = sorted(set(names))
         if not ordered:
             raise ValueError("write() needs at least one key name")
-        # Every node the write needs: its keys' and the invalidation sequence's.
-        sequence = self._invalidation.watermark_key
-        closed = self._circuit_open(f"writing {', '.join(map(repr, ordered))}", ordered, sequence)
+        # The nodes of the write's keys; not the invalidation sequence's (without it
+        # the invalidations poison instead, see _stamp_flow).
+        closed = self._circuit_open(f"writing {', '.join(map(repr, ordered))}", ordered)
         if closed is not None:
             raise closed
         held: list[Any] = []
@@ -155,23 +160,14 @@ class WritePath(ReadPath):
             return
         if self._l1 is not None:
             self._l1.drop(names)
-        listed = ", ".join(map(repr, names))
-        invalidation = self._invalidation
-        sequence = invalidation.watermark_key
-        closed = None if checked else self._circuit_open(f"invalidating {listed}", names, sequence)
+        what = f"invalidating {', '.join(map(repr, names))}"
+        closed = None if checked else self._circuit_open(what, names)
         if closed is not None:
             raise closed
-        what = f"invalidating {listed}"
-        try:
-            stamp = int((yield Command(("INCR", sequence))))
-        except BackendUnavailable as exc:
-            raise self._unavailable(what, exc, names[0], key=sequence) from client_error(exc)
-        self._breakers.of(sequence).success()
+        invalidation = self._invalidation
+        stamp = yield from self._stamp_flow(what, names)
         try:
             results = yield Pipelined(tuple(invalidation.calls(names, stamp)), self._confirm())
-            lift = invalidation.lift(results, stamp)
-            if lift is not None:  # a version ran ahead of the sequence: lift the sequence
-                yield Call(lift)
         except BackendUnavailable as exc:
             raise self._unavailable(what, exc, names[0]) from client_error(exc)
         # On a cluster each call stands alone: one whose node is down or failing over
@@ -191,6 +187,71 @@ class WritePath(ReadPath):
         for result in results:
             if isinstance(result, Exception):
                 raise result
+        if stamp is not None:
+            yield from self._tend_sequence(names, results, stamp)
+
+    def _stamp_flow(
+        self, what: str, names: list[str] | tuple[str, ...], *, required: bool = False
+    ) -> Generator[WriteStep, Any, int | None]:
+        """The sequence's next number, confirmed like the invalidations (a number a
+        failover could hand out again is never used); None when the sequence's node
+        is down, refusing or unconfirmed, or its circuit is open: the caller poisons.
+        Only on a cluster: on one server (or a Sentinel master) the keys live on that
+        node too, so its failure is the caller's; ``required``: the caller needs a
+        number (a prefix stamp)."""
+        invalidation = self._invalidation
+        sequence = invalidation.watermark_key
+        breaker = self._breakers.of(sequence)
+        strict = required or self._breakers.single
+        if not any(self._breaker(name) is breaker for name in names):  # not asked yet
+            closed = self._circuit_open(what, key=sequence)
+            if closed is not None:
+                if strict:
+                    raise closed
+                log.warning("%s: the invalidation sequence's circuit is open, poisoning", what)
+                return None
+        try:
+            (result,) = yield Pipelined((invalidation.next_stamp(),), self._confirm())
+        except BackendUnavailable as exc:
+            result = exc
+        if isinstance(result, int):
+            breaker.success()
+            return result
+        if isinstance(result, WriteNotConfirmed):  # the master is up: no breaker failure
+            self._stats.count("backend_errors", names[0] if names else sequence, error=result)
+            if strict:
+                raise result
+            log.warning("%s: the invalidation number is unconfirmed, poisoning", what)
+            return None
+        if isinstance(result, REDIS_DOWN):
+            result = backend_down(sequence, result)
+        if not isinstance(result, BackendUnavailable):
+            raise result  # not a node failure (e.g. the sequence key holds no number)
+        error = self._unavailable(what, result, names[0] if names else sequence, key=sequence)
+        if strict:
+            raise error from client_error(result)
+        log.warning("%s: the invalidation sequence's node is unreachable, poisoning", what)
+        return None
+
+    def _tend_sequence(
+        self, names: list[str] | tuple[str, ...], results: list[Any], stamp: int
+    ) -> Generator[WriteStep, Any, None]:
+        """After an invalidation that went through: lift the sequence to a version
+        that ran ahead of ``stamp``, and heal the versions it found poisoned, with a
+        number taken after its own poisoned write (see INVALIDATE). Best effort: a
+        version left poisoned only keeps tracked fills of its key from storing."""
+        invalidation = self._invalidation
+        try:
+            lift = invalidation.lift(results, stamp)
+            if lift is not None:  # a version ran ahead of the sequence: lift the sequence
+                yield Call(lift)
+            poisoned = invalidation.poisoned(names, results)
+            if poisoned:
+                heal = yield from self._stamp_flow("healing poisoned versions", names)
+                if heal is not None:
+                    yield Pipelined(tuple(invalidation.heal_calls(poisoned, heal)), self._confirm())
+        except BackendUnavailable as exc:
+            log.warning("the invalidation sequence was not tended: %s", exc)
 
     def _invalidate_prefix_flow(self, prefix: str) -> Generator[WriteStep, Any, int]:
         """``invalidate_prefix``: every key whose name starts with ``prefix`` (a SCAN
@@ -200,10 +261,13 @@ class WritePath(ReadPath):
         invalidation = self._invalidation
         invalidation.watch(prefix)
         names: set[str] = set()
+        what = f"scanning {prefix!r}*"
+        # Stamped first: a fill of a key the SCAN cannot see (no value, no fill yet)
+        # from a snapshot older than this stamp will not store. The stamp must be a
+        # number: a prefix stamp cannot be poisoned.
+        stamp = yield from self._stamp_flow(what, (), required=True)
+        assert stamp is not None
         try:
-            # Stamped first: a fill of a key the SCAN cannot see (no value, no fill
-            # yet) from a snapshot older than this stamp will not store.
-            stamp = int((yield Command(("INCR", invalidation.watermark_key))))
             yield Command(
                 ("SET", invalidation.stamp_key(prefix), stamp, "PX", self.settings.version_ttl_ms)
             )
@@ -212,26 +276,35 @@ class WritePath(ReadPath):
                 if name is not None:
                     names.add(name)
         except BackendUnavailable as exc:
-            raise self._unavailable(f"scanning {prefix!r}*", exc, prefix) from client_error(exc)
+            raise self._unavailable(what, exc, prefix) from client_error(exc)
         ordered = sorted(names)
         for start in range(0, len(ordered), SCAN_BATCH):
             yield from self._invalidate_flow(ordered[start : start + SCAN_BATCH])
         return len(ordered)
 
     def _watermark_flow(self) -> Generator[WriteStep, Any, int]:
-        """``watermark``: the namespace's invalidation sequence now."""
-        key = self._invalidation.watermark_key
-        closed = self._circuit_open("reading the watermark", key=key)
+        """``watermark``: the namespace's invalidation sequence now, confirmed like the
+        invalidations (a watermark counting numbers that a failover could lose would
+        let an old snapshot's fill pass a later write's stamp)."""
+        invalidation = self._invalidation
+        key = invalidation.watermark_key
+        what = "reading the watermark"
+        closed = self._circuit_open(what, key=key)
         if closed is not None:
             raise closed
         try:
-            raw = yield Command(("GET", key))
+            (result,) = yield Pipelined((invalidation.read_watermark(),), self._confirm())
         except BackendUnavailable as exc:
-            raise self._unavailable("reading the watermark", exc, key, key=key) from client_error(
-                exc
-            )
+            raise self._unavailable(what, exc, key, key=key) from client_error(exc)
+        if isinstance(result, WriteNotConfirmed):
+            self._stats.count("backend_errors", key, error=result)
+            raise result
+        if isinstance(result, REDIS_DOWN):
+            raise self._unavailable(what, backend_down(key, result), key, key=key) from result
+        if isinstance(result, Exception):
+            raise result
         self._breakers.of(key).success()
-        return int(raw or 0)
+        return int(result)
 
     def _unavailable(
         self, what: str, exc: BackendUnavailable, name: str, *, key: str | None = None

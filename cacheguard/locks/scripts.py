@@ -499,16 +499,18 @@ async def arun_pipelined(
 
 
 def _by_node(
-    client: Any, calls: list[ScriptCall], indexes: list[int], results: list[Any]
+    client: Any, calls: list[ScriptCall], indexes: list[int], results: list[Any], again: list[int]
 ) -> dict[str, tuple[Any, list[int]]]:
     """``indexes`` of ``calls`` grouped by the node serving their keys now; a call
-    whose slot has no node (a failover) gets the error as its result."""
+    whose slot has no node in the client's slot map (a failover, or a map read
+    while a node was down) gets the error as its result and goes in ``again``."""
     groups: dict[str, tuple[Any, list[int]]] = {}
     for index in indexes:
         try:
             node = client.get_node_from_key(calls[index][1][0])
         except REDIS_DOWN as exc:
             results[index] = exc
+            again.append(index)
             continue
         groups.setdefault(node.name, (node, []))[1].append(index)
     return groups
@@ -536,7 +538,7 @@ def _run_per_node(
     pending = list(range(len(calls)))
     for attempt in range(2):
         again: list[int] = []
-        for node, indexes in _by_node(client, calls, pending, results).values():
+        for node, indexes in _by_node(client, calls, pending, results, again).values():
             try:
                 replies = run_pipelined(node.redis_connection, [calls[i] for i in indexes], confirm)
             except REDIS_DOWN as exc:
@@ -574,10 +576,15 @@ async def _arun_per_node(
     client: AsyncRedisCluster, calls: list[ScriptCall], confirm: Confirm | None
 ) -> list[Any]:
     """:func:`_run_per_node` on an asyncio cluster client (the nodes in parallel)."""
+    try:
+        await client.initialize()  # a new client reads its slot map on its first command
+    except RedisClusterException as exc:  # no startup node answered
+        raise redis.ConnectionError(str(exc)) from exc
     results: list[Any] = [None] * len(calls)
     pending = list(range(len(calls)))
     for attempt in range(2):
-        groups = list(_by_node(client, calls, pending, results).values())
+        again: list[int] = []
+        groups = list(_by_node(client, calls, pending, results, again).values())
         batches = await asyncio.gather(
             *(
                 arun_pipelined(_node_client(client, node), [calls[i] for i in indexes], confirm)
@@ -585,7 +592,6 @@ async def _arun_per_node(
             ),
             return_exceptions=True,
         )
-        again: list[int] = []
         for (_, indexes), batch in zip(groups, batches, strict=True):
             if isinstance(batch, BaseException) and not isinstance(batch, REDIS_DOWN):
                 raise batch
