@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
 from cacheguard.sqlalchemy import track_models
@@ -66,6 +67,65 @@ def test_demo_runs_both_modes_and_protects_the_database(redis_url: str, tmp_path
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert "chart skipped" in out
+
+
+def _tables_and_rows(url: str) -> dict[str, int]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {
+                table: conn.execute(sa.text(f'SELECT count(*) FROM "{table}"')).scalar_one()
+                for table in sa.inspect(conn).get_table_names()
+            }
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("command", [["demo", "--no-chart"], ["serve", "--port", "8000"]])
+def test_a_database_of_yours_that_holds_tables_is_refused_without_reset(
+    command: list[str],
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"sqlite:///{tmp_path / 'yours.sqlite3'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)"))
+        conn.execute(sa.text("INSERT INTO customers VALUES (1, 'kept')"))
+    engine.dispose()
+    monkeypatch.setenv("DATABASE_URL", url)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+
+    def went_on(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("it went on past the check")
+
+    monkeypatch.setattr(cli, "seed", went_on)  # serve
+    monkeypatch.setattr(cli.demo, "run_mode", went_on)
+    assert cli.main(command) == 1
+    err = capsys.readouterr().err
+    assert "already holds tables (customers)" in err
+    assert "--reset" in err
+    assert _tables_and_rows(url) == {"customers": 1}  # untouched, nothing created
+
+
+@pytest.mark.slow
+def test_with_reset_the_demo_fills_only_its_own_table(redis_url: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'yours.sqlite3'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE menu (id INTEGER PRIMARY KEY, name TEXT)"))
+        conn.execute(sa.text("INSERT INTO menu VALUES (1, 'a table of yours named menu')"))
+    engine.dispose()
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": url}
+    command = [sys.executable, str(EXAMPLES / "menu_service"), "demo", "--reset", "--no-chart"]
+    command += ["--processes", "1", "--threads", "2", "--seconds", "0.5", "--only", "cacheguard"]
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert _tables_and_rows(url) == {"menu": 1, "cacheguard_demo_menu": 40}
 
 
 @pytest.mark.parametrize(

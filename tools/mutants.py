@@ -987,6 +987,26 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_call_outside_the_clients_slot_map_goes_again_after_reading_it_anew",
         ),
     ),
+    # -- the menu-service demo (examples/menu_service, issue #14) ------------------------------
+    Mutant(
+        "demo-refuses-a-database-with-tables",
+        "the demo and serve refuse a DATABASE_URL database that holds tables, unless --reset",
+        "examples/menu_service/infra.py",
+        "    if found.database_is_ours or reset:\n        return\n",
+        "    return\n",
+        (
+            "tests/test_menu_service.py::"
+            "test_a_database_of_yours_that_holds_tables_is_refused_without_reset",
+        ),
+    ),
+    Mutant(
+        "demo-table-of-its-own",
+        "the demo drops and fills only a table of its own name, never a table of yours",
+        "examples/menu_service/models.py",
+        '    __tablename__ = "cacheguard_demo_menu"\n',
+        '    __tablename__ = "menu"\n',
+        ("tests/test_menu_service.py::test_with_reset_the_demo_fills_only_its_own_table",),
+    ),
 )
 
 

@@ -12,7 +12,14 @@ from sqlalchemy.orm import sessionmaker
 from cacheguard import CacheGuard
 from cacheguard.sqlalchemy import track_models
 from menu_service import demo
-from menu_service.infra import QueryLog, backends, make_engine, seed
+from menu_service.infra import (
+    DatabaseNotEmpty,
+    QueryLog,
+    backends,
+    check_database,
+    make_engine,
+    seed,
+)
 from menu_service.models import Menu
 from menu_service.repository import MenuRepository
 from menu_service.server import make_server
@@ -72,11 +79,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=_positive(int, 65535), default=8000)
     s.add_argument("--menus", type=_positive(int, 100_000), default=defaults.menus)
+    for command in (d, s):
+        command.add_argument(
+            "--reset",
+            action="store_true",
+            help=f"use a DATABASE_URL database that already holds tables: drop and refill "
+            f"the demo's own table ({Menu.__tablename__}) there, and touch no other",
+        )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except DatabaseNotEmpty as refused:
+        print(f"menu_service {args.command}: {refused}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         settings = demo.Settings(
             processes=args.processes,
@@ -87,14 +109,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             menus=args.menus,
             chart=None if args.no_chart else args.chart,
             modes=(args.only,) if args.only else demo.MODES,
+            reset=args.reset,
         )
         demo.run(settings)
         return 0
-    return serve(args.host, args.port, args.menus)
+    return serve(args.host, args.port, args.menus, reset=args.reset)
 
 
-def serve(host: str, port: int, menus: int) -> int:
+def serve(host: str, port: int, menus: int, *, reset: bool = False) -> int:
     with backends() as found:
+        check_database(found, reset=reset)
         engine = make_engine(found.database_url)
         seed(engine, menus)
         queries = QueryLog(engine)

@@ -35,7 +35,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cacheguard import CacheGuard
 from cacheguard.sqlalchemy import track_models
-from menu_service.infra import Backends, QueryLog, backends, make_engine, seed
+from menu_service.infra import (
+    Backends,
+    QueryLog,
+    backends,
+    check_database,
+    make_engine,
+    seed,
+)
 from menu_service.models import Menu
 from menu_service.repository import MenuRepository
 
@@ -57,6 +64,7 @@ class Settings:
     ttl: float = 300.0
     chart: Path | None = Path("menu_demo.png")
     modes: Sequence[str] = MODES
+    reset: bool = False  # may use a DATABASE_URL database that holds tables (check_database)
 
 
 @dataclass
@@ -329,6 +337,7 @@ def _progress(
 
 def run(settings: Settings, out: TextIO = sys.stdout) -> dict[str, RunResult]:
     with backends() as found:
+        check_database(found, reset=settings.reset)
         db = found.database_url.split("://", 1)[0]
         print(
             f"menu-service demo: {settings.processes} processes x {settings.threads} threads "

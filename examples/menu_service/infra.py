@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from cacheguard.sqlalchemy import sqlite_engine
 from cacheguard.testing import redis_server
-from menu_service.models import Base, Menu
+from menu_service.models import Menu
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,11 @@ class Backends:
     redis_url: str
     redis_kind: str  # "url", "redis-server" or "fakeredis"
     database_url: str
+    database_is_ours: bool  # the throwaway SQLite file, not a DATABASE_URL
+
+
+class DatabaseNotEmpty(Exception):
+    """A database given by DATABASE_URL already holds tables, and --reset was not given."""
 
 
 @contextmanager
@@ -42,6 +47,26 @@ def backends(database_url: str | None = None) -> Iterator[Backends]:
             redis_url=endpoint.url,
             redis_kind=endpoint.kind,
             database_url=url or f"sqlite:///{Path(tmp) / 'menu.sqlite3'}",
+            database_is_ours=not url,
+        )
+
+
+def check_database(found: Backends, *, reset: bool) -> None:
+    """Refuse a database of the user's that holds any table, unless ``reset``: the
+    demo then drops and fills only its own table (``cacheguard_demo_menu``)."""
+    if found.database_is_ours or reset:
+        return
+    engine = sa.create_engine(found.database_url)
+    try:
+        tables = sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+    if tables:
+        listed = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise DatabaseNotEmpty(
+            f"DATABASE_URL points at a database that already holds tables ({listed}). "
+            f"The demo creates, fills and drops only its own table, {Menu.__tablename__}, "
+            "and never touches the others; run again with --reset to let it do so here."
         )
 
 
@@ -52,9 +77,12 @@ def make_engine(database_url: str) -> sa.Engine:
 
 
 def seed(engine: sa.Engine, menus: int) -> None:
-    """(Re)create the menu table: ``menus`` rows, a few top-level, the rest below them."""
-    Base.metadata.drop_all(engine)
-    Base.metadata.create_all(engine)
+    """(Re)create the demo's own table (only it: see check_database): ``menus`` rows,
+    a few top-level, the rest below them."""
+    table = Menu.__table__
+    assert isinstance(table, sa.Table)
+    table.drop(engine, checkfirst=True)
+    table.create(engine)
     with Session(engine) as session, session.begin():
         for i in range(1, menus + 1):
             parent = None if i <= 4 else 1 + (i % 4)

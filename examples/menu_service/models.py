@@ -1,4 +1,8 @@
-"""The ``menu`` table (id, name, parent_id, sort, url) and the keys it is cached under."""
+"""The demo's menu table (id, name, parent_id, sort, url) and the keys it is cached under.
+
+The table has a name of its own, ``cacheguard_demo_menu``, so that the demo,
+pointed at a database of yours, never drops or fills a table it did not create.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ class Base(DeclarativeBase):
 
 
 class Menu(Base):
-    __tablename__ = "menu"
+    __tablename__ = "cacheguard_demo_menu"
     # The cache keys a change to a Menu row affects (read by track_models).
     __cache_keys__ = ("menu:list", "menu:{id}")
 
