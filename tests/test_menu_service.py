@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -215,3 +216,24 @@ def test_http_api_errors_are_json(
     assert got == status
     assert message in reply["error"]
     assert _call(f"{api}/menus/1")[1]["name"] == "Menu 1 #0"  # nothing changed
+
+
+@pytest.mark.parametrize("command", ["demo", "serve"])
+def test_help_documents_every_option_with_its_default(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main([command, "--help"])
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # unwrapped
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        command
+    ]
+    for action in sub._actions:
+        assert action.help, f"{action.option_strings} has no help"
+        if action.default not in (None, False, argparse.SUPPRESS):
+            assert f"(default: {action.default})" in out, action.option_strings
+    if command == "serve":
+        assert "(default: 127.0.0.1)" in out
+        assert "(default: 8000)" in out

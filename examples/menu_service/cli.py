@@ -39,15 +39,36 @@ def _positive(kind: Callable[[str], float], upper: float) -> Callable[[str], flo
     return parse
 
 
+class _WithDefaults(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it has none worth saying."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="menu_service",
         description="The menu service of the cacheguard documents.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,serve}")
-    d = commands.add_parser("demo", help="run the stampede unprotected, then with cacheguard")
+    d = commands.add_parser(
+        "demo",
+        help="run the stampede unprotected, then with cacheguard",
+        description="Run the stampede twice, unprotected then with cacheguard, and print "
+        "DB queries, stale reads and latency for both.",
+        formatter_class=_WithDefaults,
+    )
     defaults = demo.Settings()
-    d.add_argument("--processes", type=_positive(int, 64), default=defaults.processes)
+    d.add_argument(
+        "--processes",
+        type=_positive(int, 64),
+        default=defaults.processes,
+        help="reader processes",
+    )
     d.add_argument(
         "--threads",
         type=_positive(int, 256),
@@ -69,22 +90,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.build_ms,
         help="time to build the list after the query (the expensive part)",
     )
-    d.add_argument("--menus", type=_positive(int, 100_000), default=defaults.menus)
+    d.add_argument(
+        "--menus", type=_positive(int, 100_000), default=defaults.menus, help="rows to seed"
+    )
     d.add_argument(
         "--chart", type=Path, default=defaults.chart, help="PNG to write (needs matplotlib)"
     )
     d.add_argument("--no-chart", action="store_true", help="print the table only")
-    d.add_argument("--only", choices=demo.MODES, help="run one of the two runs")
-    s = commands.add_parser("serve", help="serve the menus over HTTP (JSON)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=_positive(int, 65535), default=8000)
-    s.add_argument("--menus", type=_positive(int, 100_000), default=defaults.menus)
+    d.add_argument("--only", choices=demo.MODES, help="run one of the two runs (default: both)")
+    s = commands.add_parser(
+        "serve",
+        help="serve the menus over HTTP (JSON)",
+        description="Serve the menus over HTTP (JSON) through cacheguard; Redis and the "
+        "database as for the demo (REDIS_URL, DATABASE_URL, else throwaway ones).",
+        formatter_class=_WithDefaults,
+    )
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--port", type=_positive(int, 65535), default=8000, help="port to listen on")
+    s.add_argument(
+        "--menus", type=_positive(int, 100_000), default=defaults.menus, help="rows to seed"
+    )
     for command in (d, s):
         command.add_argument(
             "--reset",
             action="store_true",
             help=f"use a DATABASE_URL database that already holds tables: drop and refill "
-            f"the demo's own table ({Menu.__tablename__}) there, and touch no other",
+            f"the demo's own table ({Menu.__tablename__}) there, and touch no other "
+            "(default: refuse such a database)",
         )
     return parser
 
