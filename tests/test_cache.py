@@ -497,32 +497,47 @@ def test_a_poisoned_version_refuses_tracked_fills_until_a_heal(
 
     guard = make_guard(client, namespace)
     keys = guard.keys("k")
+    client.set(f"{namespace}:wm", 9)
+    guard.invalidate("k")
+    assert int(client.get(keys.version)) == 10
+    old = guard.watermark()  # a snapshot taken now: it does not see the writes below
+    assert old == 10
     guard.get_or_load("k", lambda: "before", ttl=60)
     poisoned = _invalidate(client, keys, None)
-    assert poisoned > POISON_FLOOR
+    assert poisoned == POISON_FLOOR + 11  # carries the real version it replaced, + 1
     assert guard.peek("k") is MISSING  # the value is gone all the same
     again = _invalidate(client, keys, None)
-    assert again > poisoned  # every invalidation changes it (fills in flight fail)
-    watermark = guard.watermark()
+    assert again == poisoned + 1  # every invalidation changes it (fills in flight fail)
 
-    def tracked() -> str:
-        note_snapshot(watermark)  # a load that read a snapshot with this watermark
-        return "from a snapshot"
+    def loaded_from(watermark: int) -> Callable[[], str]:
+        def load() -> str:
+            note_snapshot(watermark)  # a load that read a snapshot with this watermark
+            return f"from snapshot {watermark}"
 
-    assert guard.get_or_load("k", tracked, ttl=60) == "from a snapshot"
+        return load
+
+    assert guard.get_or_load("k", loaded_from(old), ttl=60) == "from snapshot 10"
     assert guard.peek("k") is MISSING  # no known snapshot is newer than a poison
     assert guard.stats().stores_rejected == 1
+    # The sequence restarts from 0 (a node restarted without persistence).
+    client.set(f"{namespace}:wm", 0)
     # A later real number does not lower it (it may predate the poisoning commit) ...
-    stamp = watermark + 1
-    assert _invalidate(client, keys, stamp) == again + 1
+    assert _invalidate(client, keys, 1) == again + 1
     # ... nor does a heal of a version that is no longer the healer's own ...
-    assert _invalidate(client, keys, stamp, heals=again) == again + 2
-    # ... a heal of the healer's own poisoned version does.
-    assert _invalidate(client, keys, stamp, heals=again + 2) == stamp
-    client.set(f"{namespace}:wm", stamp)
-    watermark = guard.watermark()
-    assert guard.get_or_load("k", tracked, ttl=60) == "from a snapshot"
-    assert guard.peek("k") == "from a snapshot"
+    assert _invalidate(client, keys, 2, heals=again) == again + 2
+    # ... a heal of the healer's own poisoned version does, but never below the real
+    # version the poison carried: the old snapshot still cannot store.
+    healed = _invalidate(client, keys, 2, heals=again + 2)
+    assert healed == again + 2 - POISON_FLOOR + 1
+    assert healed > old
+    assert guard.get_or_load("k", loaded_from(old), ttl=60) == "from snapshot 10"
+    assert guard.peek("k") is MISSING
+    client.set(f"{namespace}:wm", healed)  # the flow lifts the sequence to the heal
+    now = guard.watermark()
+    assert guard.get_or_load("k", loaded_from(now), ttl=60) == f"from snapshot {now}"
+    assert guard.peek("k") == f"from snapshot {now}"
+    # A heal to a number above the carried version takes the number.
+    assert _invalidate(client, keys, 100, heals=_invalidate(client, keys, None)) == 100
     # A fill that read no known snapshot stores under a poisoned version too.
     _invalidate(client, keys, None)
     assert guard.get_or_load("k", lambda: "untracked", ttl=60) == "untracked"

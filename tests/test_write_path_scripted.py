@@ -39,12 +39,13 @@ class Flows(WritePath):
         return f"write lock of {name}"  # only handed to the driver
 
 
-def guard(*, cluster: bool = True, **settings: Any) -> WritePath:
+def guard(*, cluster: bool = True, shared: bool = False, **settings: Any) -> WritePath:
     """The flows of a guard whose keys live on node "keys" and whose sequence lives
-    on node "sequence" (a cluster), or of a guard on one server."""
+    on node "sequence" (a cluster; ``shared``: on node "keys" too), or of a guard on
+    one server."""
 
     def node_of(key: str) -> str:
-        return "sequence" if key == "ns:wm" else "keys"
+        return "sequence" if key == "ns:wm" and not shared else "keys"
 
     return Flows(
         GuardSettings(namespace="ns", breaker_failures=2, breaker_cooldown=60, **settings),
@@ -168,6 +169,50 @@ def test_versions_found_poisoned_are_healed_with_a_number_taken_afterwards() -> 
     assert stamps(steps[3]) == [(9, POISONED + 1)]  # only if still the version it wrote
 
 
+def test_a_heal_above_its_number_lifts_the_sequence() -> None:
+    # The poison carried a real version above the number (a sequence that went back):
+    # the heal took that version + 1, and the sequence is lifted to it.
+    _, steps = play(
+        guard()._invalidate_flow(["a"]),
+        [
+            (Pipelined, replies(8)),
+            (Pipelined, replies(POISONED + 1)),
+            (Pipelined, replies(9)),
+            (Pipelined, replies(40)),
+            (Call, 40),
+        ],
+    )
+    assert steps[4].call[0] is RAISE_WATERMARK
+    assert steps[4].call[2] == [40]
+
+
+def test_a_partly_failed_invalidation_still_lifts_the_sequence() -> None:
+    flows = guard()
+    lifted: list[Any] = []
+    with pytest.raises(BackendUnavailable):
+        play(
+            flows._invalidate_flow(["a", "b"]),
+            [
+                (Pipelined, replies(8)),
+                (Pipelined, replies(12, redis.ConnectionError("b's node is down"))),
+                (Call, lambda step: lifted.append(step.call) or 12),
+            ],
+        )
+    assert [(call[0], call[2]) for call in lifted] == [(RAISE_WATERMARK, [12])]
+
+
+def test_a_sequence_on_a_node_of_the_keys_is_counted_once() -> None:
+    # The stamp and the keys' calls fail on the same dead node: one failure, not two
+    # (the circuit would open after half its failures).
+    flows = guard(shared=True)
+    with pytest.raises(BackendUnavailable):
+        play(
+            flows._invalidate_flow(["a"]),
+            [(Pipelined, DOWN), (Pipelined, [redis.ConnectionError("refused")])],
+        )
+    assert flows.stats().backend_errors == 1
+
+
 def test_a_failing_heal_or_lift_does_not_fail_the_invalidation_that_went_through() -> None:
     flows = guard()
     play(
@@ -181,6 +226,14 @@ def test_a_failing_heal_or_lift_does_not_fail_the_invalidation_that_went_through
     play(
         flows._invalidate_flow(["a"]),
         [(Pipelined, replies(8)), (Pipelined, replies(POISONED + 1)), (Pipelined, DOWN)],
+    )
+    play(
+        flows._invalidate_flow(["a", "b"]),
+        [
+            (Pipelined, replies(8)),
+            (Pipelined, replies(POISONED + 1, 12)),
+            (Call, redis.ResponseError("WRONGTYPE")),  # not even an outage
+        ],
     )
 
 

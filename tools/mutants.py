@@ -912,7 +912,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "poison-outranks-every-watermark",
         "a poisoned version is above every snapshot watermark: no tracked fill stores it",
         "cacheguard/cache/scripts.py",
-        "  if poison > version then version = poison else version = version + 1 end\n",
+        "  if version < floor then version = floor + version + 1 else version = version + 1 end\n",
         "  version = version + 1\n",
         ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
     ),
@@ -1006,6 +1006,38 @@ MUTANTS: tuple[Mutant, ...] = (
         '    __tablename__ = "cacheguard_demo_menu"\n',
         '    __tablename__ = "menu"\n',
         ("tests/test_menu_service.py::test_with_reset_the_demo_fills_only_its_own_table",),
+    ),
+    Mutant(
+        "heal-never-below-the-carried-version",
+        "a heal never sets a version below the real version its poison replaced (+1), so "
+        "versions only move up even when the sequence went back",
+        "cacheguard/cache/scripts.py",
+        "  version = math.max(stamp, version - floor + 1)\n",
+        "  version = stamp\n",
+        ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
+    ),
+    Mutant(
+        "partial-invalidation-still-lifts",
+        "an invalidation that failed for some keys still lifts the sequence to the versions "
+        "of the others",
+        "cacheguard/cache/write_path.py",
+        "        if stamp is not None:  # also when some keys failed",
+        "        if stamp is not None and failed is None:  # also when some keys failed",
+        (
+            "tests/test_write_path_scripted.py::"
+            "test_a_partly_failed_invalidation_still_lifts_the_sequence",
+        ),
+    ),
+    Mutant(
+        "sequence-failure-counted-once",
+        "a dead node holding both the sequence and the keys counts one failure per call",
+        "cacheguard/cache/write_path.py",
+        "        if breaker not in [self._breaker(name) for name in names]:\n",
+        "        if True:\n",
+        (
+            "tests/test_write_path_scripted.py::"
+            "test_a_sequence_on_a_node_of_the_keys_is_counted_once",
+        ),
     ),
 )
 

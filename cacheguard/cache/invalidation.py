@@ -64,8 +64,9 @@ class Invalidation:
         return [self._call(name, stamp, None) for name in names]
 
     def heal_calls(self, poisoned: Iterable[tuple[str, int]], stamp: int) -> list[ScriptCall]:
-        """Calls that replace each ``(name, version)``'s poisoned version by ``stamp``,
-        if the version still is the one this caller wrote."""
+        """Calls that heal each ``(name, version)``'s poisoned version with ``stamp`` (or
+        the real version it carries + 1, if higher), if the version still is the one
+        this caller wrote."""
         return [self._call(name, stamp, version) for name, version in poisoned]
 
     def _call(self, name: str, stamp: int | None, heals: int | None) -> ScriptCall:

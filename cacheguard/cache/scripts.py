@@ -142,27 +142,27 @@ INVALIDATE = LuaScript("""\
 --          which a cluster broadcasts to every node
 -- ARGV[3]  the resource name, announced on that channel
 -- ARGV[4]  this invalidation's number (NEXT_STAMP, sent just before), or '' when the
---          sequence's node is unreachable: the version is then *poisoned*, set above
---          ARGV[6] (server µs added, so no poisoned value repeats), where no snapshot
---          watermark reaches it: fills that read a known snapshot refuse to store
+--          sequence's node is unreachable: the version is then *poisoned*, set to
+--          ARGV[6] + the real version it replaces + 1, above every snapshot watermark:
+--          fills that read a known snapshot refuse to store
 -- ARGV[5]  '' or a poisoned version this caller wrote a moment ago: if the version
---          still is that one, the number in ARGV[4] (taken after it was written)
---          replaces it: the key is *healed*
+--          still is that one, it is *healed*: set to a real version again, the number
+--          in ARGV[4] (taken after the poison was written) or, if higher, the real
+--          version the poison carries + 1
 -- ARGV[6]  the poison floor, far above any number the sequence hands out
--- Returns the key's new version. Otherwise always higher than before: the stamp,
--- or the old version + 1 when the stamp is not above it (two invalidations that
--- arrived out of order, a counter that lost increments in a failover, or a
--- poisoned version, which only a heal brings down; the caller then raises the
--- counter to a real version, see RAISE_WATERMARK, or heals a poisoned one).
+-- Returns the key's new version. Versions only move up, counting a poisoned one as
+-- the real version it carries: the stamp, or the old version + 1 when the stamp is
+-- not above it (two invalidations that arrived out of order, a counter that lost
+-- increments in a failover, or a poisoned version, which only a heal brings back
+-- to a real one); the caller then lifts the counter to a real version that ran
+-- ahead of it (see RAISE_WATERMARK), or heals a poisoned one.
 local raw = redis.call('GET', KEYS[2])
 local version = tonumber(raw or '0')
 local stamp, floor = tonumber(ARGV[4]), tonumber(ARGV[6])
 if stamp == nil then
-  local clock = redis.call('TIME')
-  local poison = floor + tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  if poison > version then version = poison else version = version + 1 end
+  if version < floor then version = floor + version + 1 else version = version + 1 end
 elseif ARGV[5] ~= '' and raw == ARGV[5] then
-  version = stamp
+  version = math.max(stamp, version - floor + 1)
 elseif stamp > version then
   version = stamp
 else

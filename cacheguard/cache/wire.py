@@ -41,8 +41,9 @@ __all__ = [
 ]
 
 # Versions at or above this are poisoned (see INVALIDATE): 2**52, far above what a
-# sequence reaches (INCR once a microsecond: 142 years), and with the server's µs
-# added still below 2**53, so Lua's doubles hold them exactly.
+# sequence reaches (INCR once a microsecond: 142 years); a poisoned version carries
+# a real one below 2**52 added to it, so it stays below 2**53, where Lua's doubles
+# are exact.
 POISON_FLOOR = 2**52
 
 # Raw bytes (or the error a GET got, e.g. WRONGTYPE) -> an entry, None if unusable.

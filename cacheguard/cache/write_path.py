@@ -182,13 +182,13 @@ class WritePath(ReadPath):
                 failed.__cause__ = result
             elif not isinstance(result, Exception):
                 self._breaker(name).success()
+        if stamp is not None:  # also when some keys failed: those that went through count
+            yield from self._tend_sequence(names, results, stamp)
         if failed is not None:
             raise failed
         for result in results:
             if isinstance(result, Exception):
                 raise result
-        if stamp is not None:
-            yield from self._tend_sequence(names, results, stamp)
 
     def _stamp_flow(
         self, what: str, names: list[str] | tuple[str, ...], *, required: bool = False
@@ -214,8 +214,11 @@ class WritePath(ReadPath):
             (result,) = yield Pipelined((invalidation.next_stamp(),), self._confirm())
         except BackendUnavailable as exc:
             result = exc
+        if isinstance(result, REDIS_DOWN):
+            result = backend_down(sequence, result)
+        if not isinstance(result, BackendUnavailable):
+            breaker.success()  # the node answered (a half-open circuit's probe reports)
         if isinstance(result, int):
-            breaker.success()
             return result
         if isinstance(result, WriteNotConfirmed):  # the master is up: no breaker failure
             self._stats.count("backend_errors", names[0] if names else sequence, error=result)
@@ -223,13 +226,18 @@ class WritePath(ReadPath):
                 raise result
             log.warning("%s: the invalidation number is unconfirmed, poisoning", what)
             return None
-        if isinstance(result, REDIS_DOWN):
-            result = backend_down(sequence, result)
         if not isinstance(result, BackendUnavailable):
-            raise result  # not a node failure (e.g. the sequence key holds no number)
-        error = self._unavailable(what, result, names[0] if names else sequence, key=sequence)
+            if strict:  # not a node failure (e.g. the sequence key holds no number)
+                raise result
+            log.warning("%s: no invalidation number (%s), poisoning", what, result)
+            return None
         if strict:
-            raise error from client_error(result)
+            raise self._unavailable(
+                what, result, names[0] if names else sequence, key=sequence
+            ) from client_error(result)
+        if breaker not in [self._breaker(name) for name in names]:
+            # (On a node of the keys too, their own failing calls count it.)
+            self._backend_failed(names[0] if names else sequence, result, key=sequence)
         log.warning("%s: the invalidation sequence's node is unreachable, poisoning", what)
         return None
 
@@ -249,8 +257,14 @@ class WritePath(ReadPath):
             if poisoned:
                 heal = yield from self._stamp_flow("healing poisoned versions", names)
                 if heal is not None:
-                    yield Pipelined(tuple(invalidation.heal_calls(poisoned, heal)), self._confirm())
-        except BackendUnavailable as exc:
+                    healed = yield Pipelined(
+                        tuple(invalidation.heal_calls(poisoned, heal)), self._confirm()
+                    )
+                    # A heal to the real version a poison carried may be above the number.
+                    lift = invalidation.lift(healed, heal)
+                    if lift is not None:
+                        yield Call(lift)
+        except Exception as exc:  # the invalidation itself went through
             log.warning("the invalidation sequence was not tended: %s", exc)
 
     def _invalidate_prefix_flow(self, prefix: str) -> Generator[WriteStep, Any, int]:
