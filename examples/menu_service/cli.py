@@ -7,22 +7,15 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sqlalchemy.orm import sessionmaker
-
-from cacheguard import CacheGuard
-from cacheguard.sqlalchemy import track_models
 from menu_service import demo
 from menu_service.infra import (
     DatabaseNotEmpty,
-    QueryLog,
     backends,
     check_database,
     make_engine,
     seed,
 )
 from menu_service.models import Menu
-from menu_service.repository import MenuRepository
-from menu_service.server import make_server
 
 
 def _positive(kind: Callable[[str], float], upper: float) -> Callable[[str], float]:
@@ -39,12 +32,27 @@ def _positive(kind: Callable[[str], float], upper: float) -> Callable[[str], flo
     return parse
 
 
+def _non_negative(kind: Callable[[str], float], upper: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0 <= value <= upper:
+            raise argparse.ArgumentTypeError(f"must be >= 0 and <= {upper:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 class _WithDefaults(argparse.HelpFormatter):
     """Every option's help ends with its default, unless it has none worth saying."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text:
+        silent = action.default is None or action.default is False  # flags, "both"
+        if not silent and action.default != argparse.SUPPRESS and "%(default)" not in text:
             text += " (default: %(default)s)"
         return text
 
@@ -106,10 +114,37 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_WithDefaults,
     )
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    s.add_argument("--port", type=_positive(int, 65535), default=8000, help="port to listen on")
+    s.add_argument(
+        "--port",
+        type=_non_negative(int, 65535),
+        default=8000,
+        help="port to listen on (0: any free port, shown when serving)",
+    )
     s.add_argument(
         "--menus", type=_positive(int, 100_000), default=defaults.menus, help="rows to seed"
     )
+    s.add_argument(
+        "--build-ms",
+        type=_non_negative(float, 10_000),
+        default=0.0,
+        help="extra time to build the list after the query (to watch a stampede)",
+    )
+    s.add_argument(
+        "--body-timeout",
+        type=_positive(float, 600),
+        default=10.0,
+        help="seconds a request body may take to arrive (else 408)",
+    )
+    s.add_argument(
+        "--head-timeout",
+        type=_positive(float, 600),
+        default=10.0,
+        help="seconds a request head may take to arrive (else 408)",
+    )
+    s.add_argument(
+        "--namespace", default="menu-service", help="the guards' namespace (key prefix) in Redis"
+    )
+    s.add_argument("--access-log", action="store_true", help="log every request")
     for command in (d, s):
         command.add_argument(
             "--reset",
@@ -145,28 +180,61 @@ def _run(args: argparse.Namespace) -> int:
         )
         demo.run(settings)
         return 0
-    return serve(args.host, args.port, args.menus, reset=args.reset)
+    return serve(args)
 
 
-def serve(host: str, port: int, menus: int, *, reset: bool = False) -> int:
-    with backends() as found:
-        check_database(found, reset=reset)
+def serve(args: argparse.Namespace) -> int:
+    """Seed, then serve until SIGTERM/SIGINT; the throwaway Redis and temporary
+    directory (if any) are removed on the way out of ``backends()``."""
+    try:  # the service extra: FastAPI, uvicorn
+        from menu_service.api import ServiceConfig  # noqa: PLC0415
+        from menu_service.server import listen, run  # noqa: PLC0415
+    except ImportError as exc:
+        print(
+            f"menu_service serve needs the service extra ({exc.name} is missing): "
+            "pip install -e '.[service]'",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"menu_service serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
+        return 1
+    with sock, backends() as found:
+        check_database(found, reset=args.reset)
         engine = make_engine(found.database_url)
-        seed(engine, menus)
-        queries = QueryLog(engine)
-        sessions = sessionmaker(engine, expire_on_commit=False)
-        guard = CacheGuard.from_url(found.redis_url, namespace="menu-service")
-        track_models(guard, sessions, [Menu])
-        server = make_server(MenuRepository(guard, sessions), queries, host, port)
-        print(f"serving on http://{host}:{server.server_port}/menus  (Ctrl-C stops)", flush=True)
         try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            pass
+            seed(engine, args.menus)
         finally:
-            server.server_close()
-            guard.close()
             engine.dispose()
+        config = ServiceConfig(
+            redis_url=found.redis_url,
+            database_url=found.database_url,
+            namespace=args.namespace,
+            build_seconds=args.build_ms / 1000.0,
+            body_timeout=args.body_timeout,
+        )
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+
+        def ready() -> None:
+            print(
+                f"serving on http://{shown}:{port}/menus  (Redis: {found.redis_kind} "
+                f"{found.redis_url}; Ctrl-C or SIGTERM stops)",
+                flush=True,
+            )
+
+        run(
+            config,
+            sock,
+            head_timeout=args.head_timeout,
+            on_ready=ready,
+            access_log=args.access_log,
+        )
+    print("stopped", flush=True)
     return 0
 
 

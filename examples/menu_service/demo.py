@@ -76,7 +76,8 @@ class RunResult:
     writes: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     query_times: list[float] = field(default_factory=list)  # seconds since the start
-    write_times: list[float] = field(default_factory=list)
+    write_times: list[float] = field(default_factory=list)  # each write's commit, done
+    write_starts: list[float] = field(default_factory=list)  # ... and its first invalidation
     errors: list[str] = field(default_factory=list)
 
     def percentile(self, q: float) -> float:
@@ -233,6 +234,7 @@ def run_mode(mode: str, backends_: Backends, settings: Settings, out: TextIO) ->
             p.join(10)
         result.writes = writer.count
         result.write_times = [t - start for t in writer.times]
+        result.write_starts = [t - start for t in writer.starts]
         result.requests = sum(counters[i * _SLOTS] for i in range(settings.processes))
         result.db_queries = sum(counters[i * _SLOTS + 1] for i in range(settings.processes))
         result.stale_reads = sum(counters[i * _SLOTS + 2] for i in range(settings.processes))
@@ -265,6 +267,7 @@ class _Writer:
     ) -> None:
         self.count = 0
         self.times: list[float] = []
+        self.starts: list[float] = []
         self.error = ""
         self._stop = threading.Event()
         sessions = sessionmaker(engine, expire_on_commit=False)
@@ -299,11 +302,15 @@ class _Writer:
         revision = 0
         while not self._stop.wait(self._every):
             revision += 1
+            # Both write paths invalidate first (cacheguard once it holds the write lock):
+            # the span from here to the commit is when readers can miss.
+            began = time.monotonic()
             try:
                 self._update({"id": 1, "name": f"Menu 1 #{revision}"})
             except Exception as exc:
                 self.error = f"writer: {type(exc).__name__}: {exc}"
                 return
+            self.starts.append(began)
             self.times.append(time.monotonic())
             self.count = revision
             self._floor.value = revision  # reads that start now must see it
@@ -358,24 +365,50 @@ def run(settings: Settings, out: TextIO = sys.stdout) -> dict[str, RunResult]:
     return runs
 
 
+STALE_READ = (
+    "stale read: a read that returned menu 1 older than a write which had fully "
+    "finished (committed and invalidated) before the read began"
+)
+_COLUMNS = (  # heading, width, cell format
+    ("run", 11, "<11"),
+    ("requests", 8, ">8"),
+    ("DB queries", 10, ">10"),
+    ("writes", 6, ">6"),
+    ("queries per write", 17, ">17.1f"),
+    ("stale reads", 11, ">11"),
+    ("p50 ms", 6, ">6.2f"),
+    ("p99 ms", 6, ">6.2f"),
+)
+
+
 def format_table(results: list[RunResult]) -> str:
-    header = (
-        "| run         | requests | DB queries | writes | queries per write | stale reads "
-        "| p50 ms | p99 ms |"
-    )
-    lines = [header, "|" + "|".join("---" for _ in range(8)) + "|"]
+    """A Markdown table that also lines up in a terminal, and what a stale read is."""
+    lines = [
+        "| " + " | ".join(f"{h:<{w}}" for h, w, _ in _COLUMNS) + " |",
+        "|" + "|".join("-" * (w + 2) for _, w, _ in _COLUMNS) + "|",
+    ]
     for r in results:
-        per_write = r.db_queries / max(r.writes, 1)
-        lines.append(
-            f"| {r.mode:<11} | {r.requests:>8} | {r.db_queries:>10} | {r.writes:>6} | "
-            f"{per_write:>17.1f} | {r.stale_reads:>11} | {r.percentile(0.5):>6.2f} | "
-            f"{r.percentile(0.99):>6.2f} |"
+        cells = (
+            r.mode,
+            r.requests,
+            r.db_queries,
+            r.writes,
+            r.db_queries / max(r.writes, 1),
+            r.stale_reads,
+            r.percentile(0.5),
+            r.percentile(0.99),
         )
-    return "\n".join(lines)
+        lines.append(
+            "| "
+            + " | ".join(f"{c:{f}}" for c, (_, _, f) in zip(cells, _COLUMNS, strict=True))
+            + " |"
+        )
+    return "\n".join([*lines, "", STALE_READ])
 
 
 def write_chart(results: list[RunResult], settings: Settings) -> str:
-    """A PNG of DB queries per 100 ms for each run, writes marked; needs matplotlib."""
+    """A PNG of DB queries per 100 ms for each run, each write drawn as a span from its
+    first invalidation to its commit; needs matplotlib."""
     assert settings.chart is not None
     try:
         import matplotlib  # noqa: PLC0415  (optional: the plot extra)
@@ -390,18 +423,33 @@ def write_chart(results: list[RunResult], settings: Settings) -> str:
     series = [_per_bucket(r.query_times, settings.seconds, bucket) for r in results]
     top = max(1, *(max(counts) for counts in series))
     for ax, r, counts in zip(axes, results, series, strict=True):
-        ax.bar([i * bucket for i in range(len(counts))], counts, width=bucket, align="edge")
-        for t in r.write_times:
-            ax.axvline(t, color="tab:red", linewidth=0.8, alpha=0.6)
+        ax.bar(
+            [i * bucket for i in range(len(counts))],
+            counts,
+            width=bucket,
+            align="edge",
+            label="DB queries per 100 ms",
+        )
+        for n, (began, done) in enumerate(zip(r.write_starts, r.write_times, strict=True)):
+            # At least 20 ms wide, so that a fast write stays visible.
+            ax.axvspan(
+                began,
+                max(done, began + 0.02),
+                color="tab:red",
+                alpha=0.35,
+                label="write: first invalidation to commit" if n == 0 else None,
+            )
         ax.set_ylim(0, top * 1.1)
         ax.set_ylabel("DB queries / 100 ms")
         ax.set_title(
-            f"{r.mode}: {r.db_queries} queries for {r.writes} writes (red), "
-            f"{r.stale_reads} stale reads",
+            f"{r.mode}: {r.db_queries} queries for {r.writes} writes, {r.stale_reads} stale reads",
             fontsize=10,
         )
+
     axes[-1].set_xlabel("seconds")
-    figure.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
     figure.savefig(settings.chart, dpi=100)
     plt.close(figure)
     return f"chart written to {settings.chart}"

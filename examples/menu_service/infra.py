@@ -19,9 +19,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session
 
-from cacheguard.sqlalchemy import sqlite_engine
+from cacheguard.sqlalchemy import sqlite_async_engine, sqlite_engine
 from cacheguard.testing import redis_server
 from menu_service.models import Menu
 
@@ -76,6 +77,32 @@ def make_engine(database_url: str) -> sa.Engine:
     return sa.create_engine(database_url, pool_size=20, max_overflow=20)
 
 
+def async_database_url(database_url: str) -> str:
+    """The asyncio driver's URL for the same database: SQLite through aiosqlite,
+    PostgreSQL through psycopg 3 (which has both APIs)."""
+    scheme, sep, rest = database_url.partition("://")
+    drivers = {
+        "sqlite": "sqlite+aiosqlite",
+        "sqlite+aiosqlite": "sqlite+aiosqlite",
+        "postgresql": "postgresql+psycopg",
+        "postgresql+psycopg": "postgresql+psycopg",
+        "postgresql+asyncpg": "postgresql+asyncpg",
+    }
+    if not sep or scheme not in drivers:
+        raise ValueError(
+            f"no asyncio driver known for {scheme or database_url!r}: use sqlite:///... or "
+            "postgresql+psycopg://... (the service's async endpoints need one)"
+        )
+    return f"{drivers[scheme]}://{rest}"
+
+
+def make_async_engine(database_url: str) -> AsyncEngine:
+    url = async_database_url(database_url)
+    if url.startswith("sqlite"):
+        return sqlite_async_engine(url, pool_size=20, max_overflow=20)
+    return create_async_engine(url, pool_size=20, max_overflow=20)
+
+
 def seed(engine: sa.Engine, menus: int) -> None:
     """(Re)create the demo's own table (only it: see check_database): ``menus`` rows,
     a few top-level, the rest below them."""
@@ -90,12 +117,16 @@ def seed(engine: sa.Engine, menus: int) -> None:
 
 
 class QueryLog:
-    """Counts the SELECTs an engine sends to the menu table, with their times."""
+    """Counts the SELECTs engines send to the menu table, with their times."""
 
     def __init__(self, engine: sa.Engine, *, timer: Any = time.monotonic) -> None:
         self.times: list[float] = []
         self._timer = timer
         self._mutex = threading.Lock()
+        self.watch(engine)
+
+    def watch(self, engine: sa.Engine) -> None:
+        """Count this engine's queries too (an ``AsyncEngine``'s ``sync_engine``)."""
         event.listen(engine, "before_cursor_execute", self._on_execute)
 
     def _on_execute(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:

@@ -1,101 +1,94 @@
-"""``serve``: the repository behind a small HTTP JSON API.
+"""``serve``: the API of :mod:`menu_service.api` on uvicorn, stopped gracefully.
 
-GET /menus, GET /menus/{id}, PUT /menus/{id} (JSON body with any of name,
-parent_id, sort, url), GET /stats (the guard's counters and the DB queries).
+SIGTERM and SIGINT (Ctrl-C) stop accepting connections, let requests in flight
+finish, run the application's shutdown (guards and engines closed), and then
+return to the caller, whose ``with`` blocks remove the throwaway Redis and the
+temporary directory. uvicorn re-raises the signal it caught once it has shut
+down; :func:`run` turns that into a normal return, so nothing is skipped.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from types import FrameType
 
-from menu_service.infra import QueryLog
-from menu_service.models import EDITABLE
-from menu_service.repository import MenuNotFound, MenuRepository
+import uvicorn
 
-_MENU = re.compile(r"^/menus/(\d+)$")
-_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,),
-    "parent_id": (int, type(None)),
-    "sort": (int,),
-    "url": (str,),
-}
+from menu_service.api import ServiceConfig, create_app
+from menu_service.limits import guarded_protocol
 
 
-class BadRequest(ValueError):
-    pass
+class _Stopped(Exception):
+    """The signal uvicorn re-raised after its graceful shutdown."""
 
 
-def parse_update(menu_id: int, body: bytes) -> dict[str, Any]:
-    """The update a PUT body asks for, checked field by field."""
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: a free one, read back from the socket)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        data = json.loads(body or b"null")
-    except ValueError as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not data:
-        raise BadRequest(f"body must be a JSON object with any of {', '.join(EDITABLE)}")
-    unknown = sorted(set(data) - set(EDITABLE))
-    if unknown:
-        raise BadRequest(f"unknown fields {unknown}; editable: {', '.join(EDITABLE)}")
-    for name, value in data.items():
-        allowed = _TYPES[name]
-        if isinstance(value, bool) or not isinstance(value, allowed):
-            raise BadRequest(f"{name} must be {' or '.join(t.__name__ for t in allowed)}")
-    if isinstance(data.get("name"), str) and not data["name"].strip():
-        raise BadRequest("name must not be empty")
-    return {"id": menu_id, **data}
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
 
 
-def make_server(
-    repository: MenuRepository, queries: QueryLog, host: str, port: int
-) -> ThreadingHTTPServer:
-    guard = repository.guard
+def run(
+    config: ServiceConfig,
+    sock: socket.socket,
+    *,
+    head_timeout: float = 10.0,
+    on_ready: Callable[[], None] | None = None,
+    access_log: bool = False,
+) -> None:
+    """Serve ``config``'s application on ``sock`` until SIGTERM or SIGINT."""
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            http=guarded_protocol(head_timeout),
+            lifespan="on",
+            access_log=access_log,
+            log_level="info" if access_log else "warning",
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=30,  # then cancel what is still running
+        )
+    )
+    if on_ready is not None:
+        _call_when_started(server, on_ready)
+    with _stop_signals_return(), suppress(_Stopped):
+        server.run(sockets=[sock])
+    if not server.started:
+        raise RuntimeError("the service did not start (see the log above)")
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "menu-service"
 
-        def do_GET(self) -> None:
-            if self.path == "/menus":
-                return self._reply(HTTPStatus.OK, repository.get_list())
-            if self.path == "/stats":
-                stats = {**guard.stats().as_dict(), "db_queries": queries.count}
-                return self._reply(HTTPStatus.OK, stats)
-            match = _MENU.match(self.path)
-            if match:
-                try:
-                    return self._reply(HTTPStatus.OK, repository.get(int(match[1])))
-                except MenuNotFound:
-                    return self._error(HTTPStatus.NOT_FOUND, f"no menu {match[1]}")
-            return self._error(HTTPStatus.NOT_FOUND, f"no route GET {self.path}")
+@contextmanager
+def _stop_signals_return() -> Iterator[None]:
+    """While serving, SIGTERM and SIGINT re-raised by uvicorn end ``run`` normally."""
 
-        def do_PUT(self) -> None:
-            match = _MENU.match(self.path)
-            if not match:
-                return self._error(HTTPStatus.NOT_FOUND, f"no route PUT {self.path}")
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                update = parse_update(int(match[1]), self.rfile.read(length))
-                return self._reply(HTTPStatus.OK, repository.update_menu_by_id(update))
-            except BadRequest as exc:
-                return self._error(HTTPStatus.BAD_REQUEST, str(exc))
-            except MenuNotFound:
-                return self._error(HTTPStatus.NOT_FOUND, f"no menu {match[1]}")
+    def stopped(signum: int, frame: FrameType | None) -> None:
+        raise _Stopped(signum)
 
-        def _reply(self, status: HTTPStatus, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
-        def _error(self, status: HTTPStatus, message: str) -> None:
-            self._reply(status, {"error": message})
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet by default
-            pass
+def _call_when_started(server: uvicorn.Server, on_ready: Callable[[], None]) -> None:
+    startup = server.startup
 
-    return ThreadingHTTPServer((host, port), Handler)
+    async def startup_then_tell(sockets: list[socket.socket] | None = None) -> None:
+        await startup(sockets=sockets)
+        if server.started:
+            on_ready()
+
+    server.startup = startup_then_tell  # type: ignore[method-assign]
