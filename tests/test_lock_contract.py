@@ -1,0 +1,237 @@
+"""The read-write lock contract, written once and run against every lock store.
+
+The rules are those of docs/locks.md: readers share, a writer excludes and waits
+for the readers, ``LockTimeout`` at the deadline, reentrancy and downgrade for one
+owner, upgrade refused with ``LockUpgradeError``, a holder that dies frees the lock
+by itself; plus what a store offers on top (fencing tokens, writer preference,
+a frozen holder taken over). Stores: tests/lock_stores.py.
+
+Owners are threads (every store's default owner is the calling thread), so
+"another owner" is another thread here, or another process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from cacheguard.exceptions import LockTimeout, LockUpgradeError
+from tests.lock_stores import STORES, Lock, Store
+from tests.procs import CTX, start_process
+
+
+@pytest.fixture(scope="module", params=sorted(STORES))
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    with STORES[request.param]() as built:
+        yield built
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    return f"contract-{request.node.name}-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def _hold_in_child(
+    maker: Callable[..., Lock], args: tuple[Any, ...], name: str, mode: str, ready: Any
+) -> None:
+    """Child: take ``mode`` on the lock, say so, and hold it until killed."""
+    lock = maker(*args, name)
+    lock.acquire_write(10) if mode == "write" else lock.acquire_read(10)
+    ready.set()
+    threading.Event().wait()  # held until the parent kills or stops us
+
+
+# -- sharing and excluding ----------------------------------------------------------
+
+
+def test_readers_share(store: Store, name: str) -> None:
+    lock = store.make(name)
+    with lock.read(timeout=5):
+        other = _in_thread(lambda: _held_briefly(store.make(name).read(timeout=5)))
+        assert other.result(10) == "held"
+
+
+def test_a_writer_excludes_readers_and_writers(store: Store, name: str) -> None:
+    with store.make(name).write(timeout=5):
+        for take in ("read", "write"):
+            attempt = _in_thread(
+                lambda take=take: _held_briefly(getattr(store.make(name), take)(timeout=0.5))
+            )
+            assert isinstance(attempt.result(30), LockTimeout), take
+
+
+def test_a_writer_waits_for_the_readers_then_gets_in(store: Store, name: str) -> None:
+    reader = store.make(name).acquire_read(timeout=5)
+    entered = threading.Event()
+
+    def write() -> str:
+        with store.make(name).write(timeout=30):
+            entered.set()
+        return "wrote"
+
+    writer = _in_thread(write)
+    assert not entered.wait(0.5)  # (a bounded look: it must still be waiting)
+    reader.release()
+    assert writer.result(30) == "wrote"
+
+
+def test_timeout_raises_lock_timeout_naming_the_lock(store: Store, name: str) -> None:
+    with store.make(name).write(timeout=5):
+        attempt = _in_thread(lambda: _held_briefly(store.make(name).write(timeout=0.3)))
+        error = attempt.result(30)
+    assert isinstance(error, LockTimeout)
+    assert name in str(error)
+
+
+# -- one owner's holds ----------------------------------------------------------------
+
+
+def test_reentrant_and_downgrade(store: Store, name: str) -> None:
+    lock = store.make(name)
+    with lock.write(timeout=5), lock.write(timeout=5):
+        pass  # a write hold nests
+    outer = lock.acquire_write(timeout=5)
+    inner = lock.acquire_read(timeout=5)  # downgrade: read while writing
+    outer.release()
+    # Still a reader: another reader may join, a writer may not.
+    assert _in_thread(lambda: _held_briefly(store.make(name).read(timeout=5))).result(10)
+    blocked = _in_thread(lambda: _held_briefly(store.make(name).write(timeout=0.3)))
+    assert isinstance(blocked.result(30), LockTimeout)
+    inner.release()
+    assert _in_thread(lambda: _held_briefly(store.make(name).write(timeout=5))).result(10)
+
+
+def test_upgrade_is_refused(store: Store, name: str) -> None:
+    lock = store.make(name)
+    with lock.read(timeout=5), pytest.raises(LockUpgradeError):
+        lock.acquire_write(timeout=5)
+    # The refusal left nothing behind: a writer gets in.
+    assert _in_thread(lambda: _held_briefly(store.make(name).write(timeout=5))).result(10)
+
+
+# -- the store's own offers -------------------------------------------------------------
+
+
+def test_writer_preference(store: Store, name: str) -> None:
+    if store.writer_waiting is None:
+        pytest.skip(f"{store.name} does not hold new readers off for a waiting writer")
+    reader = store.make(name).acquire_read(timeout=5)
+    writer_in = threading.Event()
+
+    def write() -> None:
+        with store.make(name).write(timeout=30):
+            writer_in.set()
+
+    writer = _in_thread(write)
+    _wait_until_a_writer_waits(store, name)
+    late = _in_thread(lambda: _held_briefly(store.make(name).read(timeout=0.5)))
+    assert isinstance(late.result(30), LockTimeout)
+    reader.release()
+    writer.result(30)
+    assert writer_in.is_set()
+
+
+def test_fencing_tokens_increase(store: Store, name: str) -> None:
+    if not store.fencing:
+        pytest.skip(f"{store.name} offers no fencing token")
+    lock = store.make(name)
+    tokens = []
+    for _ in range(3):
+        with lock.write(timeout=5) as handle:
+            tokens.append(handle.token)
+    tokens.append(_in_thread(lambda: _token_of(store.make(name).write(timeout=5))).result(10))
+    assert tokens == sorted(set(tokens)), tokens
+
+
+# -- dead and frozen holders ------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_a_killed_holder_frees_the_lock(store: Store, name: str, mode: str) -> None:
+    child = _holding_child(store, name, mode)
+    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    child.join(10)
+    with store.make(name).write(timeout=store.recovers_within + 10):
+        pass
+
+
+@pytest.mark.slow
+def test_a_frozen_holder(store: Store, name: str) -> None:
+    child = _holding_child(store, name, "write")
+    os.kill(child.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    try:
+        if store.frozen_holder == "taken over":
+            with store.make(name).write(timeout=store.recovers_within + 10):
+                pass
+        else:
+            with pytest.raises(LockTimeout):
+                store.make(name).acquire_write(timeout=store.recovers_within + 1)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(10)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+class _Outcome:
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+
+    def set(self, value: Any) -> None:
+        self._value = value
+        self._done.set()
+
+    def result(self, timeout: float) -> Any:
+        assert self._done.wait(timeout), f"the other owner did not finish within {timeout} s"
+        return self._value
+
+
+def _in_thread(work: Callable[[], Any]) -> _Outcome:
+    """Run ``work`` as another owner (a thread); its result, or the exception it raised."""
+    outcome = _Outcome()
+
+    def run() -> None:
+        try:
+            outcome.set(work())
+        except Exception as exc:
+            outcome.set(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return outcome
+
+
+def _held_briefly(context: Any) -> str:
+    with context:
+        return "held"
+
+
+def _token_of(context: Any) -> int:
+    with context as handle:
+        return int(handle.token)
+
+
+def _wait_until_a_writer_waits(store: Store, name: str) -> None:
+    assert store.writer_waiting is not None
+    deadline = time.monotonic() + 10
+    while not store.writer_waiting(name):  # a condition polled with a deadline
+        assert time.monotonic() < deadline, "the writer never queued"
+        time.sleep(0.01)
+
+
+def _holding_child(store: Store, name: str, mode: str) -> Any:
+    maker, args = store.maker
+    ready = CTX.Event()
+    child = start_process(_hold_in_child, maker, args, name, mode, ready)
+    if not ready.wait(30):
+        child.kill()
+        raise AssertionError("the child never took the lock")
+    return child
