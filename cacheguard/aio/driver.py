@@ -52,9 +52,11 @@ async def aget_raw(client: AsyncClient, key: str) -> Any:
         return exc
 
 
-async def arun_load(loads: Loads, name: str, load: Callable[[], Any]) -> tuple[Any, float]:
+async def arun_load(
+    loads: Loads, name: str, load: Callable[[], Any], template: str | None = None
+) -> tuple[Any, float]:
     """``load()`` counted and timed; an async loader is awaited, a sync one called."""
-    with loads.loading(name) as elapsed:
+    with loads.loading(name, template) as elapsed:
         value = load()
         if inspect.isawaitable(value):
             value = await value
@@ -111,10 +113,10 @@ class _Fill(FillState):
             return None
         if isinstance(step, Load):
             with collecting() as snapshots:
-                value, seconds = await arun_load(self.loads, self.name, self.load)
+                value, seconds = await arun_load(self.loads, self.name, self.load, self.template)
             return value, seconds, min(snapshots, default=None)
         if isinstance(step, LoadUnlocked):
-            return (await arun_load(self.loads, self.name, self.load))[0]
+            return (await arun_load(self.loads, self.name, self.load, self.template))[0]
         if isinstance(step, ReadStamps):
             pipe = self.client.pipeline(transaction=False)
             for key in step.keys:
@@ -137,10 +139,12 @@ async def drive_fill_async(
     name: str,
     load: Callable[[], Any],
     seal: Callable[[], int],
+    template: str | None = None,
 ) -> tuple[Outcome, int]:
     """Run ``flow`` to its end; its outcome and the flight generation below which
-    followers may share it (the last seal; 0 for a private outcome)."""
-    fill = _Fill(client, lock, loads, name, load, seal)
+    followers may share it (the last seal; 0 for a private outcome). ``template``
+    labels the load's events."""
+    fill = _Fill(client, lock, loads, name, load, seal, template)
     try:
         step = next(flow)
         while True:

@@ -160,15 +160,18 @@ class AsyncCacheGuard(WritePath):
         *,
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
+        template: str | None = None,
     ) -> Any:
         """The cached value of ``name``, loaded by ``load()`` once if missing."""
         self._binding.check()
-        return await self._run(self._read_flow(name, load, ttl, none_ttl), name, load)
+        # template: labels the call's events (see CacheGuard.get_or_load)
+        flow = self._read_flow(name, load, ttl, none_ttl, template)
+        return await self._run(flow, name, load, template)
 
-    async def peek(self, name: str) -> Any:
+    async def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
         self._binding.check()
-        return await self._drive(self._peek_flow(name), name)
+        return await self._drive(self._peek_flow(name, template), name)
 
     async def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
@@ -182,22 +185,24 @@ class AsyncCacheGuard(WritePath):
         *,
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
+        template: str | None = None,
     ) -> Any:
         """Load ``name`` now (under its locks, once across processes) and store it;
         ``on_backend_error`` applies as for reads."""
         self._binding.check()
-        return await self._drive(self._refresh_flow(name, ttl, none_ttl), name, load)
+        flow = self._refresh_flow(name, ttl, none_ttl, template)
+        return await self._drive(flow, name, load, template)
 
     async def watermark(self) -> int:
         """The namespace's invalidation sequence now (see :meth:`CacheGuard.watermark`)."""
         self._binding.check()
         return await self._drive(self._watermark_flow(), "the watermark")  # type: ignore[no-any-return]
 
-    async def invalidate(self, *names: str) -> None:
+    async def invalidate(self, *names: str, template: str | None = None) -> None:
         """Stamp ``names`` with the next invalidation number and delete them, without
         taking locks (see :meth:`CacheGuard.invalidate`)."""
         self._binding.check()
-        await self._drive(self._invalidate_flow(names), ", ".join(names))
+        await self._drive(self._invalidate_flow(names, template=template), ", ".join(names))
 
     async def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix`` (a SCAN; see
@@ -234,15 +239,22 @@ class AsyncCacheGuard(WritePath):
 
     # -- the driver: every step of the flows, carried out with awaits -----------------------
 
-    async def _drive(self, flow: Generator[Any, Any, Any], name: str, load: Any = None) -> Any:
+    async def _drive(
+        self,
+        flow: Generator[Any, Any, Any],
+        name: str,
+        load: Any = None,
+        template: str | None = None,
+    ) -> Any:
         """Run ``flow`` to its end and return its value."""
-        return await self._run(flow, name, load)
+        return await self._run(flow, name, load, template)
 
     async def _run(
         self,
         flow: Generator[Any, Any, Any],
         name: str,
         load: Any = None,
+        template: str | None = None,
         *,
         error: BaseException | None = None,
         to_the_end: bool = False,
@@ -250,7 +262,7 @@ class AsyncCacheGuard(WritePath):
         """Resume ``flow`` (with ``error`` thrown in, if given) and carry out its steps
         until it returns (its value) or asks for the caller's ``with`` block; closed
         unless suspended there. With ``to_the_end``, and for releases, a cancellation
-        waits for the flow's end."""
+        waits for the flow's end. ``template`` labels the events of ``load``'s runs."""
         deferral: Deferral | None = None  # made on the first step that must run through
         step: Any = None
         try:
@@ -261,9 +273,9 @@ class AsyncCacheGuard(WritePath):
                         reply = await self.client.get(value_key(self.namespace, name))
                     elif to_the_end or isinstance(step, ReleaseWrites):
                         deferral = deferral or Deferral()
-                        reply = await deferral.through(self._answer(step, name, load))
+                        reply = await deferral.through(self._answer(step, name, load, template))
                     else:
-                        reply = await self._answer(step, name, load)
+                        reply = await self._answer(step, name, load, template)
                 except REDIS_DOWN as exc:
                     step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
                 except redis.ResponseError as exc:  # a GET of someone else's key: not ours
@@ -286,7 +298,7 @@ class AsyncCacheGuard(WritePath):
             raise asyncio.CancelledError
         return None
 
-    async def _answer(self, step: Any, name: str, load: Any) -> Any:
+    async def _answer(self, step: Any, name: str, load: Any, template: str | None) -> Any:
         client = self.client
         if isinstance(step, RunFill):
             return await drive_fill_async(
@@ -297,11 +309,12 @@ class AsyncCacheGuard(WritePath):
                 name=name,
                 load=load,
                 seal=step.seal,
+                template=template,
             )
         if isinstance(step, WaitFlight):
             return await step.flight.wait_async(step.timeout)
         if isinstance(step, LoadUnlocked):
-            return (await arun_load(self._loads, name, load))[0]
+            return (await arun_load(self._loads, name, load, template))[0]
         if isinstance(step, Command):
             return await client.execute_command(*step.args)
         if isinstance(step, Pipelined):
@@ -323,9 +336,13 @@ class AsyncCacheGuard(WritePath):
         raise TypeError(f"not a guard step: {step!r}")
 
     def _start_background(
-        self, flow: Generator[Any, Any, None], name: str, load: Callable[[], Any]
+        self,
+        flow: Generator[Any, Any, None],
+        name: str,
+        load: Callable[[], Any],
+        template: str | None = None,
     ) -> bool:
-        self._spawn(self._drive(flow, name, load), "cacheguard-refresh")
+        self._spawn(self._drive(flow, name, load, template), "cacheguard-refresh")
         return True
 
     def _spawn(self, coro: Any, name: str) -> None:

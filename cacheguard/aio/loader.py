@@ -52,7 +52,11 @@ class AsyncCacheLoader(KeyedLoader[P, R]):
         """The cached value, loaded once across all processes if missing."""
         name = self._keys.build(args, kwargs)
         value: R = await self.guard.get_or_load(
-            name, lambda: self.load(*args, **kwargs), ttl=self.ttl, none_ttl=self.none_ttl
+            name,
+            lambda: self.load(*args, **kwargs),
+            ttl=self.ttl,
+            none_ttl=self.none_ttl,
+            template=self._label,
         )
         return value
 
@@ -60,17 +64,23 @@ class AsyncCacheLoader(KeyedLoader[P, R]):
         """Load now and store (under the key's locks, once across processes)."""
         name = self._keys.build(args, kwargs)
         value: R = await self.guard.refresh(
-            name, lambda: self.load(*args, **kwargs), ttl=self.ttl, none_ttl=self.none_ttl
+            name,
+            lambda: self.load(*args, **kwargs),
+            ttl=self.ttl,
+            none_ttl=self.none_ttl,
+            template=self._label,
         )
         return value
 
     async def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Drop the cached value without locking (fills in flight fail their store)."""
-        await self.guard.invalidate(self._keys.build(args, kwargs))
+        await self.guard.invalidate(self._keys.build(args, kwargs), template=self._label)
 
     async def peek(self, *args: P.args, **kwargs: P.kwargs) -> R | Missing:
         """The cached value, or :data:`MISSING`; never loads."""
-        value: R | Missing = await self.guard.peek(self._keys.build(args, kwargs))
+        value: R | Missing = await self.guard.peek(
+            self._keys.build(args, kwargs), template=self._label
+        )
         return value
 
 

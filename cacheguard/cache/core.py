@@ -33,7 +33,7 @@ from cacheguard.cache.l1 import L1Feed
 from cacheguard.cache.loading import Loads
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.singleflight import SingleFlight
-from cacheguard.cache.stats import Stats, StatsRecorder
+from cacheguard.cache.stats import EventHook, Stats, StatsRecorder
 from cacheguard.checks import MAX_SECONDS, check_positive
 from cacheguard.exceptions import BackendUnavailable
 from cacheguard.keys import ResourceKeys
@@ -100,6 +100,17 @@ class GuardCore:
     def stats(self) -> Stats:
         return self._stats.snapshot()
 
+    def add_event_hook(self, hook: EventHook) -> None:
+        """Call ``hook(event)`` with every :class:`~cacheguard.CacheEvent` from now on,
+        besides ``on_event`` (thread-safe; adding a hook twice adds it once). Hooks
+        run in the calling thread (or on the loop) and must be quick; one that raises
+        is logged and never fails the cache call."""
+        self._stats.add_hook(hook)
+
+    def remove_event_hook(self, hook: EventHook) -> None:
+        """Stop calling ``hook``; :class:`ValueError` if it is not a hook of this guard."""
+        self._stats.remove_hook(hook)
+
     def keys(self, name: str) -> ResourceKeys:
         return ResourceKeys(self.namespace, name)
 
@@ -129,25 +140,26 @@ class GuardCore:
         load: Callable[[], Any],
         ttl: float,
         none_ttl: float | Missing | None,
+        template: str | None,
     ) -> tuple[bool, Entry | None]:
         """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
         the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
         past its expiry for the stale policy)."""
-        entry = self._decode(name, raw)
+        entry = self._decode(name, raw, template=template)
         if entry is None:
             return False, None
         now = self._clock()
         verdict = judge(entry, now, self.settings, self._rng)
         if verdict <= REFRESH:
-            self._stats.count("l2_hits", name)
+            self._stats.count("l2_hits", name, 0.0, None, template)
             if verdict == REFRESH:
-                self._refresh_in_background(name, load, ttl, none_ttl)
+                self._refresh_in_background(name, load, ttl, none_ttl, template)
             if l1_seen is not None:
                 self._l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
             return True, entry
         if verdict == STALE:  # inside the stale window: serve, reload in the background
-            self._stats.count("stale_served", name)
-            self._refresh_in_background(name, load, ttl, none_ttl)
+            self._stats.count("stale_served", name, 0.0, None, template)
+            self._refresh_in_background(name, load, ttl, none_ttl, template)
             return True, entry
         return False, entry
 
@@ -170,11 +182,18 @@ class GuardCore:
         return entry.value
 
     def _refresh_in_background(
-        self, name: str, load: Callable[[], Any], ttl: float, none_ttl: float | Missing | None
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
     ) -> None:
         raise NotImplementedError  # each driver runs refreshes its own way
 
-    def _decode(self, name: str, raw: Any, *, count: bool = True) -> Entry | None:
+    def _decode(
+        self, name: str, raw: Any, *, count: bool = True, template: str | None = None
+    ) -> Entry | None:
         """An entry from what a GET or a script returned; what is not one of ours
         (corrupt bytes, another type of key) is a miss, counted unless ``count``
         is false (the same bytes were counted when first read)."""
@@ -188,7 +207,7 @@ class GuardCore:
             raise ValueError(f"expected bytes from Redis, got {type(raw).__name__}")
         except ValueError as exc:
             if count:
-                self._stats.count("corrupt_entries", name, error=exc)
+                self._stats.count("corrupt_entries", name, 0.0, exc, template)
                 log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
             return None
 
@@ -204,22 +223,33 @@ class GuardCore:
             wanted = self._replicas()
         return (wanted, self.settings.confirm_timeout) if wanted else None
 
-    def _backend_failed(self, name: str, exc: BaseException, *, key: str | None = None) -> None:
+    def _backend_failed(
+        self,
+        name: str,
+        exc: BaseException,
+        *,
+        key: str | None = None,
+        template: str | None = None,
+    ) -> None:
         """Redis failed ``name``'s call (or the call on Redis key ``key``)."""
         (self._breakers.of(key) if key is not None else self._breaker(name)).failure()
-        self._stats.count("backend_errors", name, error=exc)
+        self._stats.count("backend_errors", name, 0.0, exc, template)
         log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
 
-    def _refuse_bypass(self, name: str, exc: BaseException | None) -> None:
+    def _refuse_bypass(
+        self, name: str, exc: BaseException | None, template: str | None = None
+    ) -> None:
         """Redis is down (``exc``) or the circuit is open (None): raise under
-        ``on_backend_error="raise"``, else return (the caller loads directly)."""
+        ``on_backend_error="raise"``, else count the bypass and return (the caller
+        loads directly)."""
         if exc is not None:
-            self._backend_failed(name, exc)
+            self._backend_failed(name, exc, template=template)
         if self.settings.on_backend_error == "raise":
             raise BackendUnavailable(
                 f"Redis unavailable for {name!r}"
                 + (f": {exc}" if exc is not None else " (circuit open)")
             ) from exc
+        self._stats.count("bypasses", name, 0.0, None, template)
 
     def _circuit_open(
         self, what: str, names: Iterable[str] = (), key: str | None = None
@@ -247,19 +277,28 @@ class GuardCore:
         stale: Entry | None,
         background: bool = False,
         budget: float | None = None,
+        template: str | None = None,
     ) -> Generator[Step, Any, Outcome]:
         """The fill flow of ``name`` for either driver (a loader asking for its own
         key is refused here, before any wait)."""
-        self._loads.refuse_recursion(name)
+        self._loads.refuse_recursion(name, template)
         return fill_flow(
-            self._job(name, lock, ttl, none_ttl),
+            self._job(name, lock, ttl, none_ttl, template),
             refresh=refresh,
             background=background,
             stale=stale,
             budget=self.settings.wait_timeout if budget is None else budget,
         )
 
-    def _job(self, name: str, lock: Lock, ttl: float, none_ttl: float | Missing | None) -> FillJob:
+    def _job(
+        self,
+        name: str,
+        lock: Lock,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
+    ) -> FillJob:
+        # The flow counts by name; the template rides along in the callbacks.
         return FillJob(
             name=name,
             keys=lock.remote.keys,
@@ -272,10 +311,10 @@ class GuardCore:
             timer=self._timer,
             clock=self._clock,
             rng=self._rng,
-            count=self._stats.count,
-            decode=functools.partial(self._decode, name),
+            count=functools.partial(self._stats.count, template=template),
+            decode=functools.partial(self._decode, name, template=template),
             decode_quiet=functools.partial(self._decode, name, count=False),
-            backend_failed=self._backend_failed,
+            backend_failed=functools.partial(self._backend_failed, template=template),
             backoff=self._wait_backoff,
         )
 

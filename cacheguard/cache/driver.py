@@ -82,6 +82,7 @@ class FillState:
         "seal",
         "sealed",
         "subscription",
+        "template",
     )
 
     def __init__(
@@ -92,9 +93,10 @@ class FillState:
         name: str,
         load: Callable[[], Any],
         seal: Callable[[], int],
+        template: str | None = None,
     ) -> None:
         self.client, self.lock, self.loads, self.name = client, lock, loads, name
-        self.load, self.seal = load, seal
+        self.load, self.seal, self.template = load, seal, template
         self.sealed = VALID_FOR_ALL
         self.subscription: Any = None  # opened by the Subscribe step
         self.handle: Any = None  # the fill's read hold, from Adopt
@@ -147,10 +149,10 @@ class _Fill(FillState):
             return None
         if isinstance(step, Load):
             with collecting() as snapshots:
-                value, seconds = self.loads.run(self.name, self.load)
+                value, seconds = self.loads.run(self.name, self.load, self.template)
             return value, seconds, min(snapshots, default=None)
         if isinstance(step, LoadUnlocked):
-            return self.loads.run(self.name, self.load)[0]
+            return self.loads.run(self.name, self.load, self.template)[0]
         if isinstance(step, ReadStamps):
             pipe = self.client.pipeline(transaction=False)
             for key in step.keys:
@@ -168,10 +170,12 @@ def drive_fill(
     name: str,
     load: Callable[[], Any],
     seal: Callable[[], int],
+    template: str | None = None,
 ) -> tuple[Outcome, int]:
     """Run ``flow`` to its end; its outcome and the flight generation below which
-    followers may share it (the last seal; 0 for a private outcome)."""
-    fill = _Fill(client, lock, loads, name, load, seal)
+    followers may share it (the last seal; 0 for a private outcome). ``template``
+    labels the load's events."""
+    fill = _Fill(client, lock, loads, name, load, seal, template)
     try:
         step = next(flow)
         while True:

@@ -64,6 +64,13 @@ class KeyedLoader(Generic[P, R]):
             else check_positive("none_ttl", none_ttl)
         )
         self._keys = KeyBuilder(load, key, max_length=guard.settings.max_key_length)
+        self._label = self._keys.label  # every call's events carry it as their template
+
+    @property
+    def template(self) -> str:
+        """What this loader's events are labelled by: its key template, or (without
+        one) its load function's module and qualified name."""
+        return self._label
 
     def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """The key name of this call (inside the guard's namespace)."""
@@ -90,7 +97,11 @@ class CacheLoader(KeyedLoader[P, R]):
         """The cached value, loaded once across all processes if missing."""
         name = self._keys.build(args, kwargs)
         value: R = self.guard.get_or_load(
-            name, lambda: self.load(*args, **kwargs), ttl=self.ttl, none_ttl=self.none_ttl
+            name,
+            lambda: self.load(*args, **kwargs),
+            ttl=self.ttl,
+            none_ttl=self.none_ttl,
+            template=self._label,
         )
         return value
 
@@ -98,17 +109,21 @@ class CacheLoader(KeyedLoader[P, R]):
         """Load now and store (under the key's locks, once across processes)."""
         name = self._keys.build(args, kwargs)
         value: R = self.guard.refresh(
-            name, lambda: self.load(*args, **kwargs), ttl=self.ttl, none_ttl=self.none_ttl
+            name,
+            lambda: self.load(*args, **kwargs),
+            ttl=self.ttl,
+            none_ttl=self.none_ttl,
+            template=self._label,
         )
         return value
 
     def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Drop the cached value without locking (fills in flight fail their store)."""
-        self.guard.invalidate(self._keys.build(args, kwargs))
+        self.guard.invalidate(self._keys.build(args, kwargs), template=self._label)
 
     def peek(self, *args: P.args, **kwargs: P.kwargs) -> R | Missing:
         """The cached value, or :data:`MISSING`; never loads."""
-        value: R | Missing = self.guard.peek(self._keys.build(args, kwargs))
+        value: R | Missing = self.guard.peek(self._keys.build(args, kwargs), template=self._label)
         return value
 
 

@@ -35,31 +35,33 @@ class Loads:
         self._stats = stats
         self._timer = timer
 
-    def refuse_recursion(self, name: str) -> None:
+    def refuse_recursion(self, name: str, template: str | None = None) -> None:
         """A loader asking for its own key would wait for itself: fail at once."""
         if (id(self), name) in _LOADING.get():
             error = RecursiveLoadError(key=name)
-            self._stats.count("load_errors", name, error=error)
+            self._stats.count("load_errors", name, 0.0, error, template)
             raise error
 
     @contextmanager
-    def loading(self, name: str) -> Iterator[Callable[[], float]]:
+    def loading(self, name: str, template: str | None = None) -> Iterator[Callable[[], float]]:
         """Mark ``name`` as being loaded here; yields a function giving the seconds
-        since the start. Counts the load, or its error."""
+        since the start. Counts the load, or its error (``template``: the key's)."""
         token = _LOADING.set(_LOADING.get() | {(id(self), name)})
         start = self._timer()
         try:
             yield lambda: self._timer() - start
         except BaseException as exc:
-            self._stats.count("load_errors", name, self._timer() - start, error=exc)
+            self._stats.count("load_errors", name, self._timer() - start, exc, template)
             raise
         else:
-            self._stats.count("loads", name, self._timer() - start)
+            self._stats.count("loads", name, self._timer() - start, None, template)
         finally:
             _LOADING.reset(token)
 
-    def run(self, name: str, load: Callable[[], Any]) -> tuple[Any, float]:
+    def run(
+        self, name: str, load: Callable[[], Any], template: str | None = None
+    ) -> tuple[Any, float]:
         """``load()`` counted and timed: ``(value, seconds)``."""
-        with self.loading(name) as elapsed:
+        with self.loading(name, template) as elapsed:
             value = load()
             return value, elapsed()

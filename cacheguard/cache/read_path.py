@@ -93,31 +93,36 @@ class ReadPath(GuardCore):
         load: Callable[[], Any],
         ttl: float,
         none_ttl: float | Missing | None,
+        template: str | None = None,
     ) -> Generator[ReadStep, Any, Any]:
-        """``get_or_load``: the cached value of ``name``, loaded once if missing."""
+        """``get_or_load``: the cached value of ``name``, loaded once if missing;
+        ``template`` labels its events (see :mod:`cacheguard.cache.stats`)."""
         ttl = self._ttl(ttl)
         l1 = self._l1
         if l1 is not None:
             kept = l1.tier.get(name)
             if kept is not ABSENT:
-                self._stats.count("l1_hits", name)
+                self._stats.count("l1_hits", name, 0.0, None, template)
                 return kept
         start = self._timer()
         while True:  # bounded: every pass waits on a leader that was already running
             flight, leader, joined = self._flights.join(name)
             if leader:
                 break
-            self._loads.refuse_recursion(name)  # the leader may be this caller's loader
+            self._loads.refuse_recursion(name, template)  # the leader may be our loader
             lock = self.rwlock(name)
             if lock.local.is_write_held_by_me():
                 # Our own write: the leader waits for us, and what it loads is not our
                 # view. Load privately (see fill_flow's writing_here), storing nothing.
-                flow = self._fill_flow(name, lock, ttl, none_ttl, refresh=False, stale=None)
+                flow = self._fill_flow(
+                    name, lock, ttl, none_ttl, refresh=False, stale=None, template=template
+                )
                 return (yield RunFill(lock, flow, valid_for_all))[0].value
             left = self.settings.wait_timeout - (self._timer() - start)
             if not (yield WaitFlight(flight, left)):
                 waited = self._timer() - start
-                flow = timed_out_flow(self._job(name, lock, ttl, none_ttl), None, waited)
+                job = self._job(name, lock, ttl, none_ttl, template)
+                flow = timed_out_flow(job, None, waited)
                 return (yield RunFill(lock, flow, valid_for_all))[0].value
             if flight.serves(joined):
                 if flight.error is not None:
@@ -135,21 +140,23 @@ class ReadPath(GuardCore):
                 try:
                     raw = yield LOOKUP
                 except BackendUnavailable as exc:
-                    value, valid_below = yield from self._bypassed(name, flight, exc.__cause__)
+                    value, valid_below = yield from self._bypassed(
+                        name, flight, exc.__cause__, template
+                    )
                 else:
                     breaker.success()
-                    served, entry = self._served(name, raw, l1_seen, load, ttl, none_ttl)
+                    served, entry = self._served(name, raw, l1_seen, load, ttl, none_ttl, template)
                     if served:
                         value, valid_below = entry.value, sealed  # type: ignore[union-attr]
                     else:
                         value, valid_below = yield from self._fill_missing(
-                            name, flight, entry, l1_seen, ttl, none_ttl, start
+                            name, flight, entry, l1_seen, ttl, none_ttl, start, template
                         )
             else:
-                value, valid_below = yield from self._bypassed(name, flight, None)
+                value, valid_below = yield from self._bypassed(name, flight, None, template)
             if flight.has_followers_from(valid_below):
                 value, valid_below = yield from self._reread_for_late_followers(
-                    name, flight, value, valid_below
+                    name, flight, value, valid_below, template
                 )
         except Exception as exc:
             self._flights.finish(name, flight, error=exc)
@@ -169,11 +176,12 @@ class ReadPath(GuardCore):
         ttl: float,
         none_ttl: float | Missing | None,
         start: float,
+        template: str | None,
     ) -> Generator[ReadStep, Any, tuple[Any, int]]:
         """The leader's GET missed (the call began at ``start``): fill ``name`` (once
         across processes); the value and the generation below which followers may
         take it. ``stale`` is the expired entry, if any, for the stale policy."""
-        self._stats.count("misses", name)
+        self._stats.count("misses", name, 0.0, None, template)
         lock = self.rwlock(name)  # one instance for the job and the driver: one owner
         flow = self._fill_flow(
             name,
@@ -183,31 +191,32 @@ class ReadPath(GuardCore):
             refresh=False,
             stale=stale,
             budget=self.settings.wait_timeout - (self._timer() - start),
+            template=template,
         )
         try:
             outcome, valid_below = yield RunFill(
                 lock, flow, functools.partial(self._flights.seal, flight)
             )
         except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
-            return (yield from self._bypassed(name, flight, exc))
+            return (yield from self._bypassed(name, flight, exc, template))
         self._keep_filled(name, outcome, l1_seen, ttl)
         return outcome.value, valid_below
 
     def _bypassed(
-        self, name: str, flight: Flight, exc: BaseException | None
+        self, name: str, flight: Flight, exc: BaseException | None, template: str | None
     ) -> Generator[ReadStep, Any, tuple[Any, int]]:
         """:meth:`_bypass` for the flight's leader: its value, sealed for followers."""
-        return (yield from self._bypass(name, exc)), self._flights.seal(flight)
+        return (yield from self._bypass(name, exc, template)), self._flights.seal(flight)
 
     def _reread_for_late_followers(
-        self, name: str, flight: Flight, value: Any, valid_below: int
+        self, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
     ) -> Generator[ReadStep, Any, tuple[Any, int]]:
         """Some followers joined after our read was sent; one more shared GET serves
         them all (instead of each re-reading). Bounded; stragglers read themselves."""
         for _ in range(LATE_FOLLOWER_REREADS):
             sealed = self._flights.seal(flight)
             try:
-                entry = self._decode(name, (yield LOOKUP))
+                entry = self._decode(name, (yield LOOKUP), template=template)
             except BackendUnavailable:
                 break
             if entry is None or self._clock() >= entry.expires_at:
@@ -217,29 +226,37 @@ class ReadPath(GuardCore):
                 break
         return value, valid_below
 
-    def _bypass(self, name: str, exc: BaseException | None) -> Generator[ReadStep, Any, Any]:
+    def _bypass(
+        self, name: str, exc: BaseException | None, template: str | None = None
+    ) -> Generator[ReadStep, Any, Any]:
         """Redis is down (``exc``) or the circuit is open (None): load directly, or raise."""
-        self._refuse_bypass(name, exc)
+        self._refuse_bypass(name, exc, template)
         return (yield LOAD_UNLOCKED)
 
     def _refresh_flow(
-        self, name: str, ttl: float, none_ttl: float | Missing | None
+        self,
+        name: str,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
     ) -> Generator[ReadStep, Any, Any]:
         """``refresh``: load ``name`` now (under its locks, once across processes) and
         store it; Redis down or the circuit open: ``on_backend_error``."""
         ttl = self._ttl(ttl)
-        self._loads.refuse_recursion(name)
+        self._loads.refuse_recursion(name, template)
         if not self._breaker(name).allow():
-            return (yield from self._bypass(name, None))
+            return (yield from self._bypass(name, None, template))
         lock = self.rwlock(name)
-        flow = self._fill_flow(name, lock, ttl, none_ttl, refresh=True, stale=None)
+        flow = self._fill_flow(
+            name, lock, ttl, none_ttl, refresh=True, stale=None, template=template
+        )
         try:
             outcome, _ = yield RunFill(lock, flow, valid_for_all)
         except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
-            return (yield from self._bypass(name, exc))
+            return (yield from self._bypass(name, exc, template))
         return outcome.value
 
-    def _peek_flow(self, name: str) -> Generator[ReadStep, Any, Any]:
+    def _peek_flow(self, name: str, template: str | None = None) -> Generator[ReadStep, Any, Any]:
         """``peek``: the cached value of ``name`` or MISSING; never loads, never locks."""
         if self._l1 is not None:
             value = self._l1.tier.get(name)
@@ -252,9 +269,9 @@ class ReadPath(GuardCore):
                 raise closed
             return MISSING
         try:
-            entry = self._decode(name, (yield LOOKUP))
+            entry = self._decode(name, (yield LOOKUP), template=template)
         except BackendUnavailable as exc:
-            self._backend_failed(name, client_error(exc))
+            self._backend_failed(name, client_error(exc), template=template)
             if raising:
                 raise BackendUnavailable(
                     f"Redis unreachable reading {name!r}: {client_error(exc)}"
@@ -271,7 +288,12 @@ class ReadPath(GuardCore):
             return None
 
     def _refresh_in_background(
-        self, name: str, load: Callable[[], Any], ttl: float, none_ttl: float | Missing | None
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
     ) -> None:
         """Start one background refresh of ``name`` per process (loop), unless one runs."""
         if self._closed:
@@ -279,22 +301,34 @@ class ReadPath(GuardCore):
         flight, leader, _ = self._refreshes.join(name)
         if not leader:
             return
-        flow = self._background_refresh_flow(name, flight, ttl, none_ttl)
-        if not self._start_background(flow, name, load):
+        flow = self._background_refresh_flow(name, flight, ttl, none_ttl, template)
+        if not self._start_background(flow, name, load, template):
             flow.close()
             self._refreshes.finish(name, flight)
 
     def _background_refresh_flow(
-        self, name: str, flight: Flight, ttl: float, none_ttl: float | Missing | None
+        self,
+        name: str,
+        flight: Flight,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None,
     ) -> Generator[ReadStep, Any, None]:
         try:
             lock = self.rwlock(name)
             flow = self._fill_flow(
-                name, lock, ttl, none_ttl, refresh=True, stale=None, background=True
+                name,
+                lock,
+                ttl,
+                none_ttl,
+                refresh=True,
+                stale=None,
+                background=True,
+                template=template,
             )
             outcome, _ = yield RunFill(lock, flow, valid_for_all)
             if outcome.source == "loaded":
-                self._stats.count("early_refreshes", name)
+                self._stats.count("early_refreshes", name, 0.0, None, template)
         except Exception:
             log.exception("background refresh of %r failed", name)
         finally:
@@ -307,7 +341,12 @@ class ReadPath(GuardCore):
         raise NotImplementedError
 
     def _start_background(
-        self, flow: Generator[ReadStep, Any, None], name: str, load: Callable[[], Any]
+        self,
+        flow: Generator[ReadStep, Any, None],
+        name: str,
+        load: Callable[[], Any],
+        template: str | None = None,
     ) -> bool:
-        """Run ``flow`` apart from the caller (a thread, a task); False if it cannot."""
+        """Run ``flow`` apart from the caller (a thread, a task); False if it cannot;
+        ``template`` labels the load's events."""
         raise NotImplementedError

@@ -1,4 +1,13 @@
-"""Counters of what the cache did, and a hook for your own metrics."""
+"""Counters of what the cache did, and hooks for your own metrics.
+
+Every count is offered to the guard's event hooks (``on_event=`` at construction,
+:meth:`StatsRecorder.add_hook` later) as a :class:`CacheEvent`. An event names the
+key and, when the call knew it, the key's **template**: the ``key=`` template of
+a :class:`~cacheguard.CacheLoader` or ``@cached_with_lock`` function, the
+function's qualified name for one without a template, or what a direct call gave
+as ``template=`` (``guard.get_or_load(name, load, ttl=..., template=...)``); None
+otherwise. Metrics label by the template: key names are unbounded, templates are not.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["CacheEvent", "Stats", "StatsRecorder"]
+__all__ = ["CacheEvent", "EventHook", "Stats", "StatsRecorder"]
 
 log = logging.getLogger("cacheguard")
 
@@ -30,6 +39,9 @@ class Stats:
     corrupt_entries: int = 0
     stores_rejected: int = 0
     values_too_large: int = 0
+    # Calls answered by the loader without the cache (Redis failed, or its circuit
+    # is open, under on_backend_error="bypass"); each is also counted in loads.
+    bypasses: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -37,34 +49,68 @@ class Stats:
 
 @dataclass(frozen=True)
 class CacheEvent:
-    """What happened (``kind`` is a :class:`Stats` field name), to which key, how long."""
+    """What happened (``kind`` is a :class:`Stats` field name), to which key, how long;
+    ``template`` is the key's template when the call knew it (see the module docs)."""
 
     kind: str
     key: str
     seconds: float = 0.0
     error: BaseException | None = field(default=None, compare=False)
+    template: str | None = None
+
+
+EventHook = Callable[[CacheEvent], None]
 
 
 class StatsRecorder:
-    """Thread-safe counters; every count is also offered to the event hook."""
+    """Thread-safe counters; every count is also offered to each event hook.
 
-    def __init__(self, on_event: Callable[[CacheEvent], None] | None = None) -> None:
+    Hooks are kept in a tuple replaced as a whole under the mutex, so a count reads
+    them without a lock and a hook added or removed meanwhile is either called or
+    not, never half. A hook that raises is logged and skipped: it never fails the
+    cache call that counted."""
+
+    def __init__(self, on_event: EventHook | None = None) -> None:
         self._mutex = threading.Lock()
         self._counts: dict[str, float] = dict.fromkeys(Stats().as_dict(), 0)
-        self._on_event = on_event
+        self._hooks: tuple[EventHook, ...] = () if on_event is None else (on_event,)
+
+    def add_hook(self, hook: EventHook) -> None:
+        """Call ``hook`` with every event from now on; adding one already added does
+        nothing (an event is never offered twice to one hook)."""
+        if not callable(hook):
+            raise TypeError(f"an event hook must be callable, not {type(hook).__name__}")
+        with self._mutex:
+            if hook not in self._hooks:
+                self._hooks = (*self._hooks, hook)
+
+    def remove_hook(self, hook: EventHook) -> None:
+        """Stop calling ``hook``; :class:`ValueError` if it was not added."""
+        with self._mutex:
+            if hook not in self._hooks:
+                raise ValueError(f"{hook!r} is not an event hook of this guard")
+            self._hooks = tuple(h for h in self._hooks if h != hook)
 
     def count(
-        self, kind: str, key: str, seconds: float = 0.0, error: BaseException | None = None
+        self,
+        kind: str,
+        key: str,
+        seconds: float = 0.0,
+        error: BaseException | None = None,
+        template: str | None = None,
     ) -> None:
         with self._mutex:
             self._counts[kind] += 1
             if kind == "lock_waits":
                 self._counts["lock_wait_seconds"] += seconds
-        if self._on_event is not None:
-            try:
-                self._on_event(CacheEvent(kind, key, seconds, error))
-            except Exception:
-                log.exception("cacheguard on_event hook failed")
+        hooks = self._hooks
+        if hooks:
+            event = CacheEvent(kind, key, seconds, error, template)
+            for hook in hooks:
+                try:
+                    hook(event)
+                except Exception:
+                    log.exception("cacheguard event hook %r failed", hook)
 
     def snapshot(self) -> Stats:
         with self._mutex:

@@ -248,6 +248,9 @@ class KeyBuilder:
         else:
             self._template = None
             self._prefix = stable_name(func)
+        # What the events of these keys are labelled by (metrics): the template, or
+        # the function's stable name. Bounded, unlike the names built from arguments.
+        self.label = template if template is not None else self._prefix
         # The hit path's shortcut: a template of plain parameter names, called with
         # every parameter by position (or every one by keyword), renders straight
         # from the arguments, with no dict and no binding.

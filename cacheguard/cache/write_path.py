@@ -149,13 +149,18 @@ class WritePath(ReadPath):
                 yield ReleaseWrites(tuple(held), holder)
 
     def _invalidate_flow(
-        self, names: list[str] | tuple[str, ...], *, checked: bool = False
+        self,
+        names: list[str] | tuple[str, ...],
+        *,
+        checked: bool = False,
+        template: str | None = None,
     ) -> Generator[WriteStep, Any, None]:
         """``invalidate``: stamp ``names`` with the next invalidation number and delete
         them. Every fill in flight for them fails its store, and so does every later
         fill from an older database snapshot; L1 copies everywhere are dropped.
         ``checked``: the caller (a write) asked the circuit already; asking again
-        would refuse the write's own probe of a half-open circuit."""
+        would refuse the write's own probe of a half-open circuit. ``template``
+        (the names' key template, if known) labels the events."""
         if not names:
             return
         if self._l1 is not None:
@@ -165,20 +170,23 @@ class WritePath(ReadPath):
         if closed is not None:
             raise closed
         invalidation = self._invalidation
-        stamp = yield from self._stamp_flow(what, names)
+        stamp = yield from self._stamp_flow(what, names, template=template)
         try:
             results = yield Pipelined(tuple(invalidation.calls(names, stamp)), self._confirm())
         except BackendUnavailable as exc:
-            raise self._unavailable(what, exc, names[0]) from client_error(exc)
+            failure = self._unavailable(what, exc, names[0], template=template)
+            raise failure from client_error(exc)
         # On a cluster each call stands alone: one whose node is down or failing over
         # is that call's error (and its node's breaker's), while the others went through.
         failed: BackendUnavailable | None = None
         for name, result in zip(names, results, strict=True):
             if isinstance(result, WriteNotConfirmed):  # the master is up: no breaker failure
-                self._stats.count("backend_errors", name, error=result)
+                self._stats.count("backend_errors", name, 0.0, result, template)
                 failed = result
             elif isinstance(result, REDIS_DOWN):
-                failed = self._unavailable(what, backend_down(name, result), name)
+                failed = self._unavailable(
+                    what, backend_down(name, result), name, template=template
+                )
                 failed.__cause__ = result
             elif not isinstance(result, Exception):
                 self._breaker(name).success()
@@ -191,7 +199,12 @@ class WritePath(ReadPath):
                 raise result
 
     def _stamp_flow(
-        self, what: str, names: list[str] | tuple[str, ...], *, required: bool = False
+        self,
+        what: str,
+        names: list[str] | tuple[str, ...],
+        *,
+        required: bool = False,
+        template: str | None = None,
     ) -> Generator[WriteStep, Any, int | None]:
         """The sequence's next number, confirmed like the invalidations (a number a
         failover could hand out again is never used); None when the sequence's node
@@ -221,7 +234,8 @@ class WritePath(ReadPath):
         if isinstance(result, int):
             return result
         if isinstance(result, WriteNotConfirmed):  # the master is up: no breaker failure
-            self._stats.count("backend_errors", names[0] if names else sequence, error=result)
+            subject = names[0] if names else sequence
+            self._stats.count("backend_errors", subject, 0.0, result, template)
             if strict:
                 raise result
             log.warning("%s: the invalidation number is unconfirmed, poisoning", what)
@@ -233,11 +247,13 @@ class WritePath(ReadPath):
             return None
         if strict:
             raise self._unavailable(
-                what, result, names[0] if names else sequence, key=sequence
+                what, result, names[0] if names else sequence, key=sequence, template=template
             ) from client_error(result)
         if breaker not in [self._breaker(name) for name in names]:
             # (On a node of the keys too, their own failing calls count it.)
-            self._backend_failed(names[0] if names else sequence, result, key=sequence)
+            self._backend_failed(
+                names[0] if names else sequence, result, key=sequence, template=template
+            )
         log.warning("%s: the invalidation sequence's node is unreachable, poisoning", what)
         return None
 
@@ -321,10 +337,16 @@ class WritePath(ReadPath):
         return int(result)
 
     def _unavailable(
-        self, what: str, exc: BackendUnavailable, name: str, *, key: str | None = None
+        self,
+        what: str,
+        exc: BackendUnavailable,
+        name: str,
+        *,
+        key: str | None = None,
+        template: str | None = None,
     ) -> BackendUnavailable:
         """Count Redis failing ``name``'s call (on ``key``'s node, if given) and the
         error that says so, with the client's error as its cause."""
         cause = client_error(exc)
-        self._backend_failed(name, cause, key=key)
+        self._backend_failed(name, cause, key=key, template=template)
         return BackendUnavailable(f"Redis unreachable {what}: {cause}")

@@ -158,6 +158,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             yield
         finally:
             running.clear()
+            metrics.close()  # unregisters: the registry may serve a restarted app
             for tracker in trackers:
                 tracker.remove()
             await async_guard.aclose()
