@@ -8,6 +8,7 @@ SIGTERM and SIGINT must let a request in flight finish and leave nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -418,13 +419,23 @@ def test_a_stop_signal_finishes_requests_in_flight_and_leaves_nothing_behind(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert code == 0, "".join(lines)
-    assert in_flight["reply"].status == 200
-    assert [m["id"] for m in in_flight["reply"].json()] == [1, 2, 3, 4, 5]
-    assert "stopped" in "".join(lines)
-    assert list(tmp_path.iterdir()) == []  # SQLite file, Redis's directory: all removed
-    with pytest.raises(redis.ConnectionError):
-        redis.Redis.from_url(redis_url, socket_connect_timeout=2).ping()
+    try:
+        assert code == 0, "".join(lines)
+        assert in_flight["reply"].status == 200
+        assert [m["id"] for m in in_flight["reply"].json()] == [1, 2, 3, 4, 5]
+        assert "stopped" in "".join(lines)
+        assert list(tmp_path.iterdir()) == []  # SQLite file, Redis's directory: all removed
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis.from_url(redis_url, socket_connect_timeout=2).ping()
+    finally:
+        _shut_down_if_left(redis_url)
+
+
+def _shut_down_if_left(redis_url: str) -> None:
+    """A serve that failed to clean up (a failing test, a mutant) leaves its Redis:
+    stop it, so no test leaves a process behind."""
+    with contextlib.suppress(redis.RedisError):
+        redis.Redis.from_url(redis_url, socket_connect_timeout=1).shutdown(nosave=True)
 
 
 def test_serve_on_postgresql(redis_url: str) -> None:
