@@ -145,13 +145,19 @@ class CacheGuard(WritePath):
         *,
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
+        template: str | None = None,
     ) -> T:
-        """The cached value of ``name``, loaded by ``load()`` once if missing."""
-        return self._run(self._read_flow(name, load, ttl, none_ttl), name, load)  # type: ignore[no-any-return]
+        """The cached value of ``name``, loaded by ``load()`` once if missing.
 
-    def peek(self, name: str) -> Any:
+        ``template`` names the family of keys ``name`` belongs to (``"menu:{id}"``)
+        in this call's events, for metrics labels; loaders pass their own. Without
+        it the events carry None (see :mod:`cacheguard.cache.stats`)."""
+        flow = self._read_flow(name, load, ttl, none_ttl, template)
+        return self._run(flow, name, load, template)  # type: ignore[no-any-return]
+
+    def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
-        return self._drive(self._peek_flow(name), name)
+        return self._drive(self._peek_flow(name, template), name)
 
     def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
@@ -164,13 +170,15 @@ class CacheGuard(WritePath):
         *,
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
+        template: str | None = None,
     ) -> T:
         """Load ``name`` now (under its locks, once across processes) and store it.
 
         With Redis unreachable (or the circuit open) ``on_backend_error`` applies as
         for reads: ``bypass`` returns a fresh load without storing it, ``raise``
-        raises :class:`BackendUnavailable`."""
-        return self._drive(self._refresh_flow(name, ttl, none_ttl), name, load)  # type: ignore[no-any-return]
+        raises :class:`BackendUnavailable`. ``template``: as for :meth:`get_or_load`."""
+        flow = self._refresh_flow(name, ttl, none_ttl, template)
+        return self._drive(flow, name, load, template)  # type: ignore[no-any-return]
 
     def watermark(self) -> int:
         """The namespace's invalidation sequence now: read it *before* a database
@@ -179,16 +187,17 @@ class CacheGuard(WritePath):
         :class:`BackendUnavailable` when Redis is unreachable."""
         return self._drive(self._watermark_flow(), "the watermark")  # type: ignore[no-any-return]
 
-    def invalidate(self, *names: str) -> None:
+    def invalidate(self, *names: str, template: str | None = None) -> None:
         """Stamp ``names`` with the next invalidation number and delete them,
         without taking locks.
 
         Every fill in flight for them fails its store, and so does every later
         fill whose database snapshot is older than this call (when the loader's
         snapshot watermark is known); L1 copies everywhere are dropped (here at
-        once, in other processes through pub/sub).
+        once, in other processes through pub/sub). ``template``: the names' key
+        template, for the events' labels (as for :meth:`get_or_load`).
         """
-        self._drive(self._invalidate_flow(names), ", ".join(names))
+        self._drive(self._invalidate_flow(names, template=template), ", ".join(names))
 
     def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix``: values and fills
@@ -229,21 +238,28 @@ class CacheGuard(WritePath):
 
     # -- the driver: every step of the flows, carried out with blocking calls --------------
 
-    def _drive(self, flow: Generator[Any, Any, Any], name: str, load: Any = None) -> Any:
+    def _drive(
+        self,
+        flow: Generator[Any, Any, Any],
+        name: str,
+        load: Any = None,
+        template: str | None = None,
+    ) -> Any:
         """Run ``flow`` to its end and return its value."""
-        return self._run(flow, name, load)
+        return self._run(flow, name, load, template)
 
     def _run(
         self,
         flow: Generator[Any, Any, Any],
         name: str,
         load: Any = None,
+        template: str | None = None,
         *,
         error: BaseException | None = None,
     ) -> Any:
         """Resume ``flow`` (with ``error`` thrown in, if given) and carry out its steps
         until it returns (its value) or asks for the caller's ``with`` block; closed
-        unless suspended there."""
+        unless suspended there. ``template`` labels the events of ``load``'s runs."""
         step: Any = None
         try:
             step = flow.send(None) if error is None else flow.throw(error)
@@ -252,7 +268,7 @@ class CacheGuard(WritePath):
                     if step.__class__ is Lookup:  # the hit path's one step, inline
                         reply = self.client.get(value_key(self.namespace, name))
                     else:
-                        reply = self._answer(step, name, load)
+                        reply = self._answer(step, name, load, template)
                 except REDIS_DOWN as exc:
                     step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
                 except redis.ResponseError as exc:  # a GET of someone else's key: not ours
@@ -271,7 +287,7 @@ class CacheGuard(WritePath):
                 flow.close()
         return None
 
-    def _answer(self, step: Any, name: str, load: Any) -> Any:
+    def _answer(self, step: Any, name: str, load: Any, template: str | None) -> Any:
         client = self.client
         if isinstance(step, RunFill):
             return drive_fill(
@@ -282,11 +298,12 @@ class CacheGuard(WritePath):
                 name=name,
                 load=load,
                 seal=step.seal,
+                template=template,
             )
         if isinstance(step, WaitFlight):
             return step.flight.wait(step.timeout)
         if isinstance(step, LoadUnlocked):
-            return self._loads.run(name, load)[0]
+            return self._loads.run(name, load, template)[0]
         if isinstance(step, Command):
             return client.execute_command(*step.args)  # type: ignore[no-untyped-call]
         if isinstance(step, Pipelined):
@@ -308,10 +325,14 @@ class CacheGuard(WritePath):
         raise TypeError(f"not a guard step: {step!r}")
 
     def _start_background(
-        self, flow: Generator[Any, Any, None], name: str, load: Callable[[], Any]
+        self,
+        flow: Generator[Any, Any, None],
+        name: str,
+        load: Callable[[], Any],
+        template: str | None = None,
     ) -> bool:
         try:
-            self._background().submit(self._drive, flow, name, load)
+            self._background().submit(self._drive, flow, name, load, template)
         except RuntimeError:  # executor shut down (close() or interpreter exit)
             return False
         return True

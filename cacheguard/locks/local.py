@@ -12,7 +12,8 @@ Rules, chosen so the lock can sit in front of the distributed one:
   :class:`LockUpgradeError` at once instead of deadlocking itself;
 * every acquisition can time out (:class:`LockTimeout`).
 
-Holds belong to threads, so a thread releases what it acquired.
+Holds belong to threads, so a thread releases what it acquired; a write hold
+may instead belong to an explicit ``holder`` id, for work handed between threads.
 """
 
 from __future__ import annotations
@@ -85,14 +86,20 @@ class LocalRWLock:
 
     # -- writing ---------------------------------------------------------------
 
-    def acquire_write(self, timeout: float | None = None) -> None:
-        """Take the write lock; a read holder gets :class:`LockUpgradeError`."""
-        me = threading.get_ident()
+    def acquire_write(self, timeout: float | None = None, *, holder: int | None = None) -> None:
+        """Take the write lock; a read holder gets :class:`LockUpgradeError`.
+
+        ``holder`` (a negative int, so no thread ident can equal it) takes the lock
+        for work that is not a thread's, such as a hold handed from thread to
+        thread: it re-enters only its own hold, never the calling thread's, and is
+        released with ``release_write(holder=...)``. A calling thread that holds
+        the read lock is refused either way (it would wait for itself)."""
+        me = threading.get_ident() if holder is None else holder
         with self._cond:
             if self._writer == me:
                 self._write_depth += 1
                 return
-            if me in self._readers:
+            if me in self._readers or threading.get_ident() in self._readers:
                 raise LockUpgradeError(name=self.name)
             self._waiting_writers += 1
             try:

@@ -15,7 +15,8 @@ process cannot starve remote writers.
 
 All distributed holds of one :class:`TwoTierRWLock` use one owner id per
 process, so a write holder taking the read lock (a downgrade) re-enters its own
-distributed holding. Holds are per thread: release from the acquiring thread.
+distributed holding. Holds are per thread: release from the acquiring thread,
+or take a write hold for an explicit ``holder`` id that any thread may release.
 Get instances from :class:`LockFactory` so every thread of a process shares the
 one instance per name; the factory keeps a lock alive while anyone holds it.
 After ``fork()`` a child starts with every two-tier lock free.
@@ -161,25 +162,53 @@ class TwoTierRWLock:
 
     # -- writing -----------------------------------------------------------------------
 
-    def acquire_write(self, timeout: float | None = None) -> LockHandle:
+    def acquire_write(
+        self, timeout: float | None = None, *, holder: int | None = None
+    ) -> LockHandle:
+        """Take the write lock for this thread, or for ``holder`` (a negative int: a
+        hold that any thread may release with ``release_write(holder=...)``, never
+        re-entered by a thread; see :meth:`LocalRWLock.acquire_write`)."""
         limit = self.remote.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
-        self._local.acquire_write(limit)
+        self._local.acquire_write(limit, holder=holder)
         if self._write_depth == 0:
             try:
                 self._write_handle = self.remote.acquire_write(
                     max(limit - (self._timer() - start), 1e-3), owner=self.owner
                 )
             except BaseException:
-                self._local.release_write()
+                self._local.release_write(holder=holder)
                 raise
         self._write_depth += 1
         assert self._write_handle is not None
         self._count_hold(+1)
         return self._write_handle
 
+    def try_acquire_write(self, *, holder: int | None = None) -> LockHandle | None:
+        """:meth:`acquire_write` without waiting, here or in Redis (where a busy lock
+        is left no waiting writer's mark): the handle, or None if the lock is busy."""
+        try:
+            self._local.acquire_write(0.0, holder=holder)
+        except LockTimeout:
+            return None
+        if self._write_depth == 0:
+            try:
+                handle = self.remote.try_acquire_write(owner=self.owner)
+            except BaseException:
+                self._local.release_write(holder=holder)
+                raise
+            if handle is None:
+                self._local.release_write(holder=holder)
+                return None
+            self._write_handle = handle
+        self._write_depth += 1
+        assert self._write_handle is not None
+        self._count_hold(+1)
+        return self._write_handle
+
     def release_write(self, *, holder: int | None = None) -> None:
-        """Release one write hold of this thread, or of thread ``holder``."""
+        """Release one write hold of this thread, or of ``holder`` (a thread ident, or
+        the holder id the hold was taken for)."""
         held = self._local.is_write_held_by_me() if holder is None else self._local.writer == holder
         if not held:
             raise LockNotHeldError(

@@ -1,0 +1,615 @@
+"""The ``cacheguard`` backend for dogpile.cache (extra ``dogpile``).
+
+The package registers it under dogpile.cache's entry point, so a region finds
+it by name, without importing cacheguard::
+
+    from dogpile.cache import make_region
+
+    region = make_region().configure(
+        "cacheguard",  # was "dogpile.cache.redis"
+        expiration_time=300,
+        arguments={"url": "redis://127.0.0.1:6379/0", "namespace": "menu"},
+    )
+
+What it brings over ``dogpile.cache.redis``: the dogpile lock of a key is the
+write side of cacheguard's two-tier read-write lock on that key
+(:class:`~cacheguard.locks.TwoTierRWLock`). Threads of one process meet at a local
+gate first, so one thread per process talks to Redis; waiters in other processes
+are woken by the release message on the key's pub/sub channel instead of
+polling; the lease is renewed by the watchdog while the holder lives and ends by
+itself when it dies.
+
+A process that holds a key's lock while some of its own threads wait for it
+passes the distributed hold from one to the next without a Redis round trip,
+at most as many times as threads were waiting when it first passed it on; the
+threads that come later queue in Redis behind the other processes. So a stampede
+costs a round trip per process rather than per thread, and no process keeps a
+key from the others for longer than one round of its waiting threads.
+
+Serialization is dogpile's: this is a :class:`~dogpile.cache.api.BytesBackend`,
+so the region's serializer (pickle unless the region names another) writes
+dogpile's own ``metadata|payload`` bytes, which dogpile needs for its expiration
+decisions, and the backend stores them as they are under the guard's key layout
+(``<namespace>:{<key>}:v``, the lock in ``<namespace>:{<key>}:rw``: one hash slot
+per key on a cluster). A guard's codec and entry envelope would only wrap bytes
+that are already encoded, and would limit values to what the codec carries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+import redis
+from dogpile.cache.api import (
+    NO_VALUE,
+    BytesBackend,
+    CacheMutex,
+    KeyType,
+    SerializedReturnType,
+)
+from dogpile.cache.exception import ValidationError
+
+from cacheguard._identity import on_fork_in_child
+from cacheguard.cache.guard import CacheGuard
+from cacheguard.cache.settings import client_options
+from cacheguard.checks import MAX_SECONDS, check_positive
+from cacheguard.clients import SyncClient, is_cluster, sync_client_from_url
+from cacheguard.exceptions import (
+    REDIS_DOWN,
+    BackendUnavailable,
+    CacheGuardError,
+    LockLostError,
+    LockNotHeldError,
+    LockTimeout,
+    classify,
+)
+from cacheguard.locks.redis_rwlock import LockHandle
+from cacheguard.locks.registry import WeakRegistry
+from cacheguard.locks.two_tier import TwoTierRWLock
+
+__all__ = ["BackendArgumentError", "CacheGuardBackend", "CacheGuardMutex"]
+
+log = logging.getLogger("cacheguard.dogpile")
+
+# dogpile.cache.redis's connection arguments, understood the same way here.
+_CONNECTION: Final = frozenset(
+    {
+        "url",
+        "host",
+        "port",
+        "db",
+        "username",
+        "password",
+        "ssl",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "socket_keepalive_options",
+        "connection_kwargs",
+        "connection_pool",
+    }
+)
+_OWN: Final = frozenset(
+    {
+        "guard",
+        "client",
+        "namespace",
+        "lease",
+        "lock_timeout",
+        "redis_expiration_time",
+        "wait_timeout",
+        "lock_blocking_timeout",
+        "distributed_lock",
+    }
+)
+# dogpile.cache.redis's lock tuning, which has no meaning here: accepted so that its
+# arguments carry over unchanged, and ignored.
+_MEANINGLESS: Final = frozenset(
+    {
+        "thread_local_lock",  # any thread may release this mutex
+        "lock_sleep",  # waiters are woken by the release message, not a poll
+        "lock_prefix",  # the lock lives in the key's own hash slot
+        "lock_blocking",  # dogpile says whether to wait on every acquire
+    }
+)
+# Arguments of dogpile's Sentinel and Cluster backends: say where they went.
+_ELSEWHERE: Final = {
+    "sentinels": "url='redis+sentinel://host:26379[,host:port...]/service[/db]'",
+    "service_name": "url='redis+sentinel://host:26379[,host:port...]/service[/db]'",
+    "sentinel_kwargs": "url='redis+sentinel://...', or a client= of your own",
+    "startup_nodes": "url='redis+cluster://host:port[,host:port...]'",
+}
+
+
+class BackendArgumentError(CacheGuardError, ValidationError, ValueError):
+    """An argument of the ``cacheguard`` dogpile backend (in ``configure``'s
+    ``arguments``, or a key given to it) cannot be used. Also a dogpile.cache
+    ``ValidationError`` and a ``ValueError``."""
+
+
+class CacheGuardBackend(BytesBackend):
+    """A dogpile.cache backend on cacheguard: values under a guard's key layout, and
+    :meth:`get_mutex` on the key's two-tier lock.
+
+    ``arguments`` (all optional; ``docs/guide.md`` lists them with their defaults):
+
+    - where: ``url`` (every form of :meth:`CacheGuard.from_url <cacheguard.CacheGuard.from_url>`:
+      one server, ``redis+cluster://``, ``redis+sentinel://``), or
+      dogpile.cache.redis's ``host``/``port``/``db``/``username``/``password``/``ssl``,
+      ``socket_timeout``, ``socket_connect_timeout``, ``socket_keepalive``,
+      ``socket_keepalive_options``, ``connection_kwargs``, ``connection_pool``; or a
+      ready ``client`` (``redis.Redis``/``RedisCluster``, bytes replies); or a ready
+      ``guard`` (a :class:`~cacheguard.CacheGuard`: its client, namespace and lease);
+    - ``namespace`` (default ``"cg"``), ``lease`` (alias ``lock_timeout``, default
+      30 s): the lock's lease, renewed while its holder lives;
+    - ``redis_expiration_time``: seconds Redis keeps a value (default: no expiry);
+    - ``wait_timeout`` (alias ``lock_blocking_timeout``): the longest a blocking
+      ``acquire`` waits before :class:`~cacheguard.LockTimeout` (default: no limit);
+    - ``distributed_lock`` (default True): False leaves locking to dogpile's
+      in-process ``threading.Lock``.
+
+    dogpile.cache.redis's ``thread_local_lock``, ``lock_sleep``, ``lock_prefix`` and
+    ``lock_blocking`` are accepted and ignored; other unknown names are ignored with
+    a warning (dogpile's contract: a backend takes any arguments dict).
+    """
+
+    def __init__(self, arguments: Mapping[str, Any]) -> None:
+        given = dict(arguments)  # dogpile's contract: the caller's dict stays untouched
+        _refuse_other_backends(given)
+        unknown = set(given) - _CONNECTION - _OWN - _MEANINGLESS
+        if unknown:
+            warnings.warn(
+                f"the cacheguard dogpile backend ignores unknown arguments {sorted(unknown)}",
+                stacklevel=3,
+            )
+        # An expiration of 0 is dogpile.cache.redis's default for "none"; a wait_timeout
+        # of 0 is refused (the caller means acquire(False)).
+        self.redis_expiration_time = _optional_seconds(given, "redis_expiration_time", zero=True)
+        self.wait_timeout = _optional_seconds(given, "wait_timeout", "lock_blocking_timeout")
+        self.distributed_lock = _flag(given, "distributed_lock", default=True)
+        self.guard, self._owned = _guard_from(given)
+        self.namespace = self.guard.namespace
+        self._client: SyncClient = self.guard.client
+        self._px = (
+            None
+            if self.redis_expiration_time is None
+            else max(1, round(self.redis_expiration_time * 1000))
+        )
+        self._gates: WeakRegistry[_KeyGate] = WeakRegistry(self._new_gate)
+
+    # -- values ----------------------------------------------------------------------------
+
+    def get_serialized(self, key: KeyType) -> SerializedReturnType:
+        name = self._value_key(key)
+        try:
+            with _unavailable(f"reading {key!r}"):
+                value: Any = self._client.get(name)  # bytes: the guard refuses decoding clients
+        except redis.ResponseError as exc:
+            if str(exc).startswith("WRONGTYPE"):  # another type of key at our name: a miss
+                return NO_VALUE
+            raise
+        return NO_VALUE if value is None else value
+
+    def get_serialized_multi(self, keys: Iterable[KeyType]) -> Sequence[SerializedReturnType]:
+        names = [self._value_key(key) for key in keys]
+        if not names:
+            return []
+        with _unavailable(f"reading {len(names)} keys"):
+            if is_cluster(self._client):  # the keys live on several nodes
+                values = self._client.mget_nonatomic(names)  # type: ignore[union-attr]
+            else:
+                values = self._client.mget(names)
+        return [NO_VALUE if value is None else value for value in values]
+
+    def set_serialized(self, key: KeyType, value: bytes) -> None:
+        name = self._value_key(key)
+        with _unavailable(f"writing {key!r}"):
+            self._client.set(name, _bytes(key, value), px=self._px)
+
+    def set_serialized_multi(self, mapping: Mapping[KeyType, bytes]) -> None:
+        if not mapping:
+            return
+        items = [(self._value_key(key), _bytes(key, value)) for key, value in mapping.items()]
+        with _unavailable(f"writing {len(items)} keys"):
+            # One round trip on a server; on a cluster one per node.
+            pipe = self._client.pipeline(transaction=False)
+            for name, value in items:
+                pipe.set(name, value, px=self._px)
+            pipe.execute()
+
+    def delete(self, key: KeyType) -> None:
+        name = self._value_key(key)
+        with _unavailable(f"deleting {key!r}"):
+            self._client.delete(name)
+
+    def delete_multi(self, keys: Iterable[KeyType]) -> None:
+        names = [self._value_key(key) for key in keys]
+        if not names:
+            return
+        with _unavailable(f"deleting {len(names)} keys"):
+            self._client.delete(*names)  # a cluster client splits it by slot
+
+    # -- the dogpile lock ------------------------------------------------------------------
+
+    def get_mutex(self, key: KeyType) -> CacheGuardMutex | None:
+        """The dogpile lock of ``key``: the write side of the key's two-tier lock
+        (None with ``distributed_lock=False``: dogpile then uses a threading lock)."""
+        if not self.distributed_lock:
+            return None
+        return CacheGuardMutex(self._gates.get(_key_name(key)), self.wait_timeout)
+
+    def has_lock_timeout(self) -> bool:
+        # A live holder's lease is renewed, so its lock never times out under it.
+        return False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the guard and client this backend made (a ``guard`` or ``client``
+        passed in is left to its owner)."""
+        if self._owned:
+            self.guard.close()
+            self._client.close()
+
+    def _value_key(self, key: object) -> str:
+        return self.guard.keys(_key_name(key)).value
+
+    def _new_gate(self, name: str) -> _KeyGate:
+        return _KeyGate(self.guard.rwlock(name), self._client)
+
+
+class CacheGuardMutex(CacheMutex):
+    """dogpile's lock for one key: a mutex on the write side of its two-tier lock.
+
+    Not reentrant, as dogpile expects: while the key is held in this process, an
+    ``acquire(False)`` through any mutex of that key returns False, from the holding
+    thread too, and ``acquire()`` waits. The holder may release from another
+    thread (dogpile's ``async_creation_runner`` does). Every mutex of a key in one
+    process shares that key's gate; processes exclude each other in Redis.
+    """
+
+    __slots__ = ("_gate", "_wait_timeout")
+
+    def __init__(self, gate: _KeyGate, wait_timeout: float | None) -> None:
+        self._gate = gate
+        self._wait_timeout = wait_timeout
+
+    def acquire(self, wait: bool = True) -> bool:
+        """Take the lock: ``wait=False`` answers at once; ``wait=True`` waits (for
+        ever, or ``wait_timeout`` s and then raises :class:`~cacheguard.LockTimeout`)."""
+        return self._gate.acquire(self, wait, self._wait_timeout if wait else None)
+
+    def release(self) -> None:
+        """Release the lock this mutex holds, from any thread
+        (:class:`~cacheguard.LockNotHeldError` if it holds none)."""
+        self._gate.release(self)
+
+    def locked(self) -> bool:
+        """Whether the key's lock is held now: in this process, or (asking Redis) by
+        any process."""
+        return self._gate.locked()
+
+    def __repr__(self) -> str:
+        return f"<CacheGuardMutex {self._gate.lock.name!r}>"
+
+
+_holder_ids = itertools.count(1)
+_gates: weakref.WeakSet[_KeyGate] = weakref.WeakSet()
+
+
+class _KeyGate:
+    """One key's dogpile lock in this process, shared by every mutex of the key.
+
+    ``holder`` is the mutex holding it (None: free here). The distributed hold,
+    ``hold``, is the two-tier lock's write side taken for ``holder_id``, a holder
+    id of this gate rather than of a thread: whichever thread releases, the hold
+    is the same, and no thread re-enters it by accident (through ``guard.write``
+    on the same key, say). Between two local holders it may stay taken (see the
+    module docstring): ``passes`` counts the hand-overs it has left.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_cond",
+        "_passes",
+        "client",
+        "hold",
+        "holder",
+        "holder_id",
+        "lock",
+        "waiting",
+    )
+
+    def __init__(self, lock: TwoTierRWLock, client: SyncClient) -> None:
+        self.lock = lock
+        self.client = client
+        self.holder_id = -next(_holder_ids)  # negative: never a thread's ident
+        self._reset()
+        _gates.add(self)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self.holder: CacheGuardMutex | None = None
+        self.waiting = 0
+        self.hold: LockHandle | None = None
+        self._passes: int | None = None  # set when the hold is first passed on
+
+    def acquire(self, mutex: CacheGuardMutex, wait: bool, timeout: float | None) -> bool:
+        start = time.monotonic()
+        with self._cond:
+            if self.holder is not None:
+                if not wait:
+                    return False
+                self._wait_turn(timeout, start)
+            self.holder = mutex
+            kept = self.hold
+        if kept is not None and not kept.lost:
+            return True  # passed on by the previous holder here: already ours in Redis
+        try:
+            if kept is not None:  # lost while passed on: let it go, take a fresh one
+                self.hold = None
+                self._let_go()
+            if wait:
+                left = MAX_SECONDS if timeout is None else timeout - (time.monotonic() - start)
+                if left <= 0:
+                    raise LockTimeout(
+                        name=self.lock.name, mode="write", waited=time.monotonic() - start
+                    )
+                hold: LockHandle | None = self.lock.acquire_write(left, holder=self.holder_id)
+            else:
+                hold = self.lock.try_acquire_write(holder=self.holder_id)
+        except BaseException:
+            self._leave()
+            raise
+        if hold is None:
+            self._leave()
+            return False
+        self.hold, self._passes = hold, None
+        return True
+
+    def _wait_turn(self, timeout: float | None, start: float) -> None:
+        """Wait until no mutex holds the gate (the caller holds ``_cond``)."""
+        self.waiting += 1
+        try:
+            free = self._cond.wait_for(lambda: self.holder is None, timeout)
+        except BaseException:  # interrupted: the wake-up we may have taken goes on
+            self.waiting -= 1
+            if self.holder is None:
+                if self.waiting:
+                    self._cond.notify()
+                elif self.hold is not None:  # passed on to waiters that are all gone
+                    self.hold = None
+                    self._let_go()
+            raise
+        self.waiting -= 1
+        if not free:
+            raise LockTimeout(name=self.lock.name, mode="write", waited=time.monotonic() - start)
+
+    def release(self, mutex: CacheGuardMutex) -> None:
+        with self._cond:
+            if self.holder is not mutex:
+                raise LockNotHeldError(
+                    f"this mutex does not hold the dogpile lock {self.lock.name!r}",
+                    name=self.lock.name,
+                    mode="write",
+                )
+            hold = self.hold
+            if self._passes is None:
+                # Only the threads waiting now may share this hold; later ones queue in
+                # Redis behind the other processes.
+                self._passes = self.waiting
+            if hold is not None and not hold.lost and self.waiting and self._passes > 0:
+                self._passes -= 1
+                self.holder = None
+                self._cond.notify()
+                return
+            self.hold = None
+        try:
+            if hold is not None:
+                self._let_go()
+        finally:
+            self._leave()
+
+    def locked(self) -> bool:
+        with self._cond:
+            if self.holder is not None:
+                return True
+        with _unavailable(f"reading the lock of {self.lock.name!r}"):
+            mode = self.client.hget(self.lock.remote.keys.lock, "mode")
+        return mode == b"write"
+
+    def _let_go(self) -> None:
+        """Release the distributed hold (the caller holds the gate)."""
+        try:
+            self.lock.release_write(holder=self.holder_id)
+        except LockLostError as lost:
+            # Its lease ended while held: someone else may have created the value too.
+            log.warning("dogpile lock lost before its release: %s", lost)
+        except BackendUnavailable as exc:
+            # Still held in Redis: the watchdog retries the release in the background
+            # until it goes through or the lease ends, so the hold never leaks.
+            log.warning("releasing the dogpile lock of %r failed: %s", self.lock.name, exc)
+
+    def _leave(self) -> None:
+        with self._cond:
+            self.holder = None
+            self._cond.notify()
+
+
+def _reset_gates_after_fork() -> None:
+    # The parent's threads, and so its holders, do not exist in the child.
+    for gate in list(_gates):
+        gate._reset()
+
+
+on_fork_in_child(_reset_gates_after_fork)
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+
+def _key_name(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise BackendArgumentError(
+            f"the cacheguard dogpile backend needs non-empty str keys, got {key!r} "
+            "(give the region a key_mangler that makes them)"
+        )
+    return key
+
+
+def _bytes(key: object, value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise BackendArgumentError(
+            f"the cacheguard dogpile backend stores serialized values (bytes), got "
+            f"{type(value).__name__} for {key!r}: let the region serialize them"
+        )
+    return value
+
+
+@contextmanager
+def _unavailable(what: str) -> Iterator[None]:
+    """Redis down (unreachable, or refusing for now) -> :class:`BackendUnavailable`."""
+    try:
+        yield
+    except REDIS_DOWN as exc:
+        raise BackendUnavailable(f"Redis unavailable {what}: {exc}") from exc
+    except redis.ResponseError as exc:
+        refusal = classify(exc)
+        if isinstance(refusal, REDIS_DOWN):
+            raise BackendUnavailable(f"Redis unavailable {what}: {exc}") from exc
+        raise
+
+
+def _refuse_other_backends(given: Mapping[str, Any]) -> None:
+    for name, instead in _ELSEWHERE.items():
+        if name in given:
+            raise BackendArgumentError(
+                f"{name!r} is an argument of dogpile's own Sentinel or Cluster backend; "
+                f"the cacheguard backend takes {instead}"
+            )
+
+
+def _optional_seconds(
+    given: Mapping[str, Any], name: str, alias: str | None = None, *, zero: bool = False
+) -> float | None:
+    """A duration in seconds, or None for none (also 0 when ``zero``); ``alias`` is
+    dogpile.cache.redis's name for it."""
+    if alias is not None and alias in given:
+        if name in given and given[name] != given[alias]:
+            raise BackendArgumentError(f"{name!r} and its alias {alias!r} disagree")
+        value = given[alias]
+    else:
+        value = given.get(name)
+    if value is None or (zero and value == 0 and not isinstance(value, bool)):
+        return None
+    return _seconds(name, value)
+
+
+def _seconds(name: str, value: object) -> float:
+    try:
+        return check_positive(name, value)
+    except (TypeError, ValueError) as exc:
+        raise BackendArgumentError(f"cacheguard dogpile backend: {exc}") from exc
+
+
+def _flag(given: Mapping[str, Any], name: str, *, default: bool) -> bool:
+    value = given.get(name, default)
+    if not isinstance(value, bool):
+        raise BackendArgumentError(f"{name!r} must be True or False, not {value!r}")
+    return value
+
+
+def _guard_from(given: Mapping[str, Any]) -> tuple[CacheGuard, bool]:
+    """The guard to work through, and whether the backend made it (and its client)."""
+    guard = given.get("guard")
+    client = given.get("client")
+    connection = sorted(set(given) & _CONNECTION)
+    lease: object = given.get("lease")
+    if "lock_timeout" in given:
+        if lease is not None and lease != given["lock_timeout"]:
+            raise BackendArgumentError("'lease' and its alias 'lock_timeout' disagree")
+        lease = given["lock_timeout"]
+    if guard is not None:
+        if not isinstance(guard, CacheGuard):
+            raise BackendArgumentError(
+                f"'guard' must be a cacheguard.CacheGuard, not {type(guard).__name__} "
+                "(an AsyncCacheGuard cannot serve dogpile's blocking calls)"
+            )
+        clashing = [*connection, *(["client"] if client is not None else [])]
+        if given.get("namespace", guard.namespace) != guard.namespace:
+            clashing.append("namespace")
+        if lease is not None and _seconds("lease", lease) != guard.settings.lease:
+            clashing.append("lease")
+        if clashing:
+            raise BackendArgumentError(
+                f"with 'guard' given, {clashing} would contradict it: the guard brings "
+                "its client, namespace and lease"
+            )
+        return guard, False
+    settings: dict[str, Any] = {"namespace": given.get("namespace", "cg")}
+    if lease is not None:
+        settings["lease"] = _seconds("lease", lease)
+    owned = client is None
+    if client is None:
+        client = _client_from(given)
+    elif connection:
+        raise BackendArgumentError(
+            f"with 'client' given, {connection} would contradict it: pass one or the other"
+        )
+    try:
+        return CacheGuard(client, **settings), owned
+    except (TypeError, ValueError) as exc:
+        raise BackendArgumentError(f"cacheguard dogpile backend: {exc}") from exc
+
+
+def _client_from(given: Mapping[str, Any]) -> SyncClient:
+    """A client the way dogpile.cache.redis makes one, failing fast like
+    :meth:`CacheGuard.from_url <cacheguard.CacheGuard.from_url>` (connect 1 s,
+    socket 2 s, no retries of its own) unless told otherwise."""
+    pool = given.get("connection_pool")
+    if pool is not None:  # dogpile's contract: the pool supersedes every other argument
+        if not isinstance(pool, redis.ConnectionPool):
+            raise BackendArgumentError(
+                f"'connection_pool' must be a redis.ConnectionPool, not {type(pool).__name__}"
+            )
+        return redis.Redis(connection_pool=pool)
+    extra = given.get("connection_kwargs") or {}
+    if not isinstance(extra, Mapping):
+        raise BackendArgumentError(
+            f"'connection_kwargs' must be a dict, not {type(extra).__name__}"
+        )
+    options = client_options(
+        _seconds("socket_connect_timeout", given.get("socket_connect_timeout", 1.0)),
+        _seconds("socket_timeout", given.get("socket_timeout", 2.0)),
+    )
+    if given.get("socket_keepalive"):
+        options["socket_keepalive"] = True
+        if given.get("socket_keepalive_options") is not None:
+            options["socket_keepalive_options"] = given["socket_keepalive_options"]
+    options.update(extra)
+    url = given.get("url")
+    try:
+        if url is not None:  # dogpile's contract: the URL overrides host, port and db
+            if given.get("ssl"):
+                raise BackendArgumentError("with 'url', ask for TLS with a rediss:// URL")
+            return sync_client_from_url(url, options)
+        if given.get("ssl") is not None:
+            options["ssl"] = _flag(given, "ssl", default=False)
+        return redis.Redis(
+            host=given.get("host", "localhost"),
+            port=given.get("port", 6379),
+            db=given.get("db", 0),
+            username=given.get("username"),
+            password=given.get("password"),
+            **options,
+        )
+    except (TypeError, ValueError) as exc:
+        raise BackendArgumentError(f"cacheguard dogpile backend: {exc}") from exc
