@@ -100,11 +100,11 @@ def test_reentrant_and_downgrade(store: Store, name: str) -> None:
     inner = lock.acquire_read(timeout=5)  # downgrade: read while writing
     outer.release()
     # Still a reader: another reader may join, a writer may not.
-    assert _in_thread(lambda: _held_briefly(store.make(name).read(timeout=5))).result(10)
+    assert _in_thread(lambda: _held_briefly(store.make(name).read(timeout=5))).result(10) == "held"
     blocked = _in_thread(lambda: _held_briefly(store.make(name).write(timeout=0.3)))
     assert isinstance(blocked.result(30), LockTimeout)
     inner.release()
-    assert _in_thread(lambda: _held_briefly(store.make(name).write(timeout=5))).result(10)
+    assert _in_thread(lambda: _held_briefly(store.make(name).write(timeout=5))).result(10) == "held"
 
 
 def test_upgrade_is_refused(store: Store, name: str) -> None:
@@ -112,7 +112,7 @@ def test_upgrade_is_refused(store: Store, name: str) -> None:
     with lock.read(timeout=5), pytest.raises(LockUpgradeError):
         lock.acquire_write(timeout=5)
     # The refusal left nothing behind: a writer gets in.
-    assert _in_thread(lambda: _held_briefly(store.make(name).write(timeout=5))).result(10)
+    assert _in_thread(lambda: _held_briefly(store.make(name).write(timeout=5))).result(10) == "held"
 
 
 # -- the store's own offers -------------------------------------------------------------
