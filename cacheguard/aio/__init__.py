@@ -6,6 +6,7 @@
 * ``two_tier`` -- :class:`AsyncTwoTierRWLock`: a task-level lock in front of Redis's
 * ``local``    -- :class:`AsyncLocalRWLock`: the tasks of one loop
 * ``rwlock``   -- :class:`AsyncRedisRWLock` and :class:`AsyncLockHandle`
+* ``redlock``  -- :class:`AsyncRedlockRWLock`: the lock on a majority of N masters
 * ``notifier`` -- one pub/sub listener task per (event loop, connection pool)
 * ``watchdog`` -- one lease-renewal task per event loop
 
@@ -18,6 +19,7 @@ from cacheguard.aio.guard import AsyncCacheGuard
 from cacheguard.aio.loader import AsyncCachedFunction, AsyncCacheLoader
 from cacheguard.aio.local import AsyncLocalRWLock
 from cacheguard.aio.notifier import AsyncNotifier, AsyncSubscription, async_notifier_for
+from cacheguard.aio.redlock import AsyncRedlockHandle, AsyncRedlockRWLock
 from cacheguard.aio.rwlock import AsyncLockHandle, AsyncRedisRWLock
 from cacheguard.aio.two_tier import AsyncLockFactory, AsyncTwoTierRWLock
 from cacheguard.aio.watchdog import AsyncWatchdog, default_async_watchdog
@@ -31,6 +33,8 @@ __all__ = [
     "AsyncLockHandle",
     "AsyncNotifier",
     "AsyncRedisRWLock",
+    "AsyncRedlockHandle",
+    "AsyncRedlockRWLock",
     "AsyncSubscription",
     "AsyncTwoTierRWLock",
     "AsyncWatchdog",

@@ -12,11 +12,15 @@ Layout (each module small, each with one job; the asyncio twins are in
 * ``notifier``    -- one pub/sub listener per process for release wake-ups
 * ``watchdog``    -- one renewal thread per process for leases (decisions in ``LeaseBook``)
 * ``two_tier``    -- :class:`TwoTierRWLock` and :class:`LockFactory`
+* ``redlock``     -- :class:`RedlockRWLock`: the same lock on a majority of N independent masters
+* ``zookeeper``   -- ``ZooKeeperRWLock``: the same lock on ZooKeeper's ephemeral sequential
+  znodes (import it from there: it needs the ``zookeeper`` extra, kazoo)
 """
 
 from cacheguard.locks.local import LocalRWLock
 from cacheguard.locks.notifier import Notifier
 from cacheguard.locks.redis_rwlock import LockHandle, RedisRWLock
+from cacheguard.locks.redlock import RedlockHandle, RedlockRWLock
 from cacheguard.locks.registry import WeakRegistry
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 from cacheguard.locks.watchdog import Watchdog
@@ -27,6 +31,8 @@ __all__ = [
     "LockHandle",
     "Notifier",
     "RedisRWLock",
+    "RedlockHandle",
+    "RedlockRWLock",
     "TwoTierRWLock",
     "Watchdog",
     "WeakRegistry",

@@ -1,0 +1,351 @@
+"""ZooKeeperRWLock against a real ZooKeeper: what the contract suite does not cover.
+
+The common rules run in tests/test_lock_contract.py (store "zookeeper"). Here: the
+server restarted under holders and waiters, a session expired, a holder process
+SIGKILLed (fencing across its death), the queue left clean by a timeout and a
+``try_acquire``, the downgrade waking readers already queued, owners shared per
+kazoo client, lock names that are not plain znode names, and bad input.
+
+One standalone server for the module (``cacheguard.testing.zookeeper_server``);
+each test has clients of its own. Sessions are 4 s here (a restarted server must
+find the holder's session alive), 1 s for the killed child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import KazooState
+from kazoo.retry import KazooRetry
+
+from cacheguard.exceptions import BackendUnavailable, LockLostError, LockTimeout
+from cacheguard.locks.zookeeper import ZooKeeperRWLock
+from cacheguard.testing import OwnedZooKeeperServer, zookeeper_server
+from tests.procs import CTX, start_process
+
+SESSION = 4.0
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[OwnedZooKeeperServer]:
+    with zookeeper_server() as owned:
+        yield owned
+
+
+@pytest.fixture
+def connect(server: OwnedZooKeeperServer) -> Iterator[Callable[[], KazooClient]]:
+    """Started kazoo clients (each its own session), stopped after the test."""
+    clients: list[KazooClient] = []
+
+    def make() -> KazooClient:
+        client = _client(server.hosts, SESSION)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    return f"zk-{request.node.name}-{os.getpid()}-{time.monotonic_ns()}"
+
+
+# -- the server restarted, a session expired, a holder killed ------------------------
+
+
+def test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in(
+    server: OwnedZooKeeperServer, connect: Callable[[], KazooClient], name: str
+) -> None:
+    holder_client, waiter_client, bystander = connect(), connect(), connect()
+    lost = threading.Event()
+    holder = ZooKeeperRWLock(holder_client, name, on_lost=lambda _handle: lost.set())
+    handle = holder.acquire_write(timeout=5)
+    session = holder_client.client_id
+    waiter = _in_thread(lambda: _token_of(ZooKeeperRWLock(waiter_client, name).write(timeout=8)))
+    _wait_until(lambda: len(_queue(holder_client, holder)) == 2, "the waiter never queued")
+
+    server.kill()
+    _wait_until(lambda: bystander.state != KazooState.CONNECTED, "the bystander saw nothing")
+    with pytest.raises(BackendUnavailable):  # ZooKeeper down: no hang, no false grant
+        ZooKeeperRWLock(bystander, f"{name}-other").acquire_write(timeout=0.5)
+    server.start()
+
+    assert lost.wait(10), "the holder was never told"
+    assert handle.lost
+    assert "suspended" in handle.lost_reason
+    # The session outlived the restart, and with it the holder's znode: the holder
+    # deleted it itself once reconnected, and the waiter (whose node survived too)
+    # got in.
+    token = waiter.result(30)
+    assert isinstance(token, int), token
+    assert token > handle.token
+    assert holder_client.client_id == session
+    with pytest.raises(LockLostError):
+        handle.release()
+    with holder.write(timeout=5) as again:  # the owner starts afresh
+        assert again.token > token
+
+
+def test_an_expired_session_loses_the_holding_and_frees_the_lock(
+    server: OwnedZooKeeperServer, connect: Callable[[], KazooClient], name: str
+) -> None:
+    holder_client, other = connect(), connect()
+    lost = threading.Event()
+    holder = ZooKeeperRWLock(holder_client, name, on_lost=lambda _handle: lost.set())
+    handle = holder.acquire_write(timeout=5)
+
+    expired = holder_client.client_id[0]
+    _expire(server, holder_client)
+    assert lost.wait(10), "the holder was never told"  # (at the suspension before the loss)
+    assert handle.lost
+    with ZooKeeperRWLock(other, name).write(timeout=5) as taken:
+        assert taken.token > handle.token
+    with pytest.raises(LockLostError, match="lost before release"):
+        handle.release()
+    # kazoo opens a new session; the owner takes the lock again on it.
+    with holder.write(timeout=15) as again:
+        assert again.token > taken.token
+    assert holder_client.client_id[0] != expired
+
+
+def test_a_waiter_whose_session_expired_queues_again(
+    server: OwnedZooKeeperServer, connect: Callable[[], KazooClient], name: str
+) -> None:
+    waiter_client, holder_client = connect(), connect()
+    holder = ZooKeeperRWLock(holder_client, name)
+    reader = holder.acquire_read(timeout=5)
+    waiter = _in_thread(lambda: _token_of(ZooKeeperRWLock(waiter_client, name).write(timeout=20)))
+    _wait_until(lambda: len(_queue(holder_client, holder)) == 2, "the waiter never queued")
+
+    expired = waiter_client.client_id[0]
+    _expire(server, waiter_client)  # its node goes with its session
+
+    def queued_again() -> bool:  # a node of the waiter's new session is in the queue
+        owners = {_owner(holder_client, holder, child) for child in _queue(holder_client, holder)}
+        return expired not in owners and len(owners - {0, holder_client.client_id[0]}) == 1
+
+    _wait_until(queued_again, "the waiter never queued again", within=8)
+    reader.release()
+    assert isinstance(waiter.result(30), int)
+
+
+def test_a_killed_holder_frees_the_lock_and_the_next_token_is_higher(
+    server: OwnedZooKeeperServer, connect: Callable[[], KazooClient], name: str
+) -> None:
+    client = connect()
+    lock = ZooKeeperRWLock(client, name)
+    tokens = CTX.Queue()
+    child = start_process(_hold_write, server.hosts, name, tokens)
+    dead_token = tokens.get(timeout=30)
+    assert len(_queue(client, lock)) == 1
+    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    child.join(10)
+    # The child's session (1 s) expires; its ephemeral node goes with it.
+    with lock.write(timeout=15) as handle:
+        assert handle.token > dead_token
+        assert len(_queue(client, lock)) == 1
+
+
+# -- the queue ------------------------------------------------------------------------
+
+
+def test_a_timed_out_writer_and_a_failed_try_leave_nothing_queued(
+    connect: Callable[[], KazooClient], name: str
+) -> None:
+    client = connect()
+    lock = ZooKeeperRWLock(client, name)
+    with lock.read(timeout=5):
+        late = _in_thread(lambda: _held_briefly(ZooKeeperRWLock(client, name).write(timeout=0.3)))
+        assert isinstance(late.result(30), LockTimeout)
+        assert _in_thread(lock.try_acquire_write).result(30) is None
+        assert len(_queue(client, lock)) == 1
+        # No writer's node holds new readers off.
+        joined = _in_thread(lambda: _held_briefly(lock.read(timeout=0.5)))
+        assert joined.result(30) == "held"
+    assert client.exists(lock.path) is None  # the directory went with its last node
+
+
+def test_a_downgrade_lets_in_the_readers_already_waiting(
+    connect: Callable[[], KazooClient], name: str
+) -> None:
+    client, other = connect(), connect()
+    lock = ZooKeeperRWLock(client, name)
+    outer = lock.acquire_write(timeout=5)
+    waiting = _in_thread(lambda: _held_briefly(ZooKeeperRWLock(other, name).read(timeout=5)))
+    _wait_until(lambda: len(_queue(client, lock)) == 2, "the reader never queued")
+    inner = lock.acquire_read(timeout=5)
+    outer.release()  # now only a reader: the waiting reader comes in
+    assert waiting.result(30) == "held"
+    assert _in_thread(lambda: ZooKeeperRWLock(other, name).try_acquire_write()).result(30) is None
+    inner.release()
+    assert _in_thread(lambda: _held_briefly(lock.write(timeout=5))).result(30) == "held"
+
+
+# -- owners -----------------------------------------------------------------------------
+
+
+def test_owners_are_counted_per_client_across_lock_objects(
+    connect: Callable[[], KazooClient], name: str
+) -> None:
+    client, other = connect(), connect()
+    first = ZooKeeperRWLock(client, name).acquire_write(timeout=5)
+    second = ZooKeeperRWLock(client, name).acquire_write(timeout=0.5)  # the same owner
+    assert second.token == first.token
+    shared = _in_thread(lambda: ZooKeeperRWLock(client, name).acquire_write(timeout=0.5))
+    assert isinstance(shared.result(30), LockTimeout)  # another thread: another owner
+    owner = first.owner
+    # The same owner string on another client is another session: it waits.
+    with pytest.raises(LockTimeout):
+        ZooKeeperRWLock(other, name).acquire_write(timeout=0.3, owner=owner)
+    by_name = _in_thread(lambda: ZooKeeperRWLock(client, name).acquire_write(0.5, owner=owner))
+    third = by_name.result(30)  # an explicit owner shares the holding between threads
+    assert third.token == first.token
+    for handle in (third, second, first):
+        handle.release()
+    assert len(_queue(client, ZooKeeperRWLock(client, name))) == 0
+
+
+def test_names_are_escaped_into_one_znode_each(
+    connect: Callable[[], KazooClient], name: str
+) -> None:
+    client = connect()
+    names = [f"{name}/a", f"{name}%2Fa", ".", "..", "é/{x}"]
+    locks = [ZooKeeperRWLock(client, each, namespace=f"ns-{name}") for each in names]
+    assert len({lock.path for lock in locks}) == len(names)
+    handles = [lock.acquire_write(timeout=5) for lock in locks]  # none blocks another
+    for handle in handles:
+        handle.release()
+
+
+# -- bad input ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"name": ""}, ValueError),
+        ({"name": 7}, TypeError),
+        ({"root": "locks"}, ValueError),
+        ({"root": "/locks/"}, ValueError),
+        ({"timeout": 0}, ValueError),
+        ({"request_timeout": -1}, ValueError),
+        ({"namespace": "{x}"}, ValueError),
+    ],
+)
+def test_bad_arguments_are_refused(
+    connect: Callable[[], KazooClient], kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    arguments: dict[str, Any] = {"name": "ok", **kwargs}
+    with pytest.raises(error):
+        ZooKeeperRWLock(connect(), **arguments)
+
+
+def test_misuse_raises_clear_errors(
+    server: OwnedZooKeeperServer, connect: Callable[[], KazooClient], name: str
+) -> None:
+    client = connect()
+    handle = ZooKeeperRWLock(client, name).acquire_write(timeout=5)
+    with pytest.raises(ValueError, match="another lock"):
+        ZooKeeperRWLock(client, name).release(handle)
+    handle.release()
+    handle.release()  # twice: nothing more
+    idle = KazooClient(hosts=server.hosts)  # never started
+    with pytest.raises(BackendUnavailable, match="not started"):
+        ZooKeeperRWLock(idle, name).acquire_write(timeout=1)
+    assert _queue(client, ZooKeeperRWLock(client, name)) == []
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _client(hosts: str, session: float) -> KazooClient:
+    # Reconnect attempts every 50-250 ms, so a restarted server is found at once.
+    retry = KazooRetry(max_tries=-1, delay=0.05, max_delay=0.25)
+    client = KazooClient(hosts=hosts, timeout=session, connection_retry=retry)
+    client.start(timeout=15)
+    return client
+
+
+def _hold_write(hosts: str, name: str, tokens: Any) -> None:
+    """Child: take the write lock on a 1 s session, report the token, hold it."""
+    handle = ZooKeeperRWLock(_client(hosts, 1.0), name).acquire_write(timeout=10)
+    tokens.put(handle.token)
+    threading.Event().wait()  # held until the parent kills us
+
+
+def _expire(server: OwnedZooKeeperServer, client: KazooClient) -> None:
+    """End ``client``'s session from outside: another client joins it and closes it."""
+    session_id, password = client.client_id
+    intruder = KazooClient(hosts=server.hosts, client_id=(session_id, password))
+    intruder.start(timeout=15)
+    intruder.stop()
+    intruder.close()
+
+
+def _queue(client: KazooClient, lock: ZooKeeperRWLock) -> list[str]:
+    try:
+        return sorted(client.get_children(lock.path))
+    except NoNodeError:
+        return []
+
+
+def _owner(client: KazooClient, lock: ZooKeeperRWLock, child: str) -> int:
+    """The session that owns a node of the lock (0 if it is gone)."""
+    stat = client.exists(f"{lock.path}/{child}")
+    return 0 if stat is None else int(stat.ephemeralOwner)
+
+
+def _wait_until(condition: Callable[[], bool], what: str, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():  # a condition polled with a deadline
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+class _Outcome:
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+
+    def set(self, value: Any) -> None:
+        self._value = value
+        self._done.set()
+
+    def result(self, timeout: float) -> Any:
+        assert self._done.wait(timeout), f"the other owner did not finish within {timeout} s"
+        return self._value
+
+
+def _in_thread(work: Callable[[], Any]) -> _Outcome:
+    """Run ``work`` as another owner (a thread); its result, or the exception it raised."""
+    outcome = _Outcome()
+
+    def run() -> None:
+        try:
+            outcome.set(work())
+        except Exception as exc:
+            outcome.set(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return outcome
+
+
+def _held_briefly(context: Any) -> str:
+    with context:
+        return "held"
+
+
+def _token_of(context: Any) -> int:
+    with context as handle:
+        return int(handle.token)
