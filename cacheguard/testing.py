@@ -101,7 +101,11 @@ class OwnedRedisServer:
         self.extra_args = extra_args
         self.workdir = tempfile.mkdtemp(prefix="cacheguard-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+        try:
+            self.start()
+        except BaseException:  # a failed start, or a signal meanwhile: leave nothing behind
+            self.close()
+            raise
 
     @property
     def url(self) -> str:

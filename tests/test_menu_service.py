@@ -20,6 +20,7 @@ if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
 from menu_service import cli  # noqa: E402
+from menu_service.infra import make_engine, seed  # noqa: E402
 
 
 def _row(output: str, mode: str) -> dict[str, float]:
@@ -69,7 +70,7 @@ def _tables_and_rows(url: str) -> dict[str, int]:
         engine.dispose()
 
 
-@pytest.mark.parametrize("command", [["demo", "--no-chart"], ["serve", "--port", "8000"]])
+@pytest.mark.parametrize("command", [["demo", "--no-chart"], ["serve", "--port", "0"]])
 def test_a_database_of_yours_that_holds_tables_is_refused_without_reset(
     command: list[str],
     redis_url: str,
@@ -96,6 +97,29 @@ def test_a_database_of_yours_that_holds_tables_is_refused_without_reset(
     assert "already holds tables (customers)" in err
     assert "--reset" in err
     assert _tables_and_rows(url) == {"customers": 1}  # untouched, nothing created
+
+
+def test_a_database_holding_only_the_demos_own_table_is_used_without_reset(
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The table an earlier run left is the demo's own: no --reset needed."""
+    url = f"sqlite:///{tmp_path / 'yours.sqlite3'}"
+    engine = make_engine(url)
+    seed(engine, 3)  # what an earlier run leaves
+    engine.dispose()
+    monkeypatch.setenv("DATABASE_URL", url)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    ran: list[str] = []
+
+    def run_mode(mode: str, *args: Any, **kwargs: Any) -> Any:
+        ran.append(mode)
+        return cli.demo.RunResult(mode)
+
+    monkeypatch.setattr(cli.demo, "run_mode", run_mode)
+    assert cli.main(["demo", "--no-chart", "--only", "cacheguard"]) == 0
+    assert ran == ["cacheguard"]  # it went on
 
 
 @pytest.mark.slow

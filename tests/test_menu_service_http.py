@@ -149,20 +149,25 @@ def exchange(port: int, raw: bytes) -> Reply:
     """Send ``raw``, read one response (until its Content-Length, or the close)."""
     with socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT) as sock:
         sock.sendall(raw)
-        data = b""
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                raise AssertionError(f"no complete reply within {CLIENT_TIMEOUT} s") from None
-            except ConnectionResetError:
-                chunk = b""
-            if not chunk:
-                break
-            data += chunk
-            head, sep, rest = data.partition(b"\r\n\r\n")
+        return _read_reply(sock)
+
+
+def _read_reply(sock: socket.socket) -> Reply:
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(1)  # a byte at a time: a later reply stays unread
+        except TimeoutError:
+            raise AssertionError(f"no complete reply within {CLIENT_TIMEOUT} s") from None
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            break
+        data += chunk
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if sep:
             length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-            if sep and length and len(rest) >= int(length[1]):
+            if length is None or len(rest) >= int(length[1]):
                 break
     assert data, "the server closed the connection without a reply"
     head, _, rest = data.partition(b"\r\n\r\n")
@@ -186,7 +191,12 @@ BIG = "99999999999999999999999"
 BAD_REQUESTS = [
     ("id beyond 64 bits", request("GET", f"/menus/{BIG}"), 422),
     ("id beyond the column", request("GET", "/menus/2147483648"), 422),
-    ("id not a number", request("GET", "/menus/abc"), 422),
+    ("id not a number", request("GET", "/menus/abc"), 404),
+    ("id with a sign", request("GET", "/menus/+1"), 404),
+    ("id with an underscore", request("GET", "/menus/1_0"), 404),
+    ("trailing slash", request("GET", "/menus/"), 404),
+    ("line separator in a name", request("PUT", "/menus/1", '{"name": "a\\u2028b"}'), 422),
+    ("non-character in a name", request("PUT", "/menus/1", '{"name": "a\\uffffb"}'), 422),
     ("id zero", request("GET", "/menus/0"), 422),
     ("unknown id", request("GET", "/menus/999"), 404),
     ("sort beyond 64 bits", request("PUT", "/menus/1", f'{{"sort": {BIG}}}'), 422),
@@ -269,6 +279,79 @@ def test_query_strings_are_ignored(service: Service) -> None:
     assert call(service.port, "GET", "/menus?x=1").status == 200
 
 
+def test_an_upgrade_request_is_a_plain_request(service: Service) -> None:
+    headers = ("Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Version: 13")
+    reply = exchange(service.port, request("GET", "/menus/1", headers=headers))
+    assert reply.status == 200
+    assert reply.json()["id"] == 1
+
+
+def test_a_later_request_head_on_a_kept_alive_connection_has_a_deadline_too(
+    redis_url: str,
+) -> None:
+    """The first request outlasts the head deadline armed at connect (its list takes
+    1.5 s to build); the second request's head, never finished, still gets a 408."""
+    namespace = f"menu-heads-{uuid.uuid4().hex[:8]}"
+    args = ["--port", "0", "--menus", "3", "--namespace", namespace, "--build-ms", "1500"]
+    args += ["--head-timeout", str(HEAD_TIMEOUT)]
+    proc, port, _, lines = _start(args, _env(REDIS_URL=redis_url))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT) as sock:
+            sock.sendall(request("GET", "/menus"))  # cold: loaded and built, 1.5 s
+            assert _read_reply(sock).status == 200
+            sock.sendall(b"GET /menus/1 HTTP/1.1\r\nHost: test\r\n")  # never finished
+            second = _read_reply(sock)
+        assert second.status == 408
+        assert second.headers["content-type"] == "application/json"
+    finally:
+        assert _stop(proc) == 0, "".join(lines)
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"{namespace}:*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+def test_a_body_sent_a_byte_at_a_time_is_cut_off_at_the_deadline(service: Service) -> None:
+    """Each byte comes well within the deadline; the whole body does not."""
+    body = b'{"name": "slow and steady"}'
+    head = request("PUT", "/menus/1", b"", (f"Content-Length: {len(body)}",))
+    with socket.create_connection(("127.0.0.1", service.port), timeout=CLIENT_TIMEOUT) as sock:
+        sock.sendall(head)
+        for byte in body:  # the client's pace, not synchronisation: ~4 s in all
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # answered and closed: stop sending
+                break
+            time.sleep(BODY_TIMEOUT / 6)
+        reply = _read_reply(sock)
+    assert reply.status == 408, reply.body
+    assert call(service.port, "GET", "/menus/1").json()["name"] != "slow and steady"
+
+
+def test_a_body_nobody_reads_ends_the_connection(service: Service) -> None:
+    """A GET with a body the endpoint never reads: answered, then the connection is
+    closed, rather than the rest of the body read without limit or deadline (a
+    client trickling it would keep the connection for ever)."""
+    raw = request("GET", "/menus/2", b"x" * 10, ("Content-Length: 1000",))
+    with socket.create_connection(("127.0.0.1", service.port), timeout=CLIENT_TIMEOUT) as sock:
+        sock.sendall(raw)
+        assert _read_reply(sock).status == 200
+        sock.settimeout(0.5)
+        for _ in range(16):  # ~8 s of trickling, a byte every half second
+            try:
+                if sock.recv(1024) == b"":
+                    return  # closed by the server
+            except ConnectionResetError:
+                return
+            except TimeoutError:
+                pass
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                return
+    raise AssertionError("the connection stayed open, reading the unread body a byte at a time")
+
+
 # -- what the service does -----------------------------------------------------------------------
 
 
@@ -312,7 +395,9 @@ def test_metrics_are_scraped_in_prometheus_format(service: Service) -> None:
     assert sum(s.value for s in hits if s.labels.get("template") == "menu:{menu_id}") >= 2
 
 
-def test_writes_check_parents_under_the_list_lock(redis_url: str, namespace: str) -> None:
+def test_writes_check_parents_under_the_list_lock(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
     """Two writes that would each close half of a cycle (3 under 4, 4 under 3), from two
     guards as from two processes: the second checks only after the first committed,
     because both take ``menu:list``'s write lock before they read."""
@@ -328,7 +413,7 @@ def test_writes_check_parents_under_the_list_lock(redis_url: str, namespace: str
 
     database = os.environ.get("DATABASE_URL") or ""
     if not database.startswith("postgresql"):
-        database = f"sqlite:///{Path(os.environ.get('TMPDIR', '/tmp')) / namespace}.sqlite3"
+        database = f"sqlite:///{tmp_path / 'menu.sqlite3'}"
     engine = make_engine(database)
     seed(engine, 6)
     writers = []
@@ -429,6 +514,54 @@ def test_a_stop_signal_finishes_requests_in_flight_and_leaves_nothing_behind(
             redis.Redis.from_url(redis_url, socket_connect_timeout=2).ping()
     finally:
         _shut_down_if_left(redis_url)
+
+
+def test_a_stop_signal_while_starting_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGTERM after the throwaway Redis started, before serving (seeding many rows)."""
+    env = _env(REDIS_URL=None, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen(
+        [*SERVE, "--port", "0", "--menus", "100000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith("cacheguard-redis-") for p in tmp_path.iterdir()):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "serve never started its Redis"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "serving on" not in output, "the signal came too late to test the start-up"
+    assert proc.returncode == 0, output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_restart_does_not_serve_what_an_earlier_run_cached(redis_url: str) -> None:
+    """With a REDIS_URL that outlives the service, a restart (which seeds the table
+    anew) must not serve the entries the earlier run cached."""
+    namespace = f"menu-restart-{uuid.uuid4().hex[:8]}"
+    args = ["--port", "0", "--menus", "5", "--namespace", namespace]
+    proc, port, _, lines = _start(args, _env(REDIS_URL=redis_url))
+    try:
+        assert call(port, "PUT", "/menus/4", {"name": "Soups"}).status == 200
+        assert call(port, "GET", "/menus/4").json()["name"] == "Soups"  # cached
+    finally:
+        assert _stop(proc) == 0, "".join(lines)
+    proc, port, _, lines = _start(args, _env(REDIS_URL=redis_url))
+    try:
+        assert call(port, "GET", "/menus/4").json()["name"] == "Menu 4 #0"  # seeded anew
+    finally:
+        assert _stop(proc) == 0, "".join(lines)
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"{namespace}:*", count=1000):
+            client.delete(key)
+        client.close()
 
 
 def _shut_down_if_left(redis_url: str) -> None:

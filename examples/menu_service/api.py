@@ -55,6 +55,9 @@ NAME_LENGTH = 100
 URL_LENGTH = 200
 
 MenuId = Annotated[int, Path(ge=1, le=INT32_MAX, description="a menu's id")]
+# Cc control, Zl/Zp line and paragraph separators, Cn unassigned and non-characters,
+# Co private use, Cs surrogates.
+_REFUSED_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cn", "Co", "Cs"})
 
 
 class MenuUpdate(BaseModel):
@@ -78,11 +81,15 @@ class MenuUpdate(BaseModel):
     @field_validator("name", "url")
     @classmethod
     def storable_text(cls, value: str) -> str:
-        # Control characters (NUL among them: PostgreSQL refuses it) have no place in a
-        # menu name or URL. (Lone surrogates, "\ud800", never get here: the JSON
-        # parser refuses them as invalid Unicode.)
-        if any(unicodedata.category(char) == "Cc" for char in value):
-            raise ValueError("must not contain control characters")
+        # Control characters (NUL among them: PostgreSQL refuses it), line and
+        # paragraph separators, unassigned code points and non-characters (U+FFFF)
+        # have no place in a menu name or URL. (Lone surrogates, "\ud800", never get
+        # here: the JSON parser refuses them as invalid Unicode.)
+        for char in value:
+            if unicodedata.category(char) in _REFUSED_CATEGORIES:
+                raise ValueError(
+                    f"must not contain {unicodedata.category(char)} characters ({char!r})"
+                )
         return value
 
     @field_validator("name")
@@ -138,6 +145,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
         metrics = CacheMetrics(registry=config.registry)
         metrics.instrument(sync_guard)
         metrics.instrument(async_guard)
+        # The table was just seeded afresh: entries a previous run left in this
+        # namespace (a REDIS_URL outlives the service) describe rows that are gone.
+        sync_guard.invalidate_prefix("menu:")
         sessions = sessionmaker(engine, expire_on_commit=False)
         async_sessions = async_sessionmaker(async_engine, expire_on_commit=False)
         trackers = [
@@ -175,6 +185,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         title="menu service",
         description="The menu service of the cacheguard documents.",
         lifespan=lifespan,
+        redirect_slashes=False,  # /menus/ is a 404 like any unknown path, not a redirect
     )
 
     @app.get("/menus")
@@ -182,7 +193,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """Every menu, ordered by ``sort`` (cached as ``menu:list``)."""
         return await state().reads.get_list()
 
-    @app.get("/menus/{menu_id}")
+    @app.get("/menus/{menu_id:int}")
     async def get_menu(menu_id: MenuId) -> dict[str, Any]:
         """One menu (cached as ``menu:{id}``, misses too)."""
         try:
@@ -190,7 +201,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         except MenuNotFound:
             raise HTTPException(404, f"no menu {menu_id}") from None
 
-    @app.put("/menus/{menu_id}")
+    @app.put("/menus/{menu_id:int}")
     def update_menu(menu_id: MenuId, update: MenuUpdate) -> dict[str, Any]:
         """Change any of name, parent_id, sort, url (the sync write path)."""
         try:

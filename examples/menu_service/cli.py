@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from menu_service import demo
 from menu_service.infra import (
     DatabaseNotEmpty,
+    async_database_url,
     backends,
     check_database,
     make_engine,
@@ -44,6 +47,10 @@ def _non_negative(kind: Callable[[str], float], upper: float) -> Callable[[str],
 
     parse.__name__ = kind.__name__
     return parse
+
+
+class CannotServe(Exception):
+    """serve cannot start: the address is taken, the database is unusable."""
 
 
 class _WithDefaults(argparse.HelpFormatter):
@@ -160,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
-    except DatabaseNotEmpty as refused:
+    except (DatabaseNotEmpty, CannotServe) as refused:
         print(f"menu_service {args.command}: {refused}", file=sys.stderr)
         return 1
 
@@ -185,10 +192,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     """Seed, then serve until SIGTERM/SIGINT; the throwaway Redis and temporary
-    directory (if any) are removed on the way out of ``backends()``."""
+    directory (if any) are removed on the way out of ``backends()``, whenever the
+    signal comes (while starting, too)."""
     try:  # the service extra: FastAPI, uvicorn
         from menu_service.api import ServiceConfig  # noqa: PLC0415
-        from menu_service.server import listen, run  # noqa: PLC0415
+        from menu_service.server import Stopped, listen, run, stop_signals_raise  # noqa: PLC0415
     except ImportError as exc:
         print(
             f"menu_service serve needs the service extra ({exc.name} is missing): "
@@ -196,21 +204,29 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    with stop_signals_raise(), contextlib.suppress(Stopped):
+        _serve(args, ServiceConfig, listen, run)
+    print("stopped", flush=True)
+    return 0
+
+
+def _serve(args: argparse.Namespace, config_type: Any, listen: Any, run: Any) -> None:
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:
-        print(
-            f"menu_service serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
-        )
-        return 1
+        raise CannotServe(f"cannot listen on {args.host}:{args.port}: {exc}") from None
     with sock, backends() as found:
         check_database(found, reset=args.reset)
-        engine = make_engine(found.database_url)
         try:
-            seed(engine, args.menus)
-        finally:
-            engine.dispose()
-        config = ServiceConfig(
+            async_database_url(found.database_url)  # the async endpoints need a driver too
+            engine = make_engine(found.database_url)
+            try:
+                seed(engine, args.menus)
+            finally:
+                engine.dispose()
+        except Exception as exc:  # a wrong or unreachable DATABASE_URL: say so, briefly
+            raise CannotServe(f"cannot use the database {found.database_url!r}: {exc}") from None
+        config = config_type(
             redis_url=found.redis_url,
             database_url=found.database_url,
             namespace=args.namespace,
@@ -234,8 +250,6 @@ def serve(args: argparse.Namespace) -> int:
             on_ready=ready,
             access_log=args.access_log,
         )
-    print("stopped", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

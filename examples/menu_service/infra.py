@@ -53,8 +53,9 @@ def backends(database_url: str | None = None) -> Iterator[Backends]:
 
 
 def check_database(found: Backends, *, reset: bool) -> None:
-    """Refuse a database of the user's that holds any table, unless ``reset``: the
-    demo then drops and fills only its own table (``cacheguard_demo_menu``)."""
+    """Refuse a database of the user's that holds any table but the demo's own
+    (``cacheguard_demo_menu``, left by an earlier run), unless ``reset``: the demo
+    then drops and fills only its own table."""
     if found.database_is_ours or reset:
         return
     engine = sa.create_engine(found.database_url)
@@ -62,11 +63,12 @@ def check_database(found: Backends, *, reset: bool) -> None:
         tables = sa.inspect(engine).get_table_names()
     finally:
         engine.dispose()
+    tables = [t for t in tables if t != Menu.__tablename__]  # its own, from an earlier run
     if tables:
         listed = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         raise DatabaseNotEmpty(
             f"DATABASE_URL points at a database that already holds tables ({listed}). "
-            f"The demo creates, fills and drops only its own table, {Menu.__tablename__}, "
+            f"The demo (re)creates and fills only its own table, {Menu.__tablename__}, "
             "and never touches the others; run again with --reset to let it do so here."
         )
 
@@ -86,12 +88,11 @@ def async_database_url(database_url: str) -> str:
         "sqlite+aiosqlite": "sqlite+aiosqlite",
         "postgresql": "postgresql+psycopg",
         "postgresql+psycopg": "postgresql+psycopg",
-        "postgresql+asyncpg": "postgresql+asyncpg",
     }
     if not sep or scheme not in drivers:
         raise ValueError(
-            f"no asyncio driver known for {scheme or database_url!r}: use sqlite:///... or "
-            "postgresql+psycopg://... (the service's async endpoints need one)"
+            f"the service needs a database it can reach both ways (sync and asyncio), "
+            f"not {scheme or database_url!r}: use sqlite:///... or postgresql+psycopg://..."
         )
     return f"{drivers[scheme]}://{rest}"
 

@@ -4,13 +4,17 @@ Two layers, because some bad input never reaches an ASGI application:
 
 * :class:`GuardedH11Protocol` (uvicorn's h11 protocol, adjusted): a request
   whose bytes are not HTTP (``Content-Length: abc`` or ``-1``, a broken request
-  line) gets a JSON 400 instead of uvicorn's plain-text one, and a client that
-  does not finish its request head within ``head_timeout`` seconds is answered
-  408 and disconnected (uvicorn itself waits for ever for a slow head).
+  line) gets a JSON 400 instead of uvicorn's plain-text one; a client that does
+  not finish its request head within ``head_timeout`` seconds (the first request
+  of a connection or a later one) is answered 408 and disconnected (uvicorn
+  itself waits for ever for a slow head); a request answered before its body was
+  read (a GET with a body, an unknown path) has its connection closed rather
+  than the rest of its body read without limits.
 * :class:`BodyLimits` (ASGI middleware): a body announced larger than
   ``max_bytes`` is refused with 413 before a byte of it is read; a chunked body
-  that grows past it is cut off with 413; a body that stops arriving (a client
-  announcing more than it sends) is answered 408 after ``body_timeout``.
+  that grows past it is cut off with 413; a body that is not complete
+  ``body_timeout`` seconds after the request began (a client announcing more
+  than it sends, or sending it a byte at a time) is answered 408.
 """
 
 from __future__ import annotations
@@ -134,6 +138,10 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            # Answered before its body was read (a GET with a body, a 404, a 413): reading
+            # the rest would take no limit or deadline into account. Close instead.
+            self.transport.close()
         super().on_response_complete()
         self._arm_head_timer()  # the next request on this connection gets a deadline too
 

@@ -1,10 +1,11 @@
 """``serve``: the API of :mod:`menu_service.api` on uvicorn, stopped gracefully.
 
-SIGTERM and SIGINT (Ctrl-C) stop accepting connections, let requests in flight
-finish, run the application's shutdown (guards and engines closed), and then
-return to the caller, whose ``with`` blocks remove the throwaway Redis and the
-temporary directory. uvicorn re-raises the signal it caught once it has shut
-down; :func:`run` turns that into a normal return, so nothing is skipped.
+While serving, SIGTERM and SIGINT (Ctrl-C) stop accepting connections, let
+requests in flight finish and run the application's shutdown (guards and
+engines closed); uvicorn then re-raises the signal it caught. Around the whole
+command, :func:`stop_signals_raise` turns either signal into :class:`Stopped`,
+before serving (starting Redis, seeding) as after, so it unwinds the caller's
+``with`` blocks, which remove the throwaway Redis and the temporary directory.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import signal
 import socket
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from types import FrameType
 
 import uvicorn
@@ -21,8 +22,8 @@ from menu_service.api import ServiceConfig, create_app
 from menu_service.limits import guarded_protocol
 
 
-class _Stopped(Exception):
-    """The signal uvicorn re-raised after its graceful shutdown."""
+class Stopped(Exception):
+    """SIGTERM or SIGINT arrived (see :func:`stop_signals_raise`)."""
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -54,6 +55,7 @@ def run(
             create_app(config),
             http=guarded_protocol(head_timeout),
             lifespan="on",
+            ws="none",  # no WebSocket routes: an Upgrade request is a plain request
             access_log=access_log,
             log_level="info" if access_log else "warning",
             timeout_keep_alive=5,
@@ -62,20 +64,23 @@ def run(
     )
     if on_ready is not None:
         _call_when_started(server, on_ready)
-    with _stop_signals_return(), suppress(_Stopped):
-        server.run(sockets=[sock])
+    server.run(sockets=[sock])  # a signal re-raised at its end: Stopped, if raised
     if not server.started:
         raise RuntimeError("the service did not start (see the log above)")
 
 
 @contextmanager
-def _stop_signals_return() -> Iterator[None]:
-    """While serving, SIGTERM and SIGINT re-raised by uvicorn end ``run`` normally."""
+def stop_signals_raise() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT raise :class:`Stopped` (uvicorn takes them
+    over while it serves, and re-raises them here once it has shut down)."""
 
     def stopped(signum: int, frame: FrameType | None) -> None:
-        raise _Stopped(signum)
+        for sig in handled:  # once: a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
 
-    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
+    handled = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, stopped) for sig in handled}
     try:
         yield
     finally:
