@@ -7,7 +7,8 @@ later block uses what an earlier one defined), as a script would: ``__name__`` i
 
 - Every fence names its language: ```python runs; ```bash for shell, ```text for
   output and diagrams, anything else as it is. An untagged fence fails the page,
-  since it could hide Python that never runs.
+  since it could hide Python that never runs; so does any other tag that names
+  Python (```Python, ```py, ```python3, ```pycon, ...): only ```python runs.
 - ``<!-- setup -->`` on the line before a fence marks a set-up block: one that
   exists only to define what later blocks use. It runs like any other, and its
   first line is a ``# Set-up`` comment, so readers of the rendered page see it too.
@@ -17,7 +18,8 @@ later block uses what an earlier one defined), as a script would: ``__name__`` i
   names, kinds and defaults, return annotation).
 - Blocks with a top-level ``await`` run as in ``python -m asyncio``: on one event
   loop for the whole page. A page that leaves a task running on it fails: blocks
-  close what they start (``await guard.aclose()``, ``await engine.dispose()``).
+  close what they start (``await guard.aclose()``, ``await engine.dispose()``). So
+  does a task on it that ended with an exception nobody retrieved (never awaited).
 - The test sets ``REDIS_URL`` (the test Redis, as for the rest of the suite) and
   ``CACHE_NAMESPACE`` (a namespace no other test uses, its keys deleted afterwards);
   blocks read both with ``os.environ.get(..., <default>)``, so they also run as
@@ -31,7 +33,8 @@ runs each block on its own (or with hand-threaded globals) and is built around
 formatting and ``print`` checks. What we need is small: fences, two markers, one
 namespace, one event loop, and errors that name the page, the block and the line.
 
-The last test builds the docs site (``mkdocs build --strict``), so the README's test
+The site tests build the docs site (``mkdocs build --strict``, never ``--quiet``: with
+mkdocs 1.6 that also hides the warnings ``--strict`` counts), so the README's test
 command also catches a broken link, anchor or docstring in the API reference.
 """
 
@@ -45,6 +48,8 @@ import importlib
 import inspect
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import traceback
@@ -74,7 +79,9 @@ def doc_pages() -> list[Path]:
 
 # -- reading the fences ------------------------------------------------------------------------
 
-PYTHON = frozenset({"python", "py", "python3"})
+PYTHON = "python"  # the one tag that runs
+# Any other tag that names Python is refused: its block would never run.
+_NAMES_PYTHON = re.compile(r"py|.*python", re.IGNORECASE)
 MARKERS = frozenset({"setup", "signature"})
 _OPENING = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 _MARKER = re.compile(r"^\s*<!--\s*(?P<name>[a-z-]+)\s*-->\s*$")
@@ -100,7 +107,7 @@ class Block:
 
     @property
     def python(self) -> bool:
-        return self.language in PYTHON
+        return self.language == PYTHON
 
     @property
     def setup(self) -> bool:
@@ -150,8 +157,13 @@ def read_blocks(page: Path) -> list[Block]:
                 f"{where}: a fence without a language; tag it (```python runs, ```bash for "
                 "shell, ```text for output and diagrams)"
             )
+        if language != PYTHON and _NAMES_PYTHON.match(language):
+            raise DocFormatError(
+                f"{where}: a ```{language} block never runs; only ```python blocks run "
+                "(an interactive session too: its code in ```python, its output in ```text)"
+            )
         code = "\n".join(_dedent(text, indent) for text in lines[start:end]) + "\n"
-        number = sum(b.python for b in blocks) + 1 if language in PYTHON else 0
+        number = sum(b.python for b in blocks) + 1 if language == PYTHON else 0
         block = Block(page, number, start + 1, language, code, marker)
         _check_marker(block, where)
         blocks.append(block)
@@ -199,6 +211,7 @@ def run_page(page: Path, extra_globals: dict[str, Any] | None = None) -> PageRun
     namespace: dict[str, Any] = {"__name__": "__main__", **(extra_globals or {})}
     run = PageRun()
     loop: asyncio.AbstractEventLoop | None = None
+    tasks: list[asyncio.Task[Any]] = []  # every task created on the page's loop
     held_before = len(default_watchdog())
     try:
         for block in blocks:
@@ -210,7 +223,7 @@ def run_page(page: Path, extra_globals: dict[str, Any] | None = None) -> PageRun
             try:
                 if code.co_flags & inspect.CO_COROUTINE:
                     if loop is None:
-                        loop = asyncio.new_event_loop()
+                        loop = _new_loop(tasks)
                     loop.run_until_complete(eval(code, namespace))
                 else:
                     exec(code, namespace)
@@ -220,11 +233,12 @@ def run_page(page: Path, extra_globals: dict[str, Any] | None = None) -> PageRun
         if len(default_watchdog()) > held_before:
             raise BlockFailed(f"{display(page)}: the blocks left a lock held (still watched)")
         if loop is not None:
-            _nothing_left_on(page, loop)
+            _nothing_left_on(page, loop, tasks)
     finally:
         namespace.clear()  # what the blocks made goes now, not at the next collection
         if loop is not None:
             _close_loop(loop)
+        tasks.clear()
         gc.collect()
     return run
 
@@ -257,9 +271,27 @@ def _failure(block: Block, exc: BaseException) -> str:
     return f"{block.where()} raised {type(exc).__name__}: {exc}{at}"
 
 
-def _nothing_left_on(page: Path, loop: asyncio.AbstractEventLoop) -> None:
-    """No lock held by a task, and no task left running but the idle lease watchdog
-    (one per loop, documented: it ends by itself at its next wake-up; stopped here)."""
+def _new_loop(tasks: list[asyncio.Task[Any]]) -> asyncio.AbstractEventLoop:
+    """The page's event loop; every task created on it is appended to ``tasks``, so
+    that one that failed unobserved is found even if the page kept no reference to
+    it (asyncio only logs such an error when the task is collected, if ever)."""
+    loop = asyncio.new_event_loop()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **options)
+        tasks.append(task)
+        return task
+
+    loop.set_task_factory(factory)
+    return loop
+
+
+def _nothing_left_on(
+    page: Path, loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Task[Any]]
+) -> None:
+    """No lock held by a task, no task left running but the idle lease watchdog
+    (one per loop, documented: it ends by itself at its next wake-up; stopped here),
+    and no task that ended with an exception nobody retrieved."""
 
     async def settle() -> int:
         watchdog = default_async_watchdog()
@@ -279,6 +311,18 @@ def _nothing_left_on(page: Path, loop: asyncio.AbstractEventLoop) -> None:
         raise BlockFailed(
             f"{display(page)}: the blocks left {len(left)} task(s) running on the page's "
             f"event loop: {names}; close what they start (await guard.aclose(), ...)"
+        )
+    # _log_traceback is asyncio's own "exception not retrieved yet" flag (what it logs
+    # "Task exception was never retrieved" by): awaiting the task, or its result() or
+    # exception(), clears it; a cancelled task never sets it.
+    unretrieved = [task for task in tasks if task.done() and task._log_traceback]
+    if unretrieved:
+        names = ", ".join(
+            sorted(f"{task.get_name()} ({task.exception()!r})" for task in unretrieved)
+        )
+        raise BlockFailed(
+            f"{display(page)}: {len(unretrieved)} task(s) on the page's event loop ended "
+            f"with an exception nobody retrieved: {names}; await the tasks a block starts"
         )
 
 
@@ -428,17 +472,30 @@ def _delete_namespace(url: str, namespace: str) -> None:
             c.delete(key)  # one by one: a cluster node's keys span several slots
 
 
-def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
-    """``mkdocs build --strict``: every page, link, anchor and API docstring renders."""
-    site = tmp_path / "site"
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
-        cwd=ROOT,
+# The flags of the site build. Never --quiet: with mkdocs 1.6 it also drops the
+# warnings that --strict counts, and a broken link passes. The output is captured
+# instead, and shown when the build fails.
+BUILD_FLAGS = ("--strict",)
+
+
+def build_site(
+    project: Path, site: Path, flags: tuple[str, ...] = BUILD_FLAGS
+) -> subprocess.CompletedProcess[str]:
+    """``mkdocs build`` of ``project``'s mkdocs.yml into ``site``, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", *flags, "-d", str(site)],
+        cwd=project,
         capture_output=True,
         text=True,
         check=False,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
+
+
+def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: every page, link, anchor and API docstring renders."""
+    site = tmp_path / "site"
+    done = build_site(ROOT, site)
     assert done.returncode == 0, done.stdout + done.stderr
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     headings = set(re.findall(r'id="(cacheguard[\w.]*)"', api))
@@ -450,6 +507,40 @@ def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
     assert not missing, f"docs/api.md leaves out {missing}"
     # tools/mkdocs_hooks.py renders the docstrings' Sphinx roles as code
     assert not re.search(r":(class|func|meth|mod|data|attr|exc|obj):", api)
+
+
+def ci_build_flags() -> tuple[str, ...]:
+    """The flags of .ci/run's ``mkdocs build`` (those between ``build`` and ``-d``)."""
+    for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines():
+        if "mkdocs" not in line or line.lstrip().startswith("#"):
+            continue
+        words = shlex.split(line, comments=True)
+        if any(word.endswith("/mkdocs") for word in words) and "build" in words:
+            flags = words[words.index("build") + 1 :]
+            return tuple(flags[: flags.index("-d")] if "-d" in flags else flags)
+    raise AssertionError(".ci/run no longer builds the docs site with mkdocs")
+
+
+@pytest.mark.parametrize("build", ["tests", "ci"])
+def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path: Path, build: str) -> None:
+    """The site as it is (mkdocs.yml, its hooks, docs/) copied, with one link to a
+    missing page and one to a missing heading added to index.md: the build with
+    this file's flags, and with .ci/run's, fails and names both."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "docs", project / "docs")
+    shutil.copy2(ROOT / "mkdocs.yml", project / "mkdocs.yml")
+    (project / "tools").mkdir()
+    shutil.copy2(ROOT / "tools" / "mkdocs_hooks.py", project / "tools" / "mkdocs_hooks.py")
+    (project / "cacheguard").symlink_to(ROOT / "cacheguard")  # mkdocstrings reads it there
+    index = project / "docs" / "index.md"
+    broken = "\nSee [a page](no-such-page.md) and [a heading](guide.md#no-such-heading).\n"
+    index.write_text(index.read_text(encoding="utf-8") + broken, encoding="utf-8")
+    flags = BUILD_FLAGS if build == "tests" else ci_build_flags()
+    done = build_site(project, tmp_path / "site", flags)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, f"mkdocs build {' '.join(flags)} passed:\n{output}"
+    assert "no-such-page.md" in output, output
+    assert "no-such-heading" in output, output
 
 
 # The modules docs/api.md documents; a name exported by several (cacheguard re-exports
@@ -541,6 +632,37 @@ def test_a_task_left_running_fails_the_page(tmp_path: Path) -> None:
         run_page(page)
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "dropped"])
+def test_a_task_that_failed_unobserved_fails_the_page(tmp_path: Path, kept: bool) -> None:
+    """The task raised, the page waited for it to end but never looked at its result,
+    whether or not it kept a reference to the task."""
+    start = "asyncio.create_task(fail(), name='forgotten')"
+    wait = (
+        f"task = {start}\nawait asyncio.wait([task])\n"
+        if kept
+        else f"await asyncio.wait([{start}])\n"
+    )
+    page = write_page(
+        tmp_path,
+        "```python\nimport asyncio\n\nasync def fail():\n    raise ValueError('nobody looked')\n\n"
+        f"{wait}```\n",
+    )
+    with pytest.raises(BlockFailed, match=r"1 task.* nobody retrieved: forgotten \(ValueError"):
+        run_page(page)
+
+
+def test_a_task_whose_exception_was_handled_passes(tmp_path: Path) -> None:
+    page = write_page(
+        tmp_path,
+        "```python\nimport asyncio\n\nasync def fail():\n    raise ValueError('handled')\n\n"
+        "task = asyncio.create_task(fail(), name='observed')\ntry:\n    await task\n"
+        "except ValueError:\n    pass\n"
+        "cancelled = asyncio.create_task(asyncio.Event().wait(), name='cancelled')\n"
+        "await asyncio.sleep(0)\ncancelled.cancel()\nawait asyncio.wait([cancelled])\n```\n",
+    )
+    assert run_page(page).blocks_run == 1
+
+
 def test_a_lock_left_held_fails_the_page(
     tmp_path: Path, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -573,6 +695,12 @@ def test_a_lock_left_held_fails_the_page(
         ("<!-- setup -->\n```python\nx = 1\n```\n", "starts with a '# Set-up' comment"),
         ("```python\n# Set-up: x\nx = 1\n```\n", "needs <!-- setup -->"),
         ("<!-- setup -->\n```bash\necho\n```\n", "marks a bash block"),
+        ("```Python\nraise SystemExit(1)\n```\n", "a ```Python block never runs"),
+        ("```py\nraise SystemExit(1)\n```\n", "a ```py block never runs"),
+        ("~~~python3\nraise SystemExit(1)\n~~~\n", "a ```python3 block never runs"),
+        ("```pycon\n>>> raise SystemExit(1)\n```\n", "a ```pycon block never runs"),
+        ("```{.PYTHON}\nraise SystemExit(1)\n```\n", "a ```PYTHON block never runs"),
+        ("```ipython\nraise SystemExit(1)\n```\n", "a ```ipython block never runs"),
     ],
 )
 def test_fences_that_could_hide_a_block_fail_the_page(
