@@ -9,14 +9,18 @@ catch the whole family at once::
     │   ├── LockUpgradeError      a read holder asked for the write lock
     │   ├── LockLostError         the lock expired or was taken while we held it
     │   └── LockNotHeldError      release of a lock this thread/handle does not hold
-    ├── BackendUnavailable        Redis could not be reached (wraps the redis-py error)
+    ├── BackendUnavailable        Redis, or a lock store (PostgreSQL, ZooKeeper, a Redlock
+    │   │                         majority), could not be reached (wraps the client's error)
     │   └── WriteNotConfirmed     too few replicas acknowledged an invalidation in time
     ├── SerializationError        a value could not be encoded (or a codec is misconfigured)
     ├── KeyTemplateError          a key template names a parameter the call does not have
     ├── FillFailed                another process's load kept failing while we waited
     ├── RecursiveLoadError        a loader asked for the very key it is loading
-    └── WrongEventLoop            an asyncio object used from a second event loop
-                                  (also a RuntimeError)
+    ├── WrongEventLoop            an asyncio object used from a second event loop
+    │                             (also a RuntimeError)
+    └── BackendArgumentError      a dogpile.cache backend argument is wrong (defined in
+                                  cacheguard.integrations.dogpile; also dogpile's
+                                  ValidationError and a ValueError)
 
 Bad arguments given at construction (an empty name, a lease or timeout <= 0)
 raise :class:`ValueError` or :class:`TypeError` as usual in Python; they are
@@ -129,9 +133,10 @@ class LockNotHeldError(LockError):
 
 
 class BackendUnavailable(CacheGuardError):
-    """Redis could not be reached or did not answer in time.
+    """Redis (or a lock store: PostgreSQL, ZooKeeper, a majority of Redlock masters)
+    could not be reached or did not answer in time.
 
-    The original redis-py exception is chained as ``__cause__``.
+    The client's original exception is chained as ``__cause__``.
     """
 
 
