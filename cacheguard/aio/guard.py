@@ -47,6 +47,7 @@ from cacheguard.cache.flow import Call, LoadUnlocked, Lookup
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
 from cacheguard.cache.read_path import RunFill, WaitFlight
 from cacheguard.cache.settings import GuardSettings, client_options
+from cacheguard.cache.write_locks import AsyncStoreWriteLock, WriteLockStore, checked_store
 from cacheguard.cache.write_path import (
     BODY,
     AcquireWrite,
@@ -88,6 +89,7 @@ class AsyncCacheGuard(WritePath):
         client: AsyncClient,
         *,
         on_event: Callable[[Any], None] | None = None,
+        write_locks: WriteLockStore | None = None,
         timer: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
@@ -107,6 +109,7 @@ class AsyncCacheGuard(WritePath):
         )
         self.client = client
         self._binding = LoopBinding("this AsyncCacheGuard")
+        self._write_locks = checked_store(write_locks)
         self._locks = AsyncLockFactory(
             client,
             namespace=config.namespace,
@@ -152,6 +155,13 @@ class AsyncCacheGuard(WritePath):
     def rwlock(self, name: str) -> AsyncTwoTierRWLock:
         """The two-tier read-write lock of resource ``name`` (shared in this loop)."""
         return self._locks.rwlock(name)
+
+    def write_lock(self, name: str) -> AsyncTwoTierRWLock | AsyncStoreWriteLock:
+        """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
+        lock, or the ``write_locks`` store's (an asyncio store: its calls are awaited)."""
+        if self._write_locks is None:
+            return self._locks.rwlock(name)
+        return AsyncStoreWriteLock(self._write_locks(name))
 
     async def get_or_load(
         self,

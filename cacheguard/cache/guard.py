@@ -36,6 +36,7 @@ from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
 from cacheguard.cache.read_path import RunFill, WaitFlight
 from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
 from cacheguard.cache.singleflight import SingleFlight
+from cacheguard.cache.write_locks import StoreWriteLock, WriteLockStore, checked_store
 from cacheguard.cache.write_path import (
     BODY,
     AcquireWrite,
@@ -67,9 +68,11 @@ T = TypeVar("T")
 class CacheGuard(WritePath):
     """A read-through cache on Redis that loads each missing key once, everywhere.
 
-    Every keyword but the last four is a setting of :class:`GuardSettings` (see
-    ``docs/guide.md``); ``on_event`` receives every counted event; ``timer``,
-    ``clock`` and ``rng`` are injectable for tests.
+    Every keyword but the last five is a setting of :class:`GuardSettings` (see
+    ``docs/guide.md``); ``on_event`` receives every counted event; ``write_locks``
+    makes the write path's locks in another lock store (a callable: name -> lock,
+    see :mod:`cacheguard.cache.write_locks`); ``timer``, ``clock`` and ``rng`` are
+    injectable for tests.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class CacheGuard(WritePath):
         client: SyncClient,
         *,
         on_event: Callable[[Any], None] | None = None,
+        write_locks: WriteLockStore | None = None,
         timer: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
@@ -102,6 +106,7 @@ class CacheGuard(WritePath):
             timeout=config.wait_timeout,
             timer=timer,
         )
+        self._write_locks = checked_store(write_locks)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_mutex = threading.Lock()
         if config.l1_maxsize:
@@ -137,6 +142,13 @@ class CacheGuard(WritePath):
     def rwlock(self, name: str) -> TwoTierRWLock:
         """The two-tier read-write lock of resource ``name`` (shared in this process)."""
         return self._locks.rwlock(name)
+
+    def write_lock(self, name: str) -> TwoTierRWLock | StoreWriteLock:
+        """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
+        lock, or the ``write_locks`` store's lock (see :mod:`cacheguard.cache.write_locks`)."""
+        if self._write_locks is None:
+            return self._locks.rwlock(name)
+        return StoreWriteLock(self._write_locks(name))
 
     def get_or_load(
         self,

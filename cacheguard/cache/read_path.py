@@ -340,6 +340,11 @@ class ReadPath(GuardCore):
         """The two-tier read-write lock of resource ``name``."""
         raise NotImplementedError
 
+    def write_lock(self, name: str) -> Any:
+        """The lock the write path takes for ``name``: the two-tier lock's write side,
+        or the ``write_locks`` store's (see :mod:`cacheguard.cache.write_locks`)."""
+        raise NotImplementedError
+
     def _start_background(
         self,
         flow: Generator[ReadStep, Any, None],

@@ -125,7 +125,7 @@ class WritePath(ReadPath):
         held: list[Any] = []
         try:
             for name in ordered:
-                lock = self.rwlock(name)
+                lock = self.write_lock(name)
                 try:
                     yield AcquireWrite(lock, timeout)
                 except BackendUnavailable as exc:  # the lock layer's: count it here too

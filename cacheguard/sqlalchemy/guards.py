@@ -39,7 +39,7 @@ class GuardIO(Protocol):
     def watermark(self) -> int: ...
     def invalidate(self, *names: str) -> None: ...
     def invalidate_prefix(self, prefix: str) -> int: ...
-    def rwlock(self, name: str) -> Any: ...
+    def rwlock(self, name: str) -> Any: ...  # the write path's lock of name
     def acquire_write(self, lock: Any, timeout: float | None) -> None: ...
     def release_write(self, lock: Any, holder: Any) -> None: ...
 
@@ -64,7 +64,7 @@ class _Blocking:
         return self.guard.invalidate_prefix(prefix)
 
     def rwlock(self, name: str) -> Any:
-        return self.guard.rwlock(name)
+        return self.guard.write_lock(name)
 
     def acquire_write(self, lock: Any, timeout: float | None) -> None:
         lock.acquire_write(timeout)
@@ -106,7 +106,7 @@ class _Awaiting:
         return int(self._run(self.guard.invalidate_prefix(prefix)))
 
     def rwlock(self, name: str) -> Any:
-        return self.guard.rwlock(name)
+        return self.guard.write_lock(name)
 
     def acquire_write(self, lock: Any, timeout: float | None) -> None:
         self._run(lock.acquire_write(timeout))
