@@ -11,13 +11,16 @@ lock's release message, and the deployments its URLs name.
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -44,7 +47,7 @@ from cacheguard.integrations.dogpile import (
     CacheGuardBackend,
     CacheGuardMutex,
 )
-from cacheguard.keys import ResourceKeys
+from cacheguard.keys import ResourceKeys, watermark_key
 from cacheguard.locks import LockFactory, RedisRWLock
 from tests.helpers import client_for, subscribers, wait_until
 from tests.procs import CTX, result_within, run_processes, start_process_reporting
@@ -267,6 +270,71 @@ def test_a_region_configured_from_a_config_file(redis_url: str, namespace: str) 
     backend.close()
 
 
+def host_form(redis_url: str, **arguments: Any) -> dict[str, Any]:
+    """dogpile.cache.redis's host/port/db arguments for ``redis_url``, then ``arguments``."""
+    parts = urlsplit(redis_url)
+    where = {"host": parts.hostname, "port": parts.port, "db": int(parts.path.strip("/") or 0)}
+    return {**where, **arguments}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"port": "abc"}, "'port' must be a whole number, not 'abc'"),
+        ({"port": 0}, "'port' must be from 1 to 65535, not 0"),
+        ({"port": 65536}, "'port' must be from 1 to 65535"),
+        ({"port": True}, "'port' must be a whole number"),
+        ({"db": -1}, "'db' must be at least 0, not -1"),
+        ({"db": "x"}, "'db' must be a whole number, not 'x'"),
+        ({"db": 1.5}, "'db' must be a whole number"),
+        ({"host": ""}, "'host' must be a non-empty str"),
+        ({"password": 1234}, "'password' must be a str"),
+        ({"socket_keepalive": "yes"}, "'socket_keepalive' must be True or False"),
+        ({"socket_keepalive": True, "socket_keepalive_options": 1}, "a dict of socket options"),
+        ({"connection_kwargs": {"bogus": 1}}, "redis-py does not take: 'bogus'; it takes .*retry"),
+        ({"connection_kwargs": ["x"]}, "'connection_kwargs' must be a dict"),
+        ({"connection_kwargs": {"protocol": "x"}}, "refuses the connection arguments"),
+    ],
+)
+@pytest.mark.parametrize("form", ["host", "url"])
+def test_connection_arguments_fail_configure_not_the_first_call(
+    redis_url: str, namespace: str, form: str, arguments: dict[str, Any], message: str
+) -> None:
+    """Each of these configured fine and then failed the first cache call with a raw
+    ValueError, ResponseError or TypeError: now ``configure`` refuses it, in the host
+    form and next to a ``url`` alike (which overrides host, port and db)."""
+    given = host_form(redis_url, **arguments)
+    if form == "url":
+        given["url"] = redis_url
+    with pytest.raises(BackendArgumentError, match=message):
+        make_region().configure("cacheguard", arguments={**given, "namespace": namespace})
+
+
+def test_connection_arguments_that_redis_py_accepts_still_work(
+    redis_url: str, namespace: str
+) -> None:
+    """Digits in a str are a number, as redis-py reads them; a connection argument
+    refused only by the connection class a URL picks fails ``configure`` too."""
+    parts = urlsplit(redis_url)
+    region = make_region().configure(
+        "cacheguard",
+        arguments={
+            "host": parts.hostname,
+            "port": str(parts.port),
+            "db": parts.path.strip("/") or "0",
+            "namespace": namespace,
+            "connection_kwargs": {"health_check_interval": 30, "client_name": "cg-test"},
+        },
+    )
+    assert region.get_or_create("k", lambda: "made") == "made"
+    region.backend.close()
+    with pytest.raises(BackendArgumentError, match=r"refuses the connection arguments.*ssl"):
+        # A TLS argument, with a redis:// URL: its connections are plain ones.
+        CacheGuardBackend(
+            {"url": redis_url, "namespace": namespace, "connection_kwargs": {"ssl_certfile": "x"}}
+        )
+
+
 def test_unknown_arguments_are_ignored_with_a_warning(redis_url: str, namespace: str) -> None:
     with pytest.warns(UserWarning, match="redis_expiration"):
         backend = CacheGuardBackend(
@@ -298,6 +366,28 @@ def test_keys_and_values_are_checked(make_backend: Any) -> None:
             backend.get_mutex(key)
     with pytest.raises(BackendArgumentError, match="serialized values"):
         backend.set_serialized("k", "text")
+
+
+def test_a_key_without_a_utf8_form_is_a_clear_error(redis_url: str, namespace: str) -> None:
+    """A str with a lone surrogate cannot be sent to Redis: every call names the key
+    instead of raising a raw UnicodeEncodeError."""
+    region = region_on(redis_url, namespace)
+    backend = region.backend
+    key = "menu:\ud800"
+    calls = [
+        lambda: region.get(key),
+        lambda: region.get_or_create(key, lambda: "made"),
+        lambda: region.set(key, "v"),
+        lambda: region.delete(key),
+        lambda: region.get_multi(["ok", key]),
+        lambda: region.delete_multi(["ok", key]),
+        lambda: backend.get_mutex(key),
+    ]
+    for call in calls:
+        with pytest.raises(BackendArgumentError, match=re.escape(repr(key))):
+            call()
+    assert region.get_or_create("menu:caf\u00e9", lambda: "made") == "made"  # valid text
+    backend.close()
 
 
 def test_multi_operations_and_a_foreign_key_type(
@@ -337,6 +427,113 @@ def test_redis_down_is_backend_unavailable(namespace: str) -> None:
 
 def test_without_distributed_lock_dogpile_locks_in_process(make_backend: Any) -> None:
     assert make_backend(distributed_lock=False).get_mutex("k") is None
+
+
+# -- what the keys leave in Redis ----------------------------------------------------------------
+
+
+def ttls(client: redis.Redis, namespace: str) -> dict[bytes, int]:
+    """Every key of ``namespace`` with its TTL in ms (-1: it never expires)."""
+    return {key: client.pttl(key) for key in client.scan_iter(match=f"{namespace}:*", count=1000)}
+
+
+def test_creations_leave_no_key_that_never_expires(
+    redis_url: str, namespace: str, client: redis.Redis
+) -> None:
+    """Keys created through a region, one of them by eight threads at once (the hold
+    passed on between them), then deleted: the fencing counters their locks drew from
+    expire with redis_expiration_time (dogpile.cache.redis leaves nothing behind
+    either). What the design keeps for ever is the guard's own: the counter of a key
+    its write path locked (``guard.write``) and the namespace's invalidation sequence."""
+    region = region_on(redis_url, namespace, redis_expiration_time=120, lease=5)
+    keys = [f"k{i}" for i in range(5)]
+    for key in keys:
+        assert region.get_or_create(key, lambda key=key: f"made {key}") == f"made {key}"
+    with ThreadPoolExecutor(8) as pool:
+        made = pool.map(lambda _: region.get_or_create("busy", lambda: "made"), range(8))
+        assert set(made) == {"made"}
+    keys.append("busy")
+    with region.backend.guard.write("written"):  # the guard's write path, on a key of its own
+        pass
+    forever = {
+        ResourceKeys(namespace, "written").fence.encode(),
+        watermark_key(namespace).encode(),
+    }
+    left = ttls(client, namespace)
+    for key in keys:
+        assert 0 < left[ResourceKeys(namespace, key).fence.encode()] <= 120_000
+        assert 0 < left[ResourceKeys(namespace, key).value.encode()] <= 120_000
+    assert {name for name, ttl in left.items() if ttl == -1} == forever
+    region.delete_multi(keys)
+    left = ttls(client, namespace)
+    assert not any(ResourceKeys(namespace, key).value.encode() in left for key in keys)
+    assert {name for name, ttl in left.items() if ttl == -1} == forever
+    region.backend.close()
+
+
+def test_without_redis_expiration_time_a_counter_lives_a_lease_past_its_release(
+    make_backend: Any, client: redis.Redis, namespace: str
+) -> None:
+    """No redis_expiration_time: values never expire (dogpile.cache.redis's default),
+    the key's counter does, a lease after the hold's release. The key is locked as
+    before once its counter is gone, and its next counter expires too."""
+    backend = make_backend(lease=1)
+    fence = ResourceKeys(namespace, "k").fence
+    mutex = backend.get_mutex("k")
+    assert mutex.acquire()
+    assert client.pttl(fence) == -1  # while held: the lock layer's counter, as it is
+    backend.set_serialized("k", b"v")
+    mutex.release()
+    assert 0 < client.pttl(fence) <= 1000
+    assert client.pttl(ResourceKeys(namespace, "k").value) == -1
+    assert wait_until(lambda: not client.exists(fence), 10)
+    assert mutex.acquire()
+    try:
+        assert not make_backend().get_mutex("k").acquire(False)  # excluded as before
+    finally:
+        mutex.release()
+    assert 0 < client.pttl(fence) <= 1000
+
+
+def test_delete_gives_a_dead_holders_counter_its_lifetime(
+    make_backend: Any, client: redis.Redis, namespace: str
+) -> None:
+    """A holder that died before its release left the key's counter without an
+    expiry (and a lock hash that ends with its lease): ``delete`` and
+    ``delete_multi`` give the counters theirs."""
+    for key in ("a", "b", "c"):
+        # What a holder killed mid-creation leaves: no watchdog, never released.
+        RedisRWLock(client, key, namespace=namespace, lease=60, watchdog=False).acquire_write()
+        assert client.pttl(ResourceKeys(namespace, key).fence) == -1
+        assert 0 < client.pttl(ResourceKeys(namespace, key).lock) <= 60_000
+    backend = make_backend(redis_expiration_time=30)
+    backend.set_serialized_multi({"a": b"1", "b": b"2", "c": b"3"})
+    backend.delete("a")
+    backend.delete_multi(["b", "c"])
+    left = ttls(client, namespace)
+    assert left, "the counters and lock hashes are still there, expiring"
+    assert all(ttl > 0 for ttl in left.values()), left
+    for key in ("a", "b", "c"):
+        assert 0 < left[ResourceKeys(namespace, key).fence.encode()] <= 30_000
+        assert backend.get_serialized(key) is NO_VALUE
+
+
+def test_a_hold_lost_before_its_release_is_logged_and_the_key_freed(
+    make_backend: Any, client: redis.Redis, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The key's lock vanished from Redis while held: the release says so in the
+    log, raises nothing, frees the key here and still gives the counter its expiry."""
+    backend = make_backend()
+    mutex = backend.get_mutex("k")
+    assert mutex.acquire()
+    client.delete(ResourceKeys(namespace, "k").lock)
+    with caplog.at_level(logging.WARNING, logger="cacheguard.dogpile"):
+        mutex.release()
+    assert "dogpile lock lost before its release" in caplog.text
+    assert 0 < client.pttl(ResourceKeys(namespace, "k").fence) <= 30_000
+    again = make_backend().get_mutex("k")
+    assert again.acquire(False)
+    again.release()
 
 
 # -- the mutex ------------------------------------------------------------------------------------

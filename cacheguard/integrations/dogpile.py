@@ -33,10 +33,25 @@ decisions, and the backend stores them as they are under the guard's key layout
 (``<namespace>:{<key>}:v``, the lock in ``<namespace>:{<key>}:rw``: one hash slot
 per key on a cluster). A guard's codec and entry envelope would only wrap bytes
 that are already encoded, and would limit values to what the codec carries.
+
+Every write hold draws a fencing token from the key's counter
+(``<namespace>:{<key>}:fence``), which the lock layer never expires so that a
+lock's tokens only grow. The dogpile mutex shows no token, so the backend lets the
+counters of its keys expire: each release of a key's hold in Redis gives the
+counter ``max(lease, redis_expiration_time)`` seconds more, in the release's own
+round trip, and ``delete`` / ``delete_multi`` do the same (for a counter a holder
+that died left behind). So keys that are no longer used leave nothing in Redis,
+as with dogpile.cache.redis. At least a lease: a release the watchdog still
+retries in the background (up to a lease after the hold's last renewal) never
+meets a counter that started over. ``guard.write`` on a key shows no token
+either; only a handle of ``guard.rwlock(key)`` does, and its tokens may start
+over once the counter of a key also cached through this backend expired.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import logging
 import threading
@@ -66,13 +81,15 @@ from cacheguard.exceptions import (
     REDIS_DOWN,
     BackendUnavailable,
     CacheGuardError,
-    LockLostError,
     LockNotHeldError,
     LockTimeout,
     classify,
 )
+from cacheguard.keys import ResourceKeys
+from cacheguard.locks import wire
 from cacheguard.locks.redis_rwlock import LockHandle
 from cacheguard.locks.registry import WeakRegistry
+from cacheguard.locks.scripts import RELEASE, LuaScript
 from cacheguard.locks.two_tier import TwoTierRWLock
 
 __all__ = ["BackendArgumentError", "CacheGuardBackend", "CacheGuardMutex"]
@@ -129,6 +146,23 @@ _ELSEWHERE: Final = {
 }
 
 
+# The lock's own release script, then a lifetime for the key's fencing counter, in
+# one round trip. The release script's source runs unchanged as the body of a Lua
+# function: what it reads of KEYS and ARGV stays where it was.
+_RELEASE_EXPIRING_FENCE: Final = LuaScript(
+    "-- dogpile release: the lock's release (contract below), then PEXPIRE of the\n"
+    "-- key's fencing counter. KEYS: the release's, then the counter\n"
+    "-- <ns>:{<name>}:fence (same slot); ARGV: the release's, then its lifetime in ms.\n"
+    "-- Returns the release's reply.\n"
+    "local function release()\n"
+    f"{RELEASE.source}\n"
+    "end\n"
+    "local released = release()\n"
+    "redis.call('PEXPIRE', KEYS[#KEYS], ARGV[#ARGV])\n"
+    "return released\n"
+)
+
+
 class BackendArgumentError(CacheGuardError, ValidationError, ValueError):
     """An argument of the ``cacheguard`` dogpile backend (in ``configure``'s
     ``arguments``, or a key given to it) cannot be used. Also a dogpile.cache
@@ -183,6 +217,9 @@ class CacheGuardBackend(BytesBackend):
             if self.redis_expiration_time is None
             else max(1, round(self.redis_expiration_time * 1000))
         )
+        # How long a key's fencing counter outlives its last release (module docstring).
+        fence_seconds = max(self.guard.settings.lease, self.redis_expiration_time or 0.0)
+        self._fence_ms = max(1, round(fence_seconds * 1000))
         self._gates: WeakRegistry[_KeyGate] = WeakRegistry(self._new_gate)
 
     # -- values ----------------------------------------------------------------------------
@@ -226,16 +263,27 @@ class CacheGuardBackend(BytesBackend):
             pipe.execute()
 
     def delete(self, key: KeyType) -> None:
-        name = self._value_key(key)
+        resources = [self.guard.keys(_key_name(key))]
         with _unavailable(f"deleting {key!r}"):
-            self._client.delete(name)
+            self._delete(resources)
 
     def delete_multi(self, keys: Iterable[KeyType]) -> None:
-        names = [self._value_key(key) for key in keys]
-        if not names:
+        resources = [self.guard.keys(_key_name(key)) for key in keys]
+        if not resources:
             return
-        with _unavailable(f"deleting {len(names)} keys"):
-            self._client.delete(*names)  # a cluster client splits it by slot
+        with _unavailable(f"deleting {len(resources)} keys"):
+            self._delete(resources)
+
+    def _delete(self, resources: Sequence[ResourceKeys]) -> None:
+        """Delete the values, and give the keys' fencing counters their lifetime: a
+        holder that died before its release left its counter without one. The lock
+        hash needs nothing: it always expires with its last lease. One round trip
+        (on a cluster, one per node)."""
+        pipe = self._client.pipeline(transaction=False)
+        for resource in resources:
+            pipe.delete(resource.value)
+            pipe.pexpire(resource.fence, self._fence_ms)
+        pipe.execute()
 
     # -- the dogpile lock ------------------------------------------------------------------
 
@@ -263,7 +311,7 @@ class CacheGuardBackend(BytesBackend):
         return self.guard.keys(_key_name(key)).value
 
     def _new_gate(self, name: str) -> _KeyGate:
-        return _KeyGate(self.guard.rwlock(name), self._client)
+        return _KeyGate(self.guard.rwlock(name), self._client, self._fence_ms)
 
 
 class CacheGuardMutex(CacheMutex):
@@ -313,7 +361,8 @@ class _KeyGate:
     id of this gate rather than of a thread: whichever thread releases, the hold
     is the same, and no thread re-enters it by accident (through ``guard.write``
     on the same key, say). Between two local holders it may stay taken (see the
-    module docstring): ``passes`` counts the hand-overs it has left.
+    module docstring): ``passes`` counts the hand-overs it has left. Releasing it
+    in Redis gives the key's fencing counter ``fence_ms`` more to live.
     """
 
     __slots__ = (
@@ -321,6 +370,7 @@ class _KeyGate:
         "_cond",
         "_passes",
         "client",
+        "fence_ms",
         "hold",
         "holder",
         "holder_id",
@@ -328,9 +378,10 @@ class _KeyGate:
         "waiting",
     )
 
-    def __init__(self, lock: TwoTierRWLock, client: SyncClient) -> None:
+    def __init__(self, lock: TwoTierRWLock, client: SyncClient, fence_ms: int) -> None:
         self.lock = lock
         self.client = client
+        self.fence_ms = fence_ms
         self.holder_id = -next(_holder_ids)  # negative: never a thread's ident
         self._reset()
         _gates.add(self)
@@ -356,7 +407,7 @@ class _KeyGate:
         try:
             if kept is not None:  # lost while passed on: let it go, take a fresh one
                 self.hold = None
-                self._let_go()
+                self._let_go(kept)
             if wait:
                 left = MAX_SECONDS if timeout is None else timeout - (time.monotonic() - start)
                 if left <= 0:
@@ -386,8 +437,8 @@ class _KeyGate:
                 if self.waiting:
                     self._cond.notify()
                 elif self.hold is not None:  # passed on to waiters that are all gone
-                    self.hold = None
-                    self._let_go()
+                    hold, self.hold = self.hold, None
+                    self._let_go(hold)
             raise
         self.waiting -= 1
         if not free:
@@ -414,7 +465,7 @@ class _KeyGate:
             self.hold = None
         try:
             if hold is not None:
-                self._let_go()
+                self._let_go(hold)
         finally:
             self._leave()
 
@@ -426,17 +477,31 @@ class _KeyGate:
             mode = self.client.hget(self.lock.remote.keys.lock, "mode")
         return mode == b"write"
 
-    def _let_go(self) -> None:
-        """Release the distributed hold (the caller holds the gate)."""
+    def _let_go(self, hold: LockHandle) -> None:
+        """Release the distributed hold and give the key's fencing counter its
+        lifetime, in one round trip (the caller holds the gate)."""
+        remote = hold.lock
+        # The release goes through our own script: stop the renewals first, so none
+        # lands after it, as the lock's own release does.
+        last_renewed = remote.disown(hold)
         try:
-            self.lock.release_write(holder=self.holder_id)
-        except LockLostError as lost:
-            # Its lease ended while held: someone else may have created the value too.
-            log.warning("dogpile lock lost before its release: %s", lost)
-        except BackendUnavailable as exc:
+            _, keys, args = wire.release_call(remote.keys, hold.owner, "write", hold.token)
+            try:
+                reply = _RELEASE_EXPIRING_FENCE(
+                    self.client, [*keys, remote.keys.fence], [*args, self.fence_ms]
+                )
+            finally:
+                # This process's side of the lock (the handle counts as released now).
+                self.lock.release_write(holder=self.holder_id)
+        except REDIS_DOWN as exc:
             # Still held in Redis: the watchdog retries the release in the background
             # until it goes through or the lease ends, so the hold never leaks.
+            remote.release_in_background(hold, last_renewed)
             log.warning("releasing the dogpile lock of %r failed: %s", self.lock.name, exc)
+            return
+        if not wire.parse_release(reply):
+            # Its lease ended while held: someone else may have created the value too.
+            log.warning("dogpile lock lost before its release: %s", hold._lost_at_release())
 
     def _leave(self) -> None:
         with self._cond:
@@ -462,6 +527,15 @@ def _key_name(key: object) -> str:
             f"the cacheguard dogpile backend needs non-empty str keys, got {key!r} "
             "(give the region a key_mangler that makes them)"
         )
+    if not key.isascii():
+        try:
+            key.encode()
+        except UnicodeEncodeError as exc:
+            raise BackendArgumentError(
+                f"the cacheguard dogpile backend cannot store the key {key!r}: it has no "
+                f"UTF-8 form ({exc.reason} at position {exc.start}); give the region a "
+                "key_mangler that makes valid text"
+            ) from None
     return key
 
 
@@ -573,43 +647,142 @@ def _guard_from(given: Mapping[str, Any]) -> tuple[CacheGuard, bool]:
 def _client_from(given: Mapping[str, Any]) -> SyncClient:
     """A client the way dogpile.cache.redis makes one, failing fast like
     :meth:`CacheGuard.from_url <cacheguard.CacheGuard.from_url>` (connect 1 s,
-    socket 2 s, no retries of its own) unless told otherwise."""
+    socket 2 s, no retries of its own) unless told otherwise. Every argument is
+    checked here, so a bad one fails ``configure`` rather than the first call."""
     pool = given.get("connection_pool")
     if pool is not None:  # dogpile's contract: the pool supersedes every other argument
         if not isinstance(pool, redis.ConnectionPool):
             raise BackendArgumentError(
                 f"'connection_pool' must be a redis.ConnectionPool, not {type(pool).__name__}"
             )
-        return redis.Redis(connection_pool=pool)
-    extra = given.get("connection_kwargs") or {}
-    if not isinstance(extra, Mapping):
-        raise BackendArgumentError(
-            f"'connection_kwargs' must be a dict, not {type(extra).__name__}"
-        )
+        return _connectable(redis.Redis(connection_pool=pool))
     options = client_options(
         _seconds("socket_connect_timeout", given.get("socket_connect_timeout", 1.0)),
         _seconds("socket_timeout", given.get("socket_timeout", 2.0)),
     )
-    if given.get("socket_keepalive"):
+    if given.get("socket_keepalive") is not None and _flag(
+        given, "socket_keepalive", default=False
+    ):
         options["socket_keepalive"] = True
-        if given.get("socket_keepalive_options") is not None:
-            options["socket_keepalive_options"] = given["socket_keepalive_options"]
-    options.update(extra)
+        keepalive_options = given.get("socket_keepalive_options")
+        if keepalive_options is not None:
+            if not isinstance(keepalive_options, Mapping):
+                raise BackendArgumentError(
+                    "'socket_keepalive_options' must be a dict of socket options, "
+                    f"not {type(keepalive_options).__name__}"
+                )
+            options["socket_keepalive_options"] = keepalive_options
+    options.update(_connection_kwargs(given))
     url = given.get("url")
+    if url is not None:  # dogpile's contract: the URL overrides host, port and db
+        if not isinstance(url, str):
+            raise BackendArgumentError(f"'url' must be a str, not {type(url).__name__}")
+        if given.get("ssl"):
+            raise BackendArgumentError("with 'url', ask for TLS with a rediss:// URL")
+    elif given.get("ssl") is not None:
+        options["ssl"] = _flag(given, "ssl", default=False)
+    where: dict[str, Any] = {
+        "host": _text(given, "host", "localhost", empty=False),
+        "port": _whole(given, "port", 6379, low=1, high=65535),
+        "db": _whole(given, "db", 0, low=0),
+        "username": _text(given, "username"),
+        "password": _text(given, "password"),
+    }
     try:
-        if url is not None:  # dogpile's contract: the URL overrides host, port and db
-            if given.get("ssl"):
-                raise BackendArgumentError("with 'url', ask for TLS with a rediss:// URL")
-            return sync_client_from_url(url, options)
-        if given.get("ssl") is not None:
-            options["ssl"] = _flag(given, "ssl", default=False)
-        return redis.Redis(
-            host=given.get("host", "localhost"),
-            port=given.get("port", 6379),
-            db=given.get("db", 0),
-            username=given.get("username"),
-            password=given.get("password"),
-            **options,
+        client = (
+            redis.Redis(**where, **options) if url is None else sync_client_from_url(url, options)
         )
     except (TypeError, ValueError) as exc:
         raise BackendArgumentError(f"cacheguard dogpile backend: {exc}") from exc
+    return _connectable(client)
+
+
+def _text(
+    given: Mapping[str, Any], name: str, default: str | None = None, *, empty: bool = True
+) -> str | None:
+    """A str argument (None: ``default``)."""
+    value = given.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, str) or not (value or empty):
+        kind = "a str" if empty else "a non-empty str"
+        raise BackendArgumentError(f"{name!r} must be {kind}, not {value!r}")
+    return value
+
+
+def _whole(
+    given: Mapping[str, Any], name: str, default: int, *, low: int, high: int | None = None
+) -> int:
+    """A whole-number argument in ``low..high`` (None: ``default``); a str of digits
+    is read as redis-py would read it."""
+    value = given.get(name)
+    if value is None:
+        return default
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        number = int(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        raise BackendArgumentError(f"{name!r} must be a whole number, not {value!r}")
+    if number < low or (high is not None and number > high):
+        bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise BackendArgumentError(f"{name!r} must be {bounds}, not {number}")
+    return number
+
+
+def _connection_kwargs(given: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``connection_kwargs``, its names checked against what redis-py's clients and
+    connections take."""
+    extra = given.get("connection_kwargs")
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise BackendArgumentError(
+            f"'connection_kwargs' must be a dict, not {type(extra).__name__}"
+        )
+    known = _redis_connection_names()
+    unknown = sorted(repr(name) for name in extra if name not in known)
+    if unknown:
+        raise BackendArgumentError(
+            f"'connection_kwargs' has names redis-py does not take: {', '.join(unknown)}; "
+            f"it takes {', '.join(sorted(known))}"
+        )
+    return extra
+
+
+@functools.cache
+def _redis_connection_names() -> frozenset[str]:
+    """The keyword arguments of ``redis.Redis`` and of its connection classes."""
+    names: set[str] = set()
+    for made in (
+        redis.Redis,
+        redis.Connection,
+        redis.SSLConnection,
+        redis.UnixDomainSocketConnection,
+    ):
+        for cls in made.__mro__:
+            init = cls.__dict__.get("__init__")
+            if init is None or cls is object:
+                continue
+            names.update(
+                parameter.name
+                for parameter in inspect.signature(init).parameters.values()
+                if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+                and parameter.name != "self"
+            )
+    return frozenset(names)
+
+
+def _connectable(client: SyncClient) -> SyncClient:
+    """``client``, once one connection was made the way its pool will make them (not
+    connected): redis-py checks a connection's arguments only then, at the first call
+    otherwise. A cluster client made its nodes' clients already."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        try:
+            pool.connection_class(**pool.connection_kwargs)
+        except (TypeError, ValueError, redis.RedisError) as exc:
+            raise BackendArgumentError(
+                f"cacheguard dogpile backend: redis-py refuses the connection arguments: {exc}"
+            ) from exc
+    return client
