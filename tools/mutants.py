@@ -6,7 +6,7 @@ directory, applies one mutant at a time, runs only that mutant's tests there and
 fails if any mutant survives (its tests pass), if a mutant no longer applies (its
 code changed: update the mutant with the code), or if its tests cannot run.
 
-    python tools/mutants.py                  # all mutants (CI runs this)
+    python tools/mutants.py                  # all mutants (CI: --jobs 2)
     python tools/mutants.py --only fence     # the mutants whose id contains "fence"
     python tools/mutants.py --list           # id, guarantee, tests
     python tools/mutants.py --discover ID tests/test_x.py ...
@@ -19,12 +19,15 @@ the code (every patch applies exactly once, every named test exists).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,7 +35,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # What a run needs (docs too: some tests read tables from it); the venv and git stay behind.
-COPIED = ("cacheguard", "tests", "examples", "bench", "docs", "pyproject.toml")
+COPIED = (
+    "cacheguard",
+    "tests",
+    "examples",
+    "bench",
+    "docs",
+    "pyproject.toml",
+    "mkdocs.yml",
+    "tools",  # the docs site: tests/test_docs.py builds it
+)
 
 
 @dataclass(frozen=True)
@@ -334,9 +346,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "refresh with Redis down follows on_backend_error",
         "cacheguard/cache/read_path.py",
         "        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)\n"
-        "            return (yield from self._bypass(name, exc))\n        return outcome.value",
+        "            return (yield from self._bypass(name, exc, template))\n"
+        "        return outcome.value",
         "        except ZeroDivisionError as exc:\n"
-        "            return (yield from self._bypass(name, exc))\n        return outcome.value",
+        "            return (yield from self._bypass(name, exc, template))\n"
+        "        return outcome.value",
         ("tests/test_trust.py::test_refresh_follows_on_backend_error",),
     ),
     Mutant(
@@ -1039,6 +1053,1041 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_sequence_on_a_node_of_the_keys_is_counted_once",
         ),
     ),
+    # -- the ZooKeeper lock store (cacheguard/locks/zookeeper.py, issue #15) ---------------------
+    Mutant(
+        "zookeeper-reader-waits-for-writers",
+        "a ZooKeeper reader waits while a write node is before its own",
+        "cacheguard/locks/zookeeper.py",
+        '            if kind != "write":\n                continue\n',
+        "            continue\n",
+        ("tests/test_lock_contract.py::test_a_writer_excludes_readers_and_writers[zookeeper]",),
+    ),
+    Mutant(
+        "zookeeper-writer-waits-for-everyone",
+        "a ZooKeeper writer waits until no node at all is before its own (readers too)",
+        "cacheguard/locks/zookeeper.py",
+        '            if mode == "write":\n                if self._request(',
+        "            if False:\n                if self._request(",
+        (
+            "tests/test_lock_contract.py::"
+            "test_a_writer_waits_for_the_readers_then_gets_in[zookeeper]",
+        ),
+    ),
+    Mutant(
+        "zookeeper-downgrade-in-place",
+        "a ZooKeeper downgrade turns the node to read in place and lets queued readers in",
+        "cacheguard/locks/zookeeper.py",
+        "        elif downgrade:\n            self._downgrade(holding)\n",
+        "        elif downgrade:\n            pass\n",
+        ("tests/test_lock_zookeeper.py::test_a_downgrade_lets_in_the_readers_already_waiting",),
+    ),
+    Mutant(
+        "zookeeper-suspension-marks-lost",
+        "a suspended ZooKeeper connection marks every holding of the client lost",
+        "cacheguard/locks/zookeeper.py",
+        "            if state == KazooState.CONNECTED:\n                self.connected.set()",
+        "            if state != KazooState.LOST:\n                self.connected.set()",
+        (
+            "tests/test_lock_zookeeper.py::"
+            "test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in",
+        ),
+    ),
+    Mutant(
+        "zookeeper-lost-release-raises",
+        "releasing a lost ZooKeeper handle raises LockLostError",
+        "cacheguard/locks/zookeeper.py",
+        "            if holding.lost:\n                raise handle._lost_at_release()",
+        "            if holding.lost:\n                return",
+        (
+            "tests/test_lock_zookeeper.py::"
+            "test_an_expired_session_loses_the_holding_and_frees_the_lock",
+        ),
+    ),
+    Mutant(
+        "zookeeper-lost-nodes-swept",
+        "a lost holding's znode that survived with the session is deleted once reconnected",
+        "cacheguard/locks/zookeeper.py",
+        "        if state == KazooState.CONNECTED:\n            self.sweep()\n",
+        "",
+        (
+            "tests/test_lock_zookeeper.py::"
+            "test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in",
+        ),
+    ),
+    Mutant(
+        "zookeeper-down-is-unavailable",
+        "an acquire that finds ZooKeeper unreachable at its deadline raises BackendUnavailable",
+        "cacheguard/locks/zookeeper.py",
+        "        if not blocking or not self._session.connected.is_set():",
+        "        if not blocking:",
+        (
+            "tests/test_lock_zookeeper.py::"
+            "test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in",
+        ),
+    ),
+    Mutant(
+        "zookeeper-fencing-czxid",
+        "a ZooKeeper write token is its node's czxid, higher than every earlier write holding's",
+        "cacheguard/locks/zookeeper.py",
+        "            return str(path), int(stat.czxid)",
+        "            return str(path), int(str(path)[-10:])",
+        ("tests/test_lock_contract.py::test_fencing_tokens_increase[zookeeper]",),
+    ),
+    Mutant(
+        "zookeeper-timeout-withdraws",
+        "a ZooKeeper waiter that gives up takes its node out of the queue",
+        "cacheguard/locks/zookeeper.py",
+        "            if node:\n                self._withdraw(node)\n",
+        "            if node:\n                pass\n",
+        (
+            "tests/test_lock_zookeeper.py::"
+            "test_a_timed_out_writer_and_a_failed_try_leave_nothing_queued",
+        ),
+    ),
+    Mutant(
+        "zookeeper-waiter-requeues",
+        "a ZooKeeper waiter whose node went with an expired session queues again",
+        "cacheguard/locks/zookeeper.py",
+        "                except NoNodeError:  # our node went with an expired session\n"
+        '                    node = ""\n',
+        "                except NoNodeError:  # our node went with an expired session\n"
+        "                    self._give_up(mode, owner, start, blocking)\n",
+        ("tests/test_lock_zookeeper.py::test_a_waiter_whose_session_expired_queues_again",),
+    ),
+    Mutant(
+        "zookeeper-owners-per-client",
+        "ZooKeeper holdings are counted per kazoo client, shared by its lock objects",
+        "cacheguard/locks/zookeeper.py",
+        "            client._cacheguard_session = session\n",
+        "",
+        ("tests/test_lock_zookeeper.py::test_owners_are_counted_per_client_across_lock_objects",),
+    ),
+    Mutant(
+        "zookeeper-reentrant",
+        "a ZooKeeper owner re-enters its holding without a new node",
+        "cacheguard/locks/zookeeper.py",
+        "                if holding is not None:\n                    return self._reenter(",
+        "                if False:\n                    return self._reenter(",
+        ("tests/test_lock_contract.py::test_reentrant_and_downgrade[zookeeper]",),
+    ),
+    Mutant(
+        "zookeeper-upgrade-refused",
+        "a ZooKeeper read holder asking for the write lock gets LockUpgradeError",
+        "cacheguard/locks/zookeeper.py",
+        "                raise LockUpgradeError(name=self.name, owner=owner)\n",
+        "                pass\n",
+        ("tests/test_lock_contract.py::test_upgrade_is_refused[zookeeper]",),
+    ),
+    # -- Redlock (cacheguard/locks/redlock.py, tests/test_lock_redlock.py; #15) -----------------
+    Mutant(
+        "redlock-majority-needed",
+        "a Redlock is granted only when a majority of its masters granted it",
+        "cacheguard/locks/redlock.py",
+        "        return len(self.granted) >= quorum\n",
+        "        return len(self.granted) >= 1\n",
+        (
+            "tests/test_lock_redlock.py::test_a_round_without_a_majority_gives_back_its_grants",
+            "tests/test_lock_redlock.py::"
+            "test_three_of_five_masters_down_refuses_and_leaves_nothing[read]",
+        ),
+    ),
+    Mutant(
+        "redlock-validity-checked",
+        "a majority that granted after the lease minus elapsed time minus drift ran out is refused",
+        "cacheguard/locks/redlock.py",
+        "    if outcome.has_majority(quorum) and fenced and now < valid_until:\n",
+        "    if outcome.has_majority(quorum) and fenced:\n",
+        ("tests/test_lock_redlock.py::test_a_grant_that_came_too_late_is_refused",),
+    ),
+    Mutant(
+        "redlock-failed-round-gives-back",
+        "a round without a majority releases what it was granted, on every master that granted it",
+        "cacheguard/locks/redlock.py",
+        "i: wire.release_call(self.keys, owner, mode, epoch) for i, epoch in granted.items()",
+        "i: wire.withdraw_call(self.keys, owner) for i, epoch in granted.items()",
+        ("tests/test_lock_redlock.py::test_a_round_without_a_majority_gives_back_its_grants",),
+    ),
+    Mutant(
+        "redlock-release-on-every-master",
+        "release goes to every master holding the handle, not just a majority of them",
+        "cacheguard/locks/redlock.py",
+        "    held = {i: e for i, e in enumerate(handle.epochs) if e is not None}\n",
+        "    held = {i: e for i, e in enumerate(handle.epochs) if e is not None and i < 3}\n",
+        ("tests/test_lock_redlock.py::test_release_frees_every_master",),
+    ),
+    Mutant(
+        "redlock-frozen-master-bounded",
+        "a frozen master costs one instance_timeout per round, whatever its client's timeouts",
+        "cacheguard/locks/redlock.py",
+        '_capped(kwargs.get("socket_timeout"), instance_timeout)',
+        'kwargs.get("socket_timeout")',
+        ("tests/test_lock_redlock.py::test_a_frozen_master_does_not_stall_an_acquire",),
+    ),
+    Mutant(
+        "redlock-unanswered-master-tidied",
+        "a master that did not answer an acquire call is tidied: what the call left there "
+        "is released",
+        "cacheguard/locks/redlock.py",
+        "        unanswered += outcome.unanswered\n",
+        "",
+        ("tests/test_lock_redlock.py::test_a_master_that_did_not_answer_is_tidied_once_it_wakes",),
+    ),
+    Mutant(
+        "redlock-renewal-needs-majority",
+        "a renewal counts only when a majority renewed; a handle left on a minority is lost",
+        "cacheguard/locks/redlock.py",
+        "    if renewed >= quorum and in_time:\n",
+        "    if renewed >= 1 and in_time:\n",
+        ("tests/test_lock_redlock.py::test_renewal_needs_a_majority",),
+    ),
+    Mutant(
+        "redlock-fencing-across-majorities",
+        "a write token is written back to the granting masters' counters, so tokens increase "
+        "across different majorities",
+        "cacheguard/locks/redlock.py",
+        "        calls = {i: raise_call for i in outcome.granted}\n",
+        "        calls = {i: (RAISE_FENCE, [self.keys.fence], [0]) for i in outcome.granted}\n",
+        ("tests/test_lock_redlock.py::test_fencing_tokens_increase_across_different_majorities",),
+    ),
+    Mutant(
+        "redlock-writer-queued-on-majority",
+        "a waiting Redlock writer leaves its mark on the masters, so new readers queue behind it",
+        "cacheguard/locks/redlock.py",
+        "        mark_ms = self._mark_ms if queued else 0\n",
+        "        mark_ms = 0\n",
+        ("tests/test_lock_contract.py::test_writer_preference[redlock]",),
+    ),
+    Mutant(
+        "redlock-async-cancelled-round-gives-back",
+        "an asyncio task cancelled during a Redlock round gives back what the round got",
+        "cacheguard/aio/redlock.py",
+        "            await self._undo(granted, marked, owner, mode, [])\n",
+        "            pass\n",
+        (
+            "tests/test_lock_redlock.py::"
+            "test_async_task_cancelled_during_a_round_gives_back_what_it_got",
+        ),
+    ),
+    Mutant(
+        "redlock-async-frozen-master-bounded",
+        "on asyncio too, a frozen master costs one instance_timeout per round",
+        "cacheguard/aio/redlock.py",
+        "kwargs[setting] = instance_timeout if value is None else min(value, instance_timeout)",
+        "kwargs[setting] = value",
+        ("tests/test_lock_redlock.py::test_async_frozen_master_does_not_stall_an_acquire",),
+    ),
+    Mutant(
+        "redlock-async-waiter-withdraws",
+        "an asyncio Redlock writer cancelled while it waits withdraws its marks on every master",
+        "cacheguard/aio/redlock.py",
+        "                        await self._shielded(self._withdraw(owner))\n",
+        "                        pass\n",
+        ("tests/test_lock_redlock.py::test_async_cancelled_waiting_writer_withdraws_its_marks",),
+    ),
+    # -- the PostgreSQL lock store (cacheguard/locks/postgres.py, issue #15) ----------------------
+    Mutant(
+        "pg-upgrade-refused",
+        "an owner that only reads gets LockUpgradeError for the write lock (PostgreSQL would "
+        "grant it while no one else reads)",
+        "cacheguard/locks/postgres.py",
+        "            return Plan.UPGRADE if count.reads else Plan.CALL\n",
+        "            return Plan.CALL\n",
+        ("tests/test_lock_contract.py::test_upgrade_is_refused[postgres]",),
+    ),
+    Mutant(
+        "pg-downgrade-takes-the-shared-lock",
+        "a read while writing takes the shared lock at the server too, so it outlasts the write",
+        "cacheguard/locks/postgres.py",
+        "        return Plan.REENTER if count.reads else Plan.CALL\n",
+        "        return Plan.REENTER\n",
+        ("tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",),
+    ),
+    Mutant(
+        "pg-reentrant-unlock-on-last",
+        "nested holds of one mode are counted: only the last release unlocks at the server",
+        "cacheguard/locks/postgres.py",
+        "            last = count.writes == 0\n",
+        "            last = True\n",
+        ("tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",),
+    ),
+    Mutant(
+        "pg-connection-parked-only-empty",
+        "an owner's connection goes back for reuse only when it holds no lock",
+        "cacheguard/locks/postgres.py",
+        "        if not session.broken and not session.holds and session.conn is not None:\n",
+        "        if not session.broken and session.conn is not None:\n",
+        ("tests/test_lock_contract.py::test_a_writer_excludes_readers_and_writers[postgres]",),
+    ),
+    Mutant(
+        "pg-fencing-tokens",
+        "a fresh write holding draws a new, higher token from the fencing sequence",
+        "cacheguard/locks/postgres.py",
+        '_FENCE_TOKEN: Final = "nextval(to_regclass(%(fence)s))"\n',
+        '_FENCE_TOKEN: Final = "1::bigint"\n',
+        ("tests/test_lock_contract.py::test_fencing_tokens_increase[postgres]",),
+    ),
+    Mutant(
+        "pg-deadline-is-lock-timeout",
+        "a wait ends at its deadline: lock_timeout is what is left of it",
+        "cacheguard/locks/postgres.py",
+        '            params["ms"] = lock_timeout_ms(deadline - self._timer())\n',
+        '            params["ms"] = "0"\n',
+        ("tests/test_lock_postgres.py::test_a_wait_ends_at_its_deadline",),
+    ),
+    Mutant(
+        "pg-timeout-raises-lock-timeout",
+        "a wait that ends at its deadline raises LockTimeout, not BackendUnavailable",
+        "cacheguard/locks/postgres.py",
+        "                    if isinstance(exc, (*_WAIT_ENDED, "
+        "psycopg.errors.DeadlockDetected)):\n",
+        "                    if False:\n",
+        (
+            "tests/test_lock_contract.py::"
+            "test_timeout_raises_lock_timeout_naming_the_lock[postgres]",
+        ),
+    ),
+    Mutant(
+        "pg-failed-acquire-undone",
+        "an acquire statement that fails after the grant is followed by an unlock: no hold "
+        "stays in a session uncounted",
+        "cacheguard/locks/postgres.py",
+        "                    # session lock outlives its statement's error): let it go again.\n"
+        "                    self._unlock_quietly(session, mode)\n",
+        "                    # session lock outlives its statement's error): let it go again.\n",
+        ("tests/test_lock_postgres.py::test_a_failed_acquire_leaves_no_hold_behind",),
+    ),
+    Mutant(
+        "pg-watch-marks-lost",
+        "the session watch marks the handles of a session the server ended lost, unasked",
+        "cacheguard/locks/postgres.py",
+        "            elif not _alive(conn):\n",
+        "            elif False:\n",
+        (
+            "tests/test_lock_postgres.py::"
+            "test_a_terminated_session_frees_the_lock_and_its_handles_report_it",
+        ),
+    ),
+    Mutant(
+        "pg-release-reports-lost",
+        "release of a hold whose session ended raises LockLostError",
+        "cacheguard/locks/postgres.py",
+        "                    raise handle._lost_at_release() from exc\n",
+        "                    pass\n",
+        ("tests/test_lock_postgres.py::test_release_reports_a_lost_session_even_unwatched",),
+    ),
+    Mutant(
+        "pg-reentry-checks-the-session",
+        "a reentrant acquisition on a session that ended starts a new one instead of counting "
+        "a hold nobody has",
+        "cacheguard/locks/postgres.py",
+        "                if plan is not Plan.CALL and session.conn is not None and not "
+        "_alive(session.conn):\n",
+        "                if False:\n",
+        ("tests/test_lock_postgres.py::test_a_reentry_on_an_ended_session_starts_afresh",),
+    ),
+    Mutant(
+        "pg-session-keepalives",
+        "a lock session has the server probe its client, so a vanished holder frees its locks "
+        "within KEEPALIVE_WITHIN",
+        "cacheguard/locks/postgres.py",
+        '        "tcp_keepalives_idle": "10",\n'
+        '        "tcp_keepalives_interval": "5",\n'
+        '        "tcp_keepalives_count": "3",\n',
+        "",
+        (
+            "tests/test_lock_postgres.py::"
+            "test_a_lock_session_is_never_ended_by_server_timeouts_and_probes_its_client",
+        ),
+    ),
+    Mutant(
+        "pg-fork-keeps-off-the-parents-session",
+        "a forked child never releases (or touches) its parent's holds",
+        "cacheguard/locks/postgres.py",
+        "        if session.pid != os.getpid():\n",
+        "        if False:\n",
+        (
+            "tests/test_lock_postgres.py::"
+            "test_a_forked_child_neither_inherits_nor_breaks_the_parents_hold",
+        ),
+    ),
+    Mutant(
+        "pg-keys-length-prefixed",
+        "lock keys are stable and unambiguous: namespace and name each prefixed by their length",
+        "cacheguard/locks/postgres.py",
+        '        digest.update(len(data).to_bytes(8, "big"))\n',
+        "",
+        ("tests/test_lock_postgres.py::test_distinct_names_get_distinct_keys",),
+    ),
+    Mutant(
+        "pg-xact-lock-ends-with-the-transaction",
+        "write_in's lock is transaction-scoped: the commit releases it",
+        "cacheguard/locks/postgres.py",
+        "                   ELSE pg_try_advisory_xact_lock(:key) END AS ok FROM mine)",
+        "                   ELSE pg_try_advisory_lock(:key) END AS ok FROM mine)",
+        (
+            "tests/test_lock_postgres.py::"
+            "test_write_in_lasts_exactly_as_long_as_the_transaction[commit]",
+        ),
+    ),
+    Mutant(
+        "pg-xact-timeout-keeps-the-transaction",
+        "write_in waits in a savepoint: a LockTimeout leaves the caller's transaction usable",
+        "cacheguard/locks/postgres.py",
+        '            conn.execute(text(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}"))\n'
+        '            conn.execute(text(f"RELEASE SAVEPOINT {_SAVEPOINT}"))\n'
+        "            if _sqlstate(exc) in",
+        "            if _sqlstate(exc) in",
+        ("tests/test_lock_postgres.py::test_write_in_timing_out_leaves_the_transaction_usable",),
+    ),
+    Mutant(
+        "pg-xact-lock-timeout-restored",
+        "write_in puts the transaction's lock_timeout back after its wait",
+        "cacheguard/locks/postgres.py",
+        "     granted AS MATERIALIZED (SELECT pg_advisory_xact_lock(:key) FROM deadline),\n"
+        "     restored AS MATERIALIZED (\n"
+        "       SELECT set_config('lock_timeout', previous.value, true) FROM granted, previous)",
+        "     granted AS MATERIALIZED (SELECT pg_advisory_xact_lock(:key) FROM deadline),\n"
+        "     restored AS MATERIALIZED (\n"
+        "       SELECT current_setting('lock_timeout') FROM granted, previous)",
+        ("tests/test_lock_postgres.py::test_write_in_waits_for_a_session_holder_then_gets_in",),
+    ),
+    Mutant(
+        "pg-xact-upgrade-refused",
+        "a transaction holding only the read lock gets LockUpgradeError for the write lock",
+        "cacheguard/locks/postgres.py",
+        "       SELECT CASE WHEN reads AND NOT writes THEN NULL\n",
+        "       SELECT CASE WHEN false THEN NULL\n",
+        ("tests/test_lock_postgres.py::test_write_in_refuses_an_upgrade",),
+    ),
+    Mutant(
+        "pg-async-cancel-undone",
+        "an asyncio wait cancelled after the server granted it unlocks before the "
+        "cancellation goes on",
+        "cacheguard/aio/postgres.py",
+        "                # not, nothing may stay behind uncounted.\n"
+        "                await self._unlock_quietly(session, mode)\n",
+        "                # not, nothing may stay behind uncounted.\n",
+        (
+            "tests/test_lock_postgres.py::"
+            "test_an_async_wait_cancelled_after_its_grant_leaves_nothing_behind",
+        ),
+    ),
+    Mutant(
+        "pg-async-cancelled-release-finishes",
+        "an asyncio release cancelled before it began finishes in the background",
+        "cacheguard/aio/postgres.py",
+        "            task = book._loop.create_task(self._release_later(handle))\n",
+        "            task = book._loop.create_task(asyncio.sleep(0))\n",
+        ("tests/test_lock_postgres.py::test_a_cancelled_async_release_finishes_in_the_background",),
+    ),
+    Mutant(
+        "pg-async-watch-marks-lost",
+        "the loop watches the sockets of asyncio lock sessions: one the server ended marks "
+        "its handles lost",
+        "cacheguard/aio/postgres.py",
+        "        elif not _alive(conn):\n",
+        "        elif False:\n",
+        ("tests/test_lock_postgres.py::test_async_terminated_session_marks_its_handles_lost",),
+    ),
+    Mutant(
+        "pg-async-watch-survives-statements",
+        "the asyncio watch steps aside while psycopg reads the socket and comes back after",
+        "cacheguard/aio/postgres.py",
+        "                self.unwatch(session)  # psycopg reads the socket itself while we "
+        "use it\n",
+        "",
+        ("tests/test_lock_postgres.py::test_async_terminated_session_marks_its_handles_lost",),
+    ),
+    # -- write locks from another store (cacheguard/cache/write_locks.py, issue #15) ----------
+    Mutant(
+        "write-locks-from-the-store",
+        "guard.write takes its write locks from the write_locks store when given one",
+        "cacheguard/cache/guard.py",
+        "        return StoreWriteLock(self._write_locks(name))\n",
+        "        return self._locks.rwlock(name)\n",
+        ("tests/test_write_locks.py::test_guard_write_takes_the_stores_lock[redis]",),
+    ),
+    Mutant(
+        "write-locks-hooks-use-the-store",
+        "tracked sessions take their write locks from the guard's write_locks store",
+        "cacheguard/sqlalchemy/guards.py",
+        "        return self.guard.write_lock(name)\n\n    def acquire_write(self, lock: Any, "
+        "timeout: float | None) -> None:\n        lock.acquire_write(timeout)\n",
+        "        return self.guard.rwlock(name)\n\n    def acquire_write(self, lock: Any, "
+        "timeout: float | None) -> None:\n        lock.acquire_write(timeout)\n",
+        ("tests/test_write_locks.py::test_tracked_sessions_take_the_stores_lock[redis]",),
+    ),
+    Mutant(
+        "write-locks-async-from-the-store",
+        "an AsyncCacheGuard's write path takes its locks from its asyncio write_locks store",
+        "cacheguard/aio/guard.py",
+        "        return AsyncStoreWriteLock(self._write_locks(name))\n",
+        "        return self._locks.rwlock(name)\n",
+        ("tests/test_write_locks.py::test_an_asyncio_guard_takes_an_asyncio_stores_lock",),
+    ),
+    Mutant(
+        "write-locks-async-refuses-a-sync-store",
+        "an AsyncCacheGuard refuses a sync store with a clear TypeError and gives its hold back",
+        "cacheguard/cache/write_locks.py",
+        "        if not inspect.isawaitable(pending):\n",
+        "        if False:\n",
+        ("tests/test_write_locks.py::test_an_asyncio_guard_refuses_a_sync_store",),
+    ),
+    # -- the menu service on FastAPI (examples/menu_service: api, limits, server; #14) ----------
+    Mutant(
+        "service-body-refused-from-its-header",
+        "a body announced over 64 KiB is refused with 413 before a byte of it is read",
+        "examples/menu_service/limits.py",
+        "        if announced is not None and announced > self.max_bytes:\n",
+        "        if False:\n",
+        (
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[200-MB-body]",
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[50-MB-name]",
+        ),
+    ),
+    Mutant(
+        "service-body-counted-as-it-arrives",
+        "a chunked body that grows past 64 KiB is cut off with 413",
+        "examples/menu_service/limits.py",
+        "                if received > self.max_bytes:\n",
+        "                if False:\n",
+        (
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[chunked-body-over-64-KiB]",
+        ),
+    ),
+    Mutant(
+        "service-body-deadline",
+        "a client that announces more body than it sends is answered 408, not waited for",
+        "examples/menu_service/limits.py",
+        "message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))",
+        "message = await receive()",
+        (
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[Content-Length-above-the-body]",
+        ),
+    ),
+    Mutant(
+        "service-head-deadline",
+        "a request head that never finishes is answered 408 and the connection closed",
+        "examples/menu_service/limits.py",
+        "        super().connection_made(transport)\n        self._arm_head_timer()\n",
+        "        super().connection_made(transport)\n",
+        (
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[request-head-never-finished]",
+        ),
+    ),
+    Mutant(
+        "service-protocol-errors-are-json",
+        "a request that is not HTTP (Content-Length: abc) gets a JSON 400, not plain text",
+        "examples/menu_service/limits.py",
+        "    def send_400_response(self, msg: str) -> None:\n",
+        "    def _plain_400_response(self, msg: str) -> None:\n",
+        (
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[Content-Length-abc]",
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[not-HTTP]",
+        ),
+    ),
+    Mutant(
+        "service-no-control-characters",
+        "a name or URL holding a control character (NUL) is refused with 422",
+        "examples/menu_service/api.py",
+        "            if unicodedata.category(char) in _REFUSED_CATEGORIES:\n",
+        "            if False:\n",
+        (
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[NUL-in-a-name]",
+        ),
+    ),
+    Mutant(
+        "service-errors-do-not-echo-input",
+        "a validation error names the field and never echoes the client's input",
+        "examples/menu_service/api.py",
+        "    @app.exception_handler(RequestValidationError)\n",
+        "    @app.exception_handler(LookupError)\n",
+        (
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[name-over-100]",
+        ),
+    ),
+    Mutant(
+        "service-parent-must-exist",
+        "parent_id must name an existing menu",
+        "examples/menu_service/repository.py",
+        '            raise InvalidParent(f"parent_id {parent_id}: no menu {ancestor}")\n',
+        "            break\n",
+        (
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[missing-parent]",
+        ),
+    ),
+    Mutant(
+        "service-parent-no-cycle",
+        "parent_id must not make a menu its own ancestor",
+        "examples/menu_service/repository.py",
+        "    seen = {menu_id}\n",
+        "    seen = set()\n",
+        (
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[own-parent]",
+            "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[parent-below]",
+        ),
+    ),
+    Mutant(
+        "service-parent-checked-under-the-list-lock",
+        "writes take menu:list's write lock before checking parents: no cycle from two writes",
+        "examples/menu_service/repository.py",
+        "            self.guard.write(LIST_KEY, MENU_KEY.format(menu_id=menu_id)),\n",
+        "            self.guard.write(MENU_KEY.format(menu_id=menu_id)),\n",
+        ("tests/test_menu_service_http.py::test_writes_check_parents_under_the_list_lock",),
+    ),
+    Mutant(
+        "service-stops-gracefully",
+        "SIGTERM and SIGINT finish requests in flight, then remove the throwaway Redis and files",
+        "examples/menu_service/cli.py",
+        "    with stop_signals_raise(), contextlib.suppress(Stopped):\n",
+        "    with contextlib.suppress(Stopped):\n",
+        (
+            "tests/test_menu_service_http.py::test_a_stop_signal_finishes_requests_in_flight_and_leaves_nothing_behind[SIGTERM]",
+            "tests/test_menu_service_http.py::test_a_stop_signal_while_starting_leaves_nothing_behind",
+        ),
+    ),
+    Mutant(
+        "service-later-heads-have-a-deadline",
+        "every request head of a kept-alive connection has a deadline, not only the first",
+        "examples/menu_service/limits.py",
+        "        super().on_response_complete()\n        self._arm_head_timer()",
+        "        super().on_response_complete()\n        pass",
+        (
+            "tests/test_menu_service_http.py::test_a_later_request_head_on_a_kept_alive_connection_has_a_deadline_too",
+        ),
+    ),
+    Mutant(
+        "service-body-deadline-is-total",
+        "the body deadline bounds the whole body, not each piece (a byte at a time is cut off)",
+        "examples/menu_service/limits.py",
+        "message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))",
+        "message = await asyncio.wait_for(receive(), self.body_timeout)",
+        (
+            "tests/test_menu_service_http.py::test_a_body_sent_a_byte_at_a_time_is_cut_off_at_the_deadline",
+        ),
+    ),
+    Mutant(
+        "service-unread-body-closes",
+        "a request answered before its body was read has its connection closed",
+        "examples/menu_service/limits.py",
+        "        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():\n",
+        "        if False:\n",
+        ("tests/test_menu_service_http.py::test_a_body_nobody_reads_ends_the_connection",),
+    ),
+    Mutant(
+        "service-restart-forgets-the-old-cache",
+        "serve invalidates its namespace's menu keys at start (the table was seeded anew)",
+        "examples/menu_service/api.py",
+        '        sync_guard.invalidate_prefix("menu:")\n',
+        "",
+        (
+            "tests/test_menu_service_http.py::test_a_restart_does_not_serve_what_an_earlier_run_cached",
+        ),
+    ),
+    Mutant(
+        "demo-accepts-its-own-table",
+        "a database holding only the demo's own table (from an earlier run) needs no --reset",
+        "examples/menu_service/infra.py",
+        "    tables = [t for t in tables if t != Menu.__tablename__]",
+        "    tables = list(tables)",
+        (
+            "tests/test_menu_service.py::"
+            "test_a_database_holding_only_the_demos_own_table_is_used_without_reset",
+        ),
+    ),
+    # -- prometheus metrics (cacheguard/integrations/prometheus.py, issue #14) ----------------
+    Mutant(
+        "metrics-label-by-template-not-key",
+        "a CacheLoader's events carry its key template, never the key name",
+        "cacheguard/cache/loader.py",
+        "            template=self._label,\n        )\n        return value\n\n    def refresh(",
+        "            template=name,\n        )\n        return value\n\n    def refresh(",
+        (
+            "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
+        ),
+    ),
+    Mutant(
+        "metrics-async-label-by-template-not-key",
+        "an AsyncCacheLoader's events carry its key template, never the key name",
+        "cacheguard/aio/loader.py",
+        "            template=self._label,\n        )\n"
+        "        return value\n\n    async def refresh(",
+        "            template=name,\n        )\n        return value\n\n    async def refresh(",
+        (
+            "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
+        ),
+    ),
+    Mutant(
+        "metrics-events-carry-template",
+        "every event offered to the hooks carries the call's template",
+        "cacheguard/cache/stats.py",
+        "CacheEvent(kind, key, seconds, error, template)",
+        "CacheEvent(kind, key, seconds, error)",
+        (
+            "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
+            "tests/test_prometheus.py::test_the_sync_loaders_pass_their_template_to_every_call",
+        ),
+    ),
+    Mutant(
+        "metrics-fill-events-templated",
+        "the fill flow's events (lock waits among them) carry the key's template",
+        "cacheguard/cache/core.py",
+        "count=functools.partial(self._stats.count, template=template),",
+        "count=self._stats.count,",
+        ("tests/test_prometheus.py::test_a_stampede_of_several_guards_counts_lock_waits",),
+    ),
+    Mutant(
+        "metrics-loads-templated",
+        "the sync driver's loads carry the key's template",
+        "cacheguard/cache/driver.py",
+        "value, seconds = self.loads.run(self.name, self.load, self.template)",
+        "value, seconds = self.loads.run(self.name, self.load)",
+        (
+            "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
+        ),
+    ),
+    Mutant(
+        "metrics-async-loads-templated",
+        "the asyncio driver's loads carry the key's template",
+        "cacheguard/aio/driver.py",
+        "value, seconds = await arun_load(self.loads, self.name, self.load, self.template)",
+        "value, seconds = await arun_load(self.loads, self.name, self.load)",
+        (
+            "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
+        ),
+    ),
+    Mutant(
+        "metrics-bypass-counted",
+        "a call answered by the loader because Redis failed or its circuit is open counts a bypass",
+        "cacheguard/cache/core.py",
+        '        self._stats.count("bypasses", name, 0.0, None, template)\n',
+        "",
+        ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
+    ),
+    Mutant(
+        "metrics-bypass-backend-error-templated",
+        "the backend error behind a bypass carries the key's template",
+        "cacheguard/cache/core.py",
+        "self._backend_failed(name, exc, template=template)",
+        "self._backend_failed(name, exc)",
+        ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
+    ),
+    Mutant(
+        "metrics-hits-by-tier",
+        "hits are counted by their tier (l1, l2)",
+        "cacheguard/integrations/prometheus.py",
+        '_TIERS: Final = {"l1_hits": "l1", "l2_hits": "l2"}',
+        '_TIERS: Final = {"l1_hits": "l2", "l2_hits": "l2"}',
+        (
+            "tests/test_prometheus.py::test_l1_hits_are_counted_by_tier",
+            "tests/test_prometheus.py::test_every_counter_is_wired",
+        ),
+    ),
+    Mutant(
+        "metrics-every-counter-wired",
+        "every event kind reaches its own counter",
+        "cacheguard/integrations/prometheus.py",
+        "        elif kind in metrics.counters:\n",
+        '        elif kind in ("misses", "loads"):\n',
+        ("tests/test_prometheus.py::test_every_counter_is_wired",),
+    ),
+    Mutant(
+        "metrics-lock-wait-histogram",
+        "each lock wait's seconds go to the lock-wait histogram",
+        "cacheguard/integrations/prometheus.py",
+        "histogram = metrics.lock_wait_seconds.labels(*labels)",
+        "histogram = None",
+        ("tests/test_prometheus.py::test_a_stampede_of_several_guards_counts_lock_waits",),
+    ),
+    Mutant(
+        "metrics-load-histogram",
+        "each load's seconds go to the load histogram",
+        "cacheguard/integrations/prometheus.py",
+        "histogram = metrics.load_seconds.labels(*labels)",
+        "histogram = None",
+        (
+            "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
+        ),
+    ),
+    Mutant(
+        "metrics-hook-failure-contained",
+        "an event hook that raises never fails the cache call",
+        "cacheguard/cache/stats.py",
+        "                except Exception:\n                    log.exception(",
+        "                except ZeroDivisionError:\n                    log.exception(",
+        ("tests/test_prometheus.py::test_a_failing_hook_never_breaks_a_call",),
+    ),
+    Mutant(
+        "metrics-hooks-added-once",
+        "an event hook added twice is called once per event",
+        "cacheguard/cache/stats.py",
+        "            if hook not in self._hooks:\n"
+        "                self._hooks = (*self._hooks, hook)\n",
+        "            self._hooks = (*self._hooks, hook)\n",
+        ("tests/test_prometheus.py::test_hooks_are_added_once_and_removed",),
+    ),
+    Mutant(
+        "metrics-instrument-once",
+        "a guard instrumented twice is counted once",
+        "cacheguard/integrations/prometheus.py",
+        "            if guard in self._hooks:\n                return guard\n",
+        "",
+        ("tests/test_prometheus.py::test_hooks_are_added_once_and_removed",),
+    ),
+    Mutant(
+        "metrics-refusal-registers-nothing",
+        "a CacheMetrics refused by a registry leaves none of its metrics registered",
+        "cacheguard/integrations/prometheus.py",
+        "            for collector in done:\n                self.registry.unregister(collector)\n",
+        "            pass\n",
+        ("tests/test_prometheus.py::test_one_registry_takes_one_cache_metrics_until_it_is_closed",),
+    ),
+    Mutant(
+        "metrics-close-unregisters",
+        "a closed CacheMetrics leaves its registry free for a new one",
+        "cacheguard/integrations/prometheus.py",
+        "        for collector in self._collectors:\n"
+        "            self.registry.unregister(collector)\n",
+        "",
+        ("tests/test_prometheus.py::test_one_registry_takes_one_cache_metrics_until_it_is_closed",),
+    ),
+    Mutant(
+        "metrics-multiprocess-aggregates",
+        "in multiprocess mode the exposition aggregates every worker's samples",
+        "cacheguard/integrations/prometheus.py",
+        "        if multiprocess_mode():\n",
+        "        if False:\n",
+        ("tests/test_prometheus.py::test_multiprocess_mode_aggregates_the_workers",),
+    ),
+    # -- the dogpile.cache backend (cacheguard/integrations/dogpile.py, issue #14) ------------
+    Mutant(
+        "dogpile-mutex-not-reentrant",
+        "a held dogpile mutex is not re-entered: acquire(False) on its key returns False, from "
+        "the holding thread and through the holding mutex too",
+        "cacheguard/integrations/dogpile.py",
+        "            if self.holder is not None:\n                if not wait:\n",
+        "            if self.holder is not None and self.holder is not mutex:\n"
+        "                if not wait:\n",
+        ("tests/test_dogpile_backend.py::test_mutex_is_not_reentrant_in_one_thread",),
+    ),
+    Mutant(
+        "dogpile-mutex-excludes-processes",
+        "a dogpile mutex is the key's own lock in Redis: one holder across every process",
+        "cacheguard/integrations/dogpile.py",
+        "return _KeyGate(self.guard.rwlock(name), self._client, self._fence_ms)",
+        'return _KeyGate(self.guard.rwlock(f"{id(self)}:{name}"), self._client, self._fence_ms)',
+        (
+            "tests/test_dogpile_backend.py::test_mutex_is_not_reentrant_in_one_thread",
+            "tests/test_dogpile_backend.py::"
+            "test_a_stampede_of_processes_creates_once_and_wakes_waiters_by_release",
+        ),
+    ),
+    Mutant(
+        "dogpile-waiters-woken-by-release",
+        "a region's waiters in other processes are woken by the lock's release message, not a poll",
+        "cacheguard/locks/scripts.py",
+        "if after ~= before then redis.call('SPUBLISH', channel, after or 'free') end",
+        "",
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_a_stampede_of_processes_creates_once_and_wakes_waiters_by_release",
+        ),
+    ),
+    Mutant(
+        "dogpile-hold-passed-on-one-round",
+        "a process passes its hold of a key among its own waiting threads for one round "
+        "only, then lets the other processes in",
+        "cacheguard/integrations/dogpile.py",
+        "                self._passes = self.waiting\n",
+        "                self._passes = 1 << 62\n",
+        ("tests/test_dogpile_backend.py::test_a_busy_process_still_lets_another_process_in",),
+    ),
+    Mutant(
+        "lock-holder-id-is-no-thread",
+        "a write hold taken for a holder id belongs to no thread: the acquiring thread does "
+        "not re-enter it and any thread releases it (dogpile's async creation runner)",
+        "cacheguard/locks/local.py",
+        "        me = threading.get_ident() if holder is None else holder\n",
+        "        me = threading.get_ident()\n",
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_a_write_hold_for_a_holder_id_is_released_from_another_thread",
+            "tests/test_dogpile_backend.py::"
+            "test_the_async_creation_runner_releases_from_its_own_thread",
+        ),
+    ),
+    Mutant(
+        "dogpile-redis-expiration-time",
+        "redis_expiration_time is every stored value's TTL in Redis",
+        "cacheguard/integrations/dogpile.py",
+        "            self._client.set(name, _bytes(key, value), px=self._px)\n",
+        "            self._client.set(name, _bytes(key, value))\n",
+        ("tests/test_dogpile_backend.py::test_redis_expiration_time_is_the_values_ttl_in_redis",),
+    ),
+    Mutant(
+        "dogpile-fence-counter-expires",
+        "a dogpile key's fencing counter expires after the release of its hold: creations "
+        "leave no key in Redis that never expires (the guard's own write locks keep theirs)",
+        "cacheguard/integrations/dogpile.py",
+        "    \"redis.call('PEXPIRE', KEYS[#KEYS], ARGV[#ARGV])\\n\"\n",
+        "",
+        (
+            "tests/test_dogpile_backend.py::test_creations_leave_no_key_that_never_expires",
+            "tests/test_dogpile_backend.py::"
+            "test_without_redis_expiration_time_a_counter_lives_a_lease_past_its_release",
+        ),
+    ),
+    Mutant(
+        "dogpile-delete-expires-fence-counter",
+        "delete / delete_multi give the key's fencing counter its expiry (a holder that "
+        "died before its release left it without one)",
+        "cacheguard/integrations/dogpile.py",
+        "            pipe.pexpire(resource.fence, self._fence_ms)\n",
+        "",
+        ("tests/test_dogpile_backend.py::test_delete_gives_a_dead_holders_counter_its_lifetime",),
+    ),
+    Mutant(
+        "dogpile-port-db-checked-at-configure",
+        "dogpile.cache.redis's port and db are checked at configure, not at the first call",
+        "cacheguard/integrations/dogpile.py",
+        '        "port": _whole(given, "port", 6379, low=1, high=65535),\n'
+        '        "db": _whole(given, "db", 0, low=0),\n',
+        '        "port": given.get("port", 6379),\n        "db": given.get("db", 0),\n',
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_connection_arguments_fail_configure_not_the_first_call",
+        ),
+    ),
+    Mutant(
+        "dogpile-connection-kwargs-checked-at-configure",
+        "connection_kwargs redis-py does not take are refused at configure, with the names "
+        "it takes",
+        "cacheguard/integrations/dogpile.py",
+        "    options.update(_connection_kwargs(given))\n",
+        '    options.update(given.get("connection_kwargs") or {})\n',
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_connection_arguments_fail_configure_not_the_first_call",
+        ),
+    ),
+    Mutant(
+        "dogpile-connection-built-at-configure",
+        "a connection argument refused only by the connection class redis-py picks fails "
+        "configure (one connection is made, not connected)",
+        "cacheguard/integrations/dogpile.py",
+        "            pool.connection_class(**pool.connection_kwargs)\n",
+        "            pass\n",
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_connection_arguments_that_redis_py_accepts_still_work",
+        ),
+    ),
+    Mutant(
+        "dogpile-key-without-utf8-form",
+        "a key with no UTF-8 form is a BackendArgumentError naming it, not a raw "
+        "UnicodeEncodeError",
+        "cacheguard/integrations/dogpile.py",
+        "    if not key.isascii():\n",
+        "    if False:\n",
+        ("tests/test_dogpile_backend.py::test_a_key_without_a_utf8_form_is_a_clear_error",),
+    ),
+    # -- docs that run (tests/test_docs.py, issue #14) -----------------------------------------
+    Mutant(
+        "docs-blocks-run",
+        "the docs collector really runs every python block of a page",
+        "tests/test_docs.py",
+        "                    exec(code, namespace)\n",
+        "                    pass\n",
+        ("tests/test_docs.py::test_blocks_run_in_order_in_one_namespace_set_up_blocks_included",),
+    ),
+    Mutant(
+        "docs-blocks-share-one-namespace",
+        "a page's blocks share one namespace: a later block uses what an earlier one defined",
+        "tests/test_docs.py",
+        "                    exec(code, namespace)\n",
+        "                    exec(code, dict(namespace))\n",
+        ("tests/test_docs.py::test_blocks_run_in_order_in_one_namespace_set_up_blocks_included",),
+    ),
+    Mutant(
+        "docs-set-up-blocks-run",
+        "set-up blocks (<!-- setup -->) run like the others",
+        "tests/test_docs.py",
+        "    blocks = [block for block in read_blocks(page) if block.python]\n",
+        "    blocks = [block for block in read_blocks(page) if block.python and not block.setup]\n",
+        ("tests/test_docs.py::test_blocks_run_in_order_in_one_namespace_set_up_blocks_included",),
+    ),
+    Mutant(
+        "docs-block-errors-fail-the-page",
+        "a block that raises fails its page's test, naming the page, the block and the line",
+        "tests/test_docs.py",
+        "                raise BlockFailed(_failure(block, exc)) from exc\n",
+        "                pass\n",
+        ("tests/test_docs.py::test_a_raising_block_fails_with_the_page_the_block_and_the_line",),
+    ),
+    Mutant(
+        "docs-untagged-fences-refused",
+        "a fence without a language (which could hide Python that never runs) fails the page",
+        "tests/test_docs.py",
+        "        if not language:\n",
+        "        if False:\n",
+        ("tests/test_docs.py::test_fences_that_could_hide_a_block_fail_the_page",),
+    ),
+    Mutant(
+        "docs-one-event-loop-per-page",
+        "blocks with top-level await run on one event loop for the whole page",
+        "tests/test_docs.py",
+        "                    if loop is None:\n                        loop = _new_loop(tasks)\n",
+        "                    loop = _new_loop(tasks)\n",
+        ("tests/test_docs.py::test_top_level_await_blocks_share_one_event_loop",),
+    ),
+    Mutant(
+        "docs-left-tasks-fail",
+        "a page that leaves a task running on its event loop fails",
+        "tests/test_docs.py",
+        "    if left:\n        names = ",
+        "    if False:\n        names = ",
+        ("tests/test_docs.py::test_a_task_left_running_fails_the_page",),
+    ),
+    Mutant(
+        "docs-left-locks-fail",
+        "a page that ends with a lock held fails",
+        "tests/test_docs.py",
+        "        if len(default_watchdog()) > held_before:\n",
+        "        if False:\n",
+        ("tests/test_docs.py::test_a_lock_left_held_fails_the_page",),
+    ),
+    Mutant(
+        "docs-signatures-compared",
+        "a documented signature (<!-- signature -->) must match the real one",
+        "tests/test_docs.py",
+        "        if documented != actual:\n",
+        "        if False:\n",
+        ("tests/test_docs.py::test_signature_blocks_are_compared_with_the_real_signature",),
+    ),
+    Mutant(
+        "docs-python-spellings-refused",
+        "a fence whose tag names Python in another spelling (Python, py, pycon) fails the page",
+        "tests/test_docs.py",
+        "        if language != PYTHON and _NAMES_PYTHON.match(language):\n",
+        "        if False:\n",
+        ("tests/test_docs.py::test_fences_that_could_hide_a_block_fail_the_page",),
+    ),
+    Mutant(
+        "docs-unretrieved-task-errors-fail",
+        "a page whose task ended with an exception nobody retrieved fails, naming the task",
+        "tests/test_docs.py",
+        "    if unretrieved:\n",
+        "    if False:\n",
+        ("tests/test_docs.py::test_a_task_that_failed_unobserved_fails_the_page",),
+    ),
+    Mutant(
+        "docs-site-build-not-quiet",
+        "the strict site build fails on a broken link or anchor (no --quiet hiding its warnings)",
+        "tests/test_docs.py",
+        'BUILD_FLAGS = ("--strict",)\n',
+        'BUILD_FLAGS = ("--strict", "--quiet")\n',
+        ("tests/test_docs.py::test_a_broken_link_or_anchor_fails_the_strict_build[tests]",),
+    ),
 )
 
 
@@ -1142,24 +2191,45 @@ def select(only: Sequence[str]) -> list[Mutant]:
     return chosen
 
 
-def check(only: Sequence[str]) -> int:
+def check(only: Sequence[str], jobs: int = 1) -> int:
+    """Check the chosen mutants, ``jobs`` at a time (each job in a scratch copy of its own:
+    most tests wait on Redis, timeouts and child processes, so two jobs nearly halve the
+    time on two cores)."""
     mutants = select(only)
+    jobs = max(1, min(jobs, len(mutants)))
     bad = 0
+    done = 0
+    output = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="cacheguard-mutants-") as scratch:
-        tree = scratch_copy(Path(scratch))
-        check_imports_from(tree)
-        for number, mutant in enumerate(mutants, 1):
+        trees: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        for job in range(jobs):
+            tree = scratch_copy(Path(scratch) / f"job{job}")
+            check_imports_from(tree)
+            trees.put(tree)
+
+        def run(mutant: Mutant) -> None:
+            nonlocal bad, done
+            tree = trees.get()  # a tree no other job is patching
             started = time.monotonic()
             try:
                 verdict, detail = check_one(mutant, tree)
             except MutantError as exc:
                 verdict, detail = "error", str(exc)
+            finally:
+                trees.put(tree)
             took = time.monotonic() - started
-            bad += verdict != "killed"
-            print(
-                f"[{number:2d}/{len(mutants)}] {verdict:8s} {mutant.id:40s} {took:5.1f}s  {detail}",
-                flush=True,
-            )
+            with output:
+                done += 1
+                bad += verdict != "killed"
+                print(
+                    f"[{done:2d}/{len(mutants)}] {verdict:8s} {mutant.id:40s} {took:5.1f}s  "
+                    f"{detail}",
+                    flush=True,
+                )
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            for future in [pool.submit(run, mutant) for mutant in mutants]:
+                future.result()
     print(f"{len(mutants) - bad} of {len(mutants)} mutants killed", flush=True)
     return 1 if bad else 0
 
@@ -1187,6 +2257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--markdown", action="store_true", help="the list as docs/testing.md's table"
     )
     parser.add_argument("--discover", nargs="+", metavar=("ID", "TESTS"))
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="mutants checked at once, each in its own copy"
+    )
     args = parser.parse_args(argv)
     if args.markdown:
         print("| mutant | guarantee it removes | tests that must fail |\n|---|---|---|")
