@@ -713,8 +713,8 @@ def test_fences_that_could_hide_a_block_fail_the_page(
 def test_signature_blocks_are_compared_with_the_real_signature(tmp_path: Path) -> None:
     good = (
         "<!-- signature -->\n```python\n"
-        'LockFactory(client, *, namespace="cg", lease=30.0, timeout=30.0,\n'
-        "            watchdog=True, on_lost=None, timer=time.monotonic)\n"
+        'LockFactory(client=None, *, namespace="cg", lease=30.0, timeout=30.0,\n'
+        "            watchdog=True, on_lost=None, store=None, timer=time.monotonic)\n"
         "LockFactory.rwlock(name) -> TwoTierRWLock\n```\n"
     )
     assert run_page(write_page(tmp_path, good)).signatures_checked == 1

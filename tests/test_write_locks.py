@@ -18,7 +18,7 @@ import redis.asyncio
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from cacheguard import MISSING, CacheGuard, LockTimeout, RedisRWLock
+from cacheguard import MISSING, CacheGuard, LockFactory, LockTimeout, RedisRWLock
 from cacheguard.aio import AsyncCacheGuard, AsyncRedisRWLock
 from cacheguard.sqlalchemy import sqlite_engine, track_models
 from tests.lock_stores import STORES, Store
@@ -111,6 +111,55 @@ def test_tracked_sessions_take_the_stores_lock(
     finally:
         tracker.remove()
         engine.dispose()
+
+
+def test_a_lock_factory_puts_the_stores_lock_behind_its_local_tier(store: Store) -> None:
+    """``LockFactory(store=...)``: the two-tier lock with the store's lock as its
+    distributed tier: another owner of the store's lock holds it off, and its own
+    threads meet at the local tier first."""
+    factory = LockFactory(store=store.make)
+    lock = factory.rwlock("menu:9")
+    held = _Held(store, "menu:9")
+    try:
+        with pytest.raises(LockTimeout):
+            lock.acquire_write(timeout=0.3)
+    finally:
+        held.free()
+    with lock.write(timeout=5):
+        assert isinstance(_other_owner_tries(store, "menu:9"), LockTimeout)  # the store
+        local = _in_another_thread(lambda: lock.acquire_read(timeout=0.3))  # the local tier
+        assert isinstance(local, LockTimeout), local
+    with lock.read(timeout=5):  # threads of the process share one distributed read hold
+        other = _in_another_thread(lambda: _read_and_release(lock))
+        assert other == "read", other
+    assert _other_owner_tries(store, "menu:9") == "held"
+
+
+def test_a_lock_factory_needs_a_client_or_a_store(client: redis.Redis) -> None:
+    with pytest.raises(TypeError, match="a Redis client, or a store"):
+        LockFactory()
+    with pytest.raises(TypeError, match="not both"):
+        LockFactory(client, store=lambda name: None)
+
+
+def _read_and_release(lock: Any) -> str:
+    with lock.read(timeout=5):
+        return "read"
+
+
+def _in_another_thread(work: Any) -> Any:
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    return outcome[0]
 
 
 def test_write_locks_must_make_locks(client: redis.Redis, namespace: str) -> None:

@@ -1533,6 +1533,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:\n",
         ("tests/test_write_locks.py::test_an_asyncio_guard_refuses_a_sync_store",),
     ),
+    Mutant(
+        "lock-factory-uses-the-store",
+        "LockFactory(store=...) puts the store's lock behind the local tier",
+        "cacheguard/locks/two_tier.py",
+        "        if self._store is not None:\n            # The store's own settings",
+        "        if False:\n            # The store's own settings",
+        (
+            "tests/test_write_locks.py::"
+            "test_a_lock_factory_puts_the_stores_lock_behind_its_local_tier[redis]",
+        ),
+    ),
     # -- the menu service on FastAPI (examples/menu_service: api, limits, server; #14) ----------
     Mutant(
         "service-body-refused-from-its-header",

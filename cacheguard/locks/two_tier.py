@@ -20,6 +20,10 @@ or take a write hold for an explicit ``holder`` id that any thread may release.
 Get instances from :class:`LockFactory` so every thread of a process shares the
 one instance per name; the factory keeps a lock alive while anyone holds it.
 After ``fork()`` a child starts with every two-tier lock free.
+
+The distributed tier is a :class:`RedisRWLock` by default; ``LockFactory(store=...)``
+puts another store's lock there (Redlock, PostgreSQL, ZooKeeper: any lock of
+that shape, made by ``store(name)``), with the same local tier in front.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from cacheguard._identity import on_fork_in_child, process_id
 from cacheguard.clients import SyncClient
@@ -58,7 +63,7 @@ class TwoTierRWLock:
 
     def __init__(
         self,
-        remote: RedisRWLock,
+        remote: Any,
         *,
         timer: Callable[[], float] = time.monotonic,
         on_pin: PinCallback | None = None,
@@ -137,7 +142,10 @@ class TwoTierRWLock:
 
     def _shared_hold_is_joinable(self) -> bool:
         handle = self._read_handle
-        return handle is not None and not handle.lost and not handle.writer_waiting
+        # writer_waiting: what a Redis renewal reports; other stores' handles lack it.
+        return (
+            handle is not None and not handle.lost and not getattr(handle, "writer_waiting", False)
+        )
 
     def release_read(self) -> None:
         if not self._local.read_depth_of_me():
@@ -247,22 +255,36 @@ class TwoTierRWLock:
 class LockFactory:
     """Hands out one shared :class:`TwoTierRWLock` per name for a process.
 
+    Its distributed tier is a :class:`RedisRWLock` on ``client``, or the lock
+    ``store(name)`` makes (``store=functools.partial(RedlockRWLock, masters)``,
+    ``PostgresRWLock``, ``ZooKeeperRWLock``: the store's own settings apply, and
+    ``namespace``, ``lease``, ``watchdog`` and ``on_lost`` here are for Redis only).
+
     Instances are kept in a weak registry: a lock lives while someone uses it,
     so touching a million names leaves no million locks behind.
     """
 
     def __init__(
         self,
-        client: SyncClient,
+        client: SyncClient | None = None,
         *,
         namespace: str = "cg",
         lease: float = 30.0,
         timeout: float = 30.0,
         watchdog: Watchdog | bool = True,
         on_lost: LostCallback | None = None,
+        store: Callable[[str], Any] | None = None,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
+        if (client is None) == (store is None):
+            raise TypeError(
+                "LockFactory needs a Redis client, or a store that makes the distributed "
+                "locks (e.g. functools.partial(PostgresRWLock, engine)), not both"
+            )
+        if store is not None and not callable(store):
+            raise TypeError(f"store must make a lock for a name, not {type(store).__name__}")
         self.client = client
+        self._store = store
         self.namespace = namespace
         self.lease = check_positive("lease", lease)
         self.timeout = check_positive("timeout", timeout)
@@ -282,6 +304,10 @@ class LockFactory:
         return len(self._registry)
 
     def _create(self, name: str) -> TwoTierRWLock:
+        if self._store is not None:
+            # The store's own settings (lease, namespace, timeout) are the store's.
+            return TwoTierRWLock(self._store(name), timer=self._timer, on_pin=self._pin)
+        assert self.client is not None
         remote = RedisRWLock(
             self.client,
             name,
