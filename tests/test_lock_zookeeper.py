@@ -125,7 +125,7 @@ def test_a_waiter_whose_session_expired_queues_again(
     waiter_client, holder_client = connect(), connect()
     holder = ZooKeeperRWLock(holder_client, name)
     reader = holder.acquire_read(timeout=5)
-    waiter = _in_thread(lambda: _token_of(ZooKeeperRWLock(waiter_client, name).write(timeout=20)))
+    waiter = _in_thread(lambda: _token_of(ZooKeeperRWLock(waiter_client, name).write(timeout=45)))
     _wait_until(lambda: len(_queue(holder_client, holder)) == 2, "the waiter never queued")
 
     expired = waiter_client.client_id[0]
@@ -135,7 +135,7 @@ def test_a_waiter_whose_session_expired_queues_again(
         owners = {_owner(holder_client, holder, child) for child in _queue(holder_client, holder)}
         return expired not in owners and len(owners - {0, holder_client.client_id[0]}) == 1
 
-    _wait_until(queued_again, "the waiter never queued again", within=8)
+    _wait_until(queued_again, "the waiter never queued again", within=30)
     reader.release()
     assert isinstance(waiter.result(30), int)
 
