@@ -13,6 +13,9 @@ Every figure of one run is measured on the same server, one after the other:
 * hand-off: a process releases, a waiter in another process acquires; the delay
   between the two (median, p99), for cacheguard and for redis-py's ``Lock``
   (which sleeps 0.1 s between polls by default).
+
+The other lock stores (Redlock, PostgreSQL, ZooKeeper) are compared with this one
+by ``bench/lock_stores.py``.
 """
 
 from __future__ import annotations
