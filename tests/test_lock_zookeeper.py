@@ -135,7 +135,7 @@ def test_a_waiter_whose_session_expired_queues_again(
         owners = {_owner(holder_client, holder, child) for child in _queue(holder_client, holder)}
         return expired not in owners and len(owners - {0, holder_client.client_id[0]}) == 1
 
-    _wait_until(queued_again, "the waiter never queued again", within=30)
+    _wait_until(queued_again, "the waiter never queued again", within=20)
     reader.release()
     assert isinstance(waiter.result(30), int)
 

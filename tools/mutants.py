@@ -6,7 +6,7 @@ directory, applies one mutant at a time, runs only that mutant's tests there and
 fails if any mutant survives (its tests pass), if a mutant no longer applies (its
 code changed: update the mutant with the code), or if its tests cannot run.
 
-    python tools/mutants.py                  # all mutants (CI: --jobs 2)
+    python tools/mutants.py                  # all mutants (CI: --jobs 4)
     python tools/mutants.py --only fence     # the mutants whose id contains "fence"
     python tools/mutants.py --list           # id, guarantee, tests
     python tools/mutants.py --discover ID tests/test_x.py ...
