@@ -67,3 +67,20 @@ def test_docs_list_every_mutant() -> None:
     docs = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
     missing = [m.id for m in TOOL.MUTANTS if f"`{m.id}`" not in docs]
     assert not missing
+
+
+def test_jobs_check_mutants_at_the_same_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--jobs 2``: two mutants are checked at once (each waits here for the other)."""
+    import threading
+
+    both_running = threading.Barrier(2, timeout=10)
+
+    def check_one(mutant: object, tree: Path) -> tuple[str, str]:
+        both_running.wait()  # serially, the first would wait alone and break the barrier
+        return "killed", "fake"
+
+    monkeypatch.setattr(TOOL, "scratch_copy", lambda destination: destination)
+    monkeypatch.setattr(TOOL, "check_imports_from", lambda tree: None)
+    monkeypatch.setattr(TOOL, "check_one", check_one)
+    first, second = TOOL.MUTANTS[0].id, TOOL.MUTANTS[1].id
+    assert TOOL.main(["--only", first, second, "--jobs", "2"]) == 0

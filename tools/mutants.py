@@ -1544,6 +1544,15 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_lock_factory_puts_the_stores_lock_behind_its_local_tier[redis]",
         ),
     ),
+    # -- the mutation check itself (tools/mutants.py) ------------------------------------------
+    Mutant(
+        "mutants-jobs-run-at-once",
+        "--jobs N checks N mutants at the same time (CI relies on it to stay within its time)",
+        "tools/mutants.py",
+        "    return check(args.only, args.jobs)\n",
+        "    return check(args.only)\n",
+        ("tests/test_mutants.py::test_jobs_check_mutants_at_the_same_time",),
+    ),
     # -- the menu service on FastAPI (examples/menu_service: api, limits, server; #14) ----------
     Mutant(
         "service-body-refused-from-its-header",
@@ -2284,7 +2293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.discover:
         return discover(args.discover[0], args.discover[1:])
-    return check(args.only)
+    return check(args.only, args.jobs)
 
 
 if __name__ == "__main__":

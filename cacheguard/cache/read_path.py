@@ -341,9 +341,9 @@ class ReadPath(GuardCore):
         raise NotImplementedError
 
     def write_lock(self, name: str) -> Any:
-        """The lock the write path takes for ``name``: the two-tier lock's write side,
-        or the ``write_locks`` store's (see :mod:`cacheguard.cache.write_locks`)."""
-        raise NotImplementedError
+        """The lock the write path takes for ``name``: the two-tier lock (a guard with
+        ``write_locks`` gives the store's instead, see :mod:`cacheguard.cache.write_locks`)."""
+        return self.rwlock(name)
 
     def _start_background(
         self,
