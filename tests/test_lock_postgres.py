@@ -451,13 +451,16 @@ def test_a_forked_child_neither_inherits_nor_breaks_the_parents_hold(
     handle = lock.acquire_write(timeout=5)
     fork = multiprocessing.get_context("fork")
     report, send = fork.Pipe(duplex=False)
-    child = fork.Process(target=_in_forked_child, args=(handle, lock, send))
+    child = fork.Process(target=_in_forked_child, args=(handle, lock, send), daemon=True)
     child.start()
     try:
         assert report.poll(30), "the forked child never answered"
         assert report.recv() == "ok"
     finally:
         child.join(10)
+        if child.is_alive():  # stuck (e.g. on the parent's socket): never wait for it
+            child.kill()
+            child.join(10)
     handle.release()  # the parent's session survived the child
     assert not handle.lost
 

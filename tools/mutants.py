@@ -2159,18 +2159,30 @@ def pytest_command(tests: Iterable[str], *extra: str) -> list[str]:
     ]
 
 
+# A mutant's tests that have not ended by then hang (e.g. waiting on a stuck child
+# process): an error, never a wait without end.
+RUN_TIMEOUT = 600.0
+
+
 def run_tests(tree: Path, tests: Iterable[str], *extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # a mutant and its original may share an mtime
-    return subprocess.run(
-        pytest_command(tests, *extra),
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    command = pytest_command(tests, *extra)
+    try:
+        return subprocess.run(
+            command,
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=RUN_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(
+            command, 124, "", f"the tests did not end within {RUN_TIMEOUT:g} s"
+        )
 
 
 def check_imports_from(tree: Path) -> None:
