@@ -44,6 +44,7 @@ __all__ = [
     "redis_server",
     "require_real_redis",
     "spawn_redis_server",
+    "zookeeper_installed",
     "zookeeper_server",
 ]
 
@@ -163,6 +164,13 @@ def spawn_redis_server(
 # Where Debian's ``zookeeper`` package puts the server; its manifest names the jars it needs.
 DEBIAN_ZOOKEEPER_CLASSPATH = "/usr/share/java/zookeeper.jar"
 _ZOOKEEPER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+
+def zookeeper_installed(classpath: str | None = None) -> bool:
+    """Can :class:`OwnedZooKeeperServer` start here (a JRE and the server's jars)?"""
+    found = classpath or os.environ.get("ZOOKEEPER_CLASSPATH") or DEBIAN_ZOOKEEPER_CLASSPATH
+    jars = any(os.path.exists(part) for part in found.split(os.pathsep))
+    return jars and shutil.which("java") is not None
 
 
 class OwnedZooKeeperServer:

@@ -552,17 +552,29 @@ async def test_async_task_cancelled_during_a_round_gives_back_what_it_got(
 
 
 async def test_async_cancelled_waiting_writer_withdraws_its_marks(
-    probes: list[redis.Redis], make_alock: Callable[..., AsyncRedlockRWLock]
+    probes: list[redis.Redis],
+    make_alock: Callable[..., AsyncRedlockRWLock],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import cacheguard.aio.redlock as aio_redlock
+
+    waiting = asyncio.Event()
+    original_wait = aio_redlock._Waiter.wait
+
+    async def wait(self: Any, seconds: float) -> list[bytes]:
+        waiting.set()  # the writer sleeps between rounds: where a cancel must withdraw
+        return await original_wait(self, seconds)
+
+    monkeypatch.setattr(aio_redlock._Waiter, "wait", wait)
     alock = make_alock()
     reader = await alock.acquire_read(timeout=5, owner="reader")
     writer = asyncio.create_task(alock.acquire_write(timeout=10, owner="writer"))
     key = alock.keys.lock
-    deadline = time.monotonic() + 5
-    while not redlock_writer_waiting(probes, key):  # queued on a majority
-        assert time.monotonic() < deadline, "the writer never queued"
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(waiting.wait(), 10)
+    assert redlock_writer_waiting(probes, key)  # queued on a majority
     assert await alock.try_acquire_read(owner="late reader") is None  # writer preference
+    waiting.clear()
+    await asyncio.wait_for(waiting.wait(), 10)  # back in its wait after our try woke it
     writer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await writer

@@ -28,7 +28,8 @@ from kazoo.retry import KazooRetry
 
 from cacheguard.exceptions import BackendUnavailable, LockLostError, LockTimeout
 from cacheguard.locks.zookeeper import ZooKeeperRWLock
-from cacheguard.testing import OwnedZooKeeperServer, zookeeper_server
+from cacheguard.testing import OwnedZooKeeperServer
+from tests.lock_stores import zookeeper_or_skip
 from tests.procs import CTX, start_process
 
 SESSION = 4.0
@@ -36,7 +37,7 @@ SESSION = 4.0
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[OwnedZooKeeperServer]:
-    with zookeeper_server() as owned:
+    with zookeeper_or_skip() as owned:
         yield owned
 
 
