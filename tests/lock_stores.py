@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -306,3 +307,46 @@ STORES: dict[str, Callable[[], contextlib.AbstractContextManager[Store]]] = {
     "postgres": postgres_store,
     "zookeeper": zookeeper_store,
 }
+
+
+# -- another owner: a thread (shared by the lock test modules) ---------------------------------
+
+
+class Outcome:
+    """What another owner's work ended with: its result, or its exception."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+
+    def set(self, value: Any) -> None:
+        self._value = value
+        self._done.set()
+
+    def result(self, timeout: float) -> Any:
+        assert self._done.wait(timeout), f"the other owner did not finish within {timeout} s"
+        return self._value
+
+
+def in_thread(work: Callable[[], Any]) -> Outcome:
+    """Run ``work`` as another owner (a thread); its result, or the exception it raised."""
+    outcome = Outcome()
+
+    def run() -> None:
+        try:
+            outcome.set(work())
+        except Exception as exc:
+            outcome.set(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return outcome
+
+
+def held_briefly(context: Any) -> str:
+    with context:
+        return "held"
+
+
+def token_of(context: Any) -> int:
+    with context as handle:
+        return int(handle.token)

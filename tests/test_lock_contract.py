@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from cacheguard.exceptions import LockTimeout, LockUpgradeError
-from tests.lock_stores import STORES, Lock, Store
+from tests.lock_stores import STORES, Lock, Store, held_briefly, in_thread, token_of
 from tests.procs import CTX, start_process
 
 
@@ -53,15 +53,15 @@ def _hold_in_child(
 def test_readers_share(store: Store, name: str) -> None:
     lock = store.make(name)
     with lock.read(timeout=5):
-        other = _in_thread(lambda: _held_briefly(store.make(name).read(timeout=5)))
+        other = in_thread(lambda: held_briefly(store.make(name).read(timeout=5)))
         assert other.result(10) == "held"
 
 
 def test_a_writer_excludes_readers_and_writers(store: Store, name: str) -> None:
     with store.make(name).write(timeout=5):
         for take in ("read", "write"):
-            attempt = _in_thread(
-                lambda take=take: _held_briefly(getattr(store.make(name), take)(timeout=0.5))
+            attempt = in_thread(
+                lambda take=take: held_briefly(getattr(store.make(name), take)(timeout=0.5))
             )
             assert isinstance(attempt.result(30), LockTimeout), take
 
@@ -75,7 +75,7 @@ def test_a_writer_waits_for_the_readers_then_gets_in(store: Store, name: str) ->
             entered.set()
         return "wrote"
 
-    writer = _in_thread(write)
+    writer = in_thread(write)
     assert not entered.wait(0.5)  # (a bounded look: it must still be waiting)
     reader.release()
     assert writer.result(30) == "wrote"
@@ -83,7 +83,7 @@ def test_a_writer_waits_for_the_readers_then_gets_in(store: Store, name: str) ->
 
 def test_timeout_raises_lock_timeout_naming_the_lock(store: Store, name: str) -> None:
     with store.make(name).write(timeout=5):
-        attempt = _in_thread(lambda: _held_briefly(store.make(name).write(timeout=0.3)))
+        attempt = in_thread(lambda: held_briefly(store.make(name).write(timeout=0.3)))
         error = attempt.result(30)
     assert isinstance(error, LockTimeout)
     assert name in str(error)
@@ -100,11 +100,11 @@ def test_reentrant_and_downgrade(store: Store, name: str) -> None:
     inner = lock.acquire_read(timeout=5)  # downgrade: read while writing
     outer.release()
     # Still a reader: another reader may join, a writer may not.
-    assert _in_thread(lambda: _held_briefly(store.make(name).read(timeout=5))).result(10) == "held"
-    blocked = _in_thread(lambda: _held_briefly(store.make(name).write(timeout=0.3)))
+    assert in_thread(lambda: held_briefly(store.make(name).read(timeout=5))).result(10) == "held"
+    blocked = in_thread(lambda: held_briefly(store.make(name).write(timeout=0.3)))
     assert isinstance(blocked.result(30), LockTimeout)
     inner.release()
-    assert _in_thread(lambda: _held_briefly(store.make(name).write(timeout=5))).result(10) == "held"
+    assert in_thread(lambda: held_briefly(store.make(name).write(timeout=5))).result(10) == "held"
 
 
 def test_upgrade_is_refused(store: Store, name: str) -> None:
@@ -112,7 +112,7 @@ def test_upgrade_is_refused(store: Store, name: str) -> None:
     with lock.read(timeout=5), pytest.raises(LockUpgradeError):
         lock.acquire_write(timeout=5)
     # The refusal left nothing behind: a writer gets in.
-    assert _in_thread(lambda: _held_briefly(store.make(name).write(timeout=5))).result(10) == "held"
+    assert in_thread(lambda: held_briefly(store.make(name).write(timeout=5))).result(10) == "held"
 
 
 # -- the store's own offers -------------------------------------------------------------
@@ -128,9 +128,9 @@ def test_writer_preference(store: Store, name: str) -> None:
         with store.make(name).write(timeout=30):
             writer_in.set()
 
-    writer = _in_thread(write)
+    writer = in_thread(write)
     _wait_until_a_writer_waits(store, name)
-    late = _in_thread(lambda: _held_briefly(store.make(name).read(timeout=0.5)))
+    late = in_thread(lambda: held_briefly(store.make(name).read(timeout=0.5)))
     assert isinstance(late.result(30), LockTimeout)
     reader.release()
     writer.result(30)
@@ -145,7 +145,7 @@ def test_fencing_tokens_increase(store: Store, name: str) -> None:
     for _ in range(3):
         with lock.write(timeout=5) as handle:
             tokens.append(handle.token)
-    tokens.append(_in_thread(lambda: _token_of(store.make(name).write(timeout=5))).result(10))
+    tokens.append(in_thread(lambda: token_of(store.make(name).write(timeout=5))).result(10))
     assert tokens == sorted(set(tokens)), tokens
 
 
@@ -179,44 +179,6 @@ def test_a_frozen_holder(store: Store, name: str) -> None:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-class _Outcome:
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._value: Any = None
-
-    def set(self, value: Any) -> None:
-        self._value = value
-        self._done.set()
-
-    def result(self, timeout: float) -> Any:
-        assert self._done.wait(timeout), f"the other owner did not finish within {timeout} s"
-        return self._value
-
-
-def _in_thread(work: Callable[[], Any]) -> _Outcome:
-    """Run ``work`` as another owner (a thread); its result, or the exception it raised."""
-    outcome = _Outcome()
-
-    def run() -> None:
-        try:
-            outcome.set(work())
-        except Exception as exc:
-            outcome.set(exc)
-
-    threading.Thread(target=run, daemon=True).start()
-    return outcome
-
-
-def _held_briefly(context: Any) -> str:
-    with context:
-        return "held"
-
-
-def _token_of(context: Any) -> int:
-    with context as handle:
-        return int(handle.token)
 
 
 def _wait_until_a_writer_waits(store: Store, name: str) -> None:

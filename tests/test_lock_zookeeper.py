@@ -29,7 +29,7 @@ from kazoo.retry import KazooRetry
 from cacheguard.exceptions import BackendUnavailable, LockLostError, LockTimeout
 from cacheguard.locks.zookeeper import ZooKeeperRWLock
 from cacheguard.testing import OwnedZooKeeperServer
-from tests.lock_stores import zookeeper_or_skip
+from tests.lock_stores import held_briefly, in_thread, token_of, zookeeper_or_skip
 from tests.procs import CTX, start_process
 
 SESSION = 4.0
@@ -73,7 +73,7 @@ def test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in(
     holder = ZooKeeperRWLock(holder_client, name, on_lost=lambda _handle: lost.set())
     handle = holder.acquire_write(timeout=5)
     session = holder_client.client_id
-    waiter = _in_thread(lambda: _token_of(ZooKeeperRWLock(waiter_client, name).write(timeout=8)))
+    waiter = in_thread(lambda: token_of(ZooKeeperRWLock(waiter_client, name).write(timeout=8)))
     _wait_until(lambda: len(_queue(holder_client, holder)) == 2, "the waiter never queued")
 
     server.kill()
@@ -126,7 +126,7 @@ def test_a_waiter_whose_session_expired_queues_again(
     waiter_client, holder_client = connect(), connect()
     holder = ZooKeeperRWLock(holder_client, name)
     reader = holder.acquire_read(timeout=5)
-    waiter = _in_thread(lambda: _token_of(ZooKeeperRWLock(waiter_client, name).write(timeout=45)))
+    waiter = in_thread(lambda: token_of(ZooKeeperRWLock(waiter_client, name).write(timeout=45)))
     _wait_until(lambda: len(_queue(holder_client, holder)) == 2, "the waiter never queued")
 
     expired = waiter_client.client_id[0]
@@ -167,12 +167,12 @@ def test_a_timed_out_writer_and_a_failed_try_leave_nothing_queued(
     client = connect()
     lock = ZooKeeperRWLock(client, name)
     with lock.read(timeout=5):
-        late = _in_thread(lambda: _held_briefly(ZooKeeperRWLock(client, name).write(timeout=0.3)))
+        late = in_thread(lambda: held_briefly(ZooKeeperRWLock(client, name).write(timeout=0.3)))
         assert isinstance(late.result(30), LockTimeout)
-        assert _in_thread(lock.try_acquire_write).result(30) is None
+        assert in_thread(lock.try_acquire_write).result(30) is None
         assert len(_queue(client, lock)) == 1
         # No writer's node holds new readers off.
-        joined = _in_thread(lambda: _held_briefly(lock.read(timeout=0.5)))
+        joined = in_thread(lambda: held_briefly(lock.read(timeout=0.5)))
         assert joined.result(30) == "held"
     assert client.exists(lock.path) is None  # the directory went with its last node
 
@@ -183,14 +183,14 @@ def test_a_downgrade_lets_in_the_readers_already_waiting(
     client, other = connect(), connect()
     lock = ZooKeeperRWLock(client, name)
     outer = lock.acquire_write(timeout=5)
-    waiting = _in_thread(lambda: _held_briefly(ZooKeeperRWLock(other, name).read(timeout=5)))
+    waiting = in_thread(lambda: held_briefly(ZooKeeperRWLock(other, name).read(timeout=5)))
     _wait_until(lambda: len(_queue(client, lock)) == 2, "the reader never queued")
     inner = lock.acquire_read(timeout=5)
     outer.release()  # now only a reader: the waiting reader comes in
     assert waiting.result(30) == "held"
-    assert _in_thread(lambda: ZooKeeperRWLock(other, name).try_acquire_write()).result(30) is None
+    assert in_thread(lambda: ZooKeeperRWLock(other, name).try_acquire_write()).result(30) is None
     inner.release()
-    assert _in_thread(lambda: _held_briefly(lock.write(timeout=5))).result(30) == "held"
+    assert in_thread(lambda: held_briefly(lock.write(timeout=5))).result(30) == "held"
 
 
 # -- owners -----------------------------------------------------------------------------
@@ -203,13 +203,13 @@ def test_owners_are_counted_per_client_across_lock_objects(
     first = ZooKeeperRWLock(client, name).acquire_write(timeout=5)
     second = ZooKeeperRWLock(client, name).acquire_write(timeout=0.5)  # the same owner
     assert second.token == first.token
-    shared = _in_thread(lambda: ZooKeeperRWLock(client, name).acquire_write(timeout=0.5))
+    shared = in_thread(lambda: ZooKeeperRWLock(client, name).acquire_write(timeout=0.5))
     assert isinstance(shared.result(30), LockTimeout)  # another thread: another owner
     owner = first.owner
     # The same owner string on another client is another session: it waits.
     with pytest.raises(LockTimeout):
         ZooKeeperRWLock(other, name).acquire_write(timeout=0.3, owner=owner)
-    by_name = _in_thread(lambda: ZooKeeperRWLock(client, name).acquire_write(0.5, owner=owner))
+    by_name = in_thread(lambda: ZooKeeperRWLock(client, name).acquire_write(0.5, owner=owner))
     third = by_name.result(30)  # an explicit owner shares the holding between threads
     assert third.token == first.token
     for handle in (third, second, first):
@@ -312,41 +312,3 @@ def _wait_until(condition: Callable[[], bool], what: str, within: float = 15.0) 
     while not condition():  # a condition polled with a deadline
         assert time.monotonic() < deadline, what
         time.sleep(0.01)
-
-
-class _Outcome:
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._value: Any = None
-
-    def set(self, value: Any) -> None:
-        self._value = value
-        self._done.set()
-
-    def result(self, timeout: float) -> Any:
-        assert self._done.wait(timeout), f"the other owner did not finish within {timeout} s"
-        return self._value
-
-
-def _in_thread(work: Callable[[], Any]) -> _Outcome:
-    """Run ``work`` as another owner (a thread); its result, or the exception it raised."""
-    outcome = _Outcome()
-
-    def run() -> None:
-        try:
-            outcome.set(work())
-        except Exception as exc:
-            outcome.set(exc)
-
-    threading.Thread(target=run, daemon=True).start()
-    return outcome
-
-
-def _held_briefly(context: Any) -> str:
-    with context:
-        return "held"
-
-
-def _token_of(context: Any) -> int:
-    with context as handle:
-        return int(handle.token)

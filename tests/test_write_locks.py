@@ -21,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from cacheguard import MISSING, CacheGuard, LockFactory, LockTimeout, RedisRWLock
 from cacheguard.aio import AsyncCacheGuard, AsyncRedisRWLock
 from cacheguard.sqlalchemy import sqlite_engine, track_models
-from tests.lock_stores import STORES, Store
+from tests.lock_stores import STORES, Store, held_briefly, in_thread
 
 
 @pytest.fixture(scope="module", params=sorted(STORES))
@@ -127,10 +127,10 @@ def test_a_lock_factory_puts_the_stores_lock_behind_its_local_tier(store: Store)
         held.free()
     with lock.write(timeout=5):
         assert isinstance(_other_owner_tries(store, "menu:9"), LockTimeout)  # the store
-        local = _in_another_thread(lambda: lock.acquire_read(timeout=0.3))  # the local tier
+        local = in_thread(lambda: lock.acquire_read(timeout=0.3)).result(30)  # the local tier
         assert isinstance(local, LockTimeout), local
     with lock.read(timeout=5):  # threads of the process share one distributed read hold
-        other = _in_another_thread(lambda: _read_and_release(lock))
+        other = in_thread(lambda: _read_and_release(lock)).result(30)
         assert other == "read", other
     assert _other_owner_tries(store, "menu:9") == "held"
 
@@ -145,21 +145,6 @@ def test_a_lock_factory_needs_a_client_or_a_store(client: redis.Redis) -> None:
 def _read_and_release(lock: Any) -> str:
     with lock.read(timeout=5):
         return "read"
-
-
-def _in_another_thread(work: Any) -> Any:
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(work())
-        except Exception as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-    return outcome[0]
 
 
 def test_write_locks_must_make_locks(client: redis.Redis, namespace: str) -> None:
@@ -221,19 +206,7 @@ async def test_an_asyncio_guard_refuses_a_sync_store(
 
 def _other_owner_tries(store: Store, name: str) -> Any:
     """Another thread's short try at the store's write lock: "held", or its exception."""
-    outcome: list[Any] = []
-
-    def attempt() -> None:
-        try:
-            with store.make(name).write(timeout=0.3):
-                outcome.append("held")
-        except Exception as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=attempt)
-    thread.start()
-    thread.join(30)
-    return outcome[0]
+    return in_thread(lambda: held_briefly(store.make(name).write(timeout=0.3))).result(30)
 
 
 def guard_missing() -> Any:
