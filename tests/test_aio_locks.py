@@ -266,6 +266,72 @@ async def _watch(dog: AsyncWatchdog, lock: AsyncRedisRWLock) -> None:
     dog.watch(AsyncLockHandle(lock, "read", "o", 1, None))
 
 
+# -- closing a watchdog whose round trip swallows the cancellation ----------------------------
+
+
+def _swallowing_round_trip(in_flight: asyncio.Event) -> Any:
+    """A renewal round trip that returns normally when cancelled, as redis-py's
+    pipeline does now and then."""
+
+    async def round_trip(*args: Any) -> Any:
+        in_flight.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            return [1] * len(args[-1])  # (pretends every renewal went through)
+        raise AssertionError("unreachable")
+
+    return round_trip
+
+
+async def test_a_closed_watchdog_stops_even_if_its_round_trip_swallows_the_cancel(
+    aclient: redis.asyncio.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cacheguard.aio.watchdog as aio_watchdog
+
+    in_flight = asyncio.Event()
+    monkeypatch.setattr(aio_watchdog, "_run_batch", _swallowing_round_trip(in_flight))
+    dog = AsyncWatchdog()
+    lock = alock(aclient, namespace, lease=0.3, watchdog=dog)
+    handle = await lock.acquire_write(timeout=5)
+    await asyncio.wait_for(in_flight.wait(), 5)  # a renewal is under way
+    task = dog._task
+    assert task is not None
+    dog.close()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert task in done, "the closed watchdog's task kept renewing"
+    monkeypatch.undo()
+    await handle.release()
+
+
+async def test_a_closed_redlock_watchdog_stops_even_if_its_round_trip_swallows_the_cancel(
+    aclient: redis.asyncio.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cacheguard.aio.redlock as aio_redlock
+    from cacheguard.aio.redlock import AsyncRedlockRWLock, AsyncRedlockWatchdog
+    from cacheguard.locks.wire import Renewal
+
+    in_flight = asyncio.Event()
+    swallowing = _swallowing_round_trip(in_flight)
+
+    async def renew_on(masters: Any, handles: Any) -> list[Renewal]:
+        await swallowing(handles)
+        return [Renewal.RENEWED] * len(handles)
+
+    dog = AsyncRedlockWatchdog()
+    lock = AsyncRedlockRWLock([aclient], "res", namespace=namespace, lease=0.3, watchdog=dog)
+    handle = await lock.acquire_write(timeout=5)
+    monkeypatch.setattr(aio_redlock, "_renew_on", renew_on)
+    await asyncio.wait_for(in_flight.wait(), 5)  # a renewal is under way
+    task = dog._task
+    assert task is not None
+    await asyncio.wait_for(dog.aclose(), 5)  # waited for ever before
+    assert task.done()
+    monkeypatch.undo()
+    await handle.release()
+    await lock.aclose()
+
+
 # -- the notifier ---------------------------------------------------------------------------
 
 

@@ -374,6 +374,62 @@ def test_a_missing_fence_sequence_is_made_on_first_use(
         _drop(engine, f"DROP SEQUENCE IF EXISTS {sequence}")
 
 
+def _interrupting_create_sequence(
+    monkeypatch: pytest.MonkeyPatch, interrupt: type[BaseException], *, asynchronous: bool
+) -> None:
+    """Make the next CREATE SEQUENCE raise ``interrupt`` (the lock is granted by then)."""
+    kind = psycopg.AsyncConnection if asynchronous else psycopg.Connection
+    original = kind.execute
+
+    def creating(query: Any) -> bool:
+        return "CREATE SEQUENCE" in (query if isinstance(query, str) else repr(query))
+
+    if asynchronous:
+
+        async def aexecute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if creating(query):
+                raise interrupt()
+            return await original(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(kind, "execute", aexecute)
+    else:
+
+        def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if creating(query):
+                raise interrupt()
+            return original(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(kind, "execute", execute)
+
+
+def test_an_interrupt_while_making_the_fence_sequence_leaves_no_lock_behind(
+    engine: sqlalchemy.Engine, make: Callable[..., PostgresRWLock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sequence = f"cg_new_fence_{uuid.uuid4().hex[:8]}"
+    lock = make("menu:7", fence_sequence=sequence)
+    _interrupting_create_sequence(monkeypatch, KeyboardInterrupt, asynchronous=False)
+    with pytest.raises(KeyboardInterrupt):
+        lock.acquire_write(timeout=5, owner="interrupted")
+    monkeypatch.undo()
+    assert _holder_pids(engine, lock.key) == set()  # granted, then let go again
+    with make("menu:7", fencing=False).write(timeout=5, owner="next"):
+        pass
+
+
+async def test_a_cancel_while_making_the_fence_sequence_leaves_no_lock_behind(
+    engine: sqlalchemy.Engine,
+    amake: Callable[..., AsyncPostgresRWLock],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sequence = f"cg_new_fence_{uuid.uuid4().hex[:8]}"
+    lock = amake("menu:7", fence_sequence=sequence)
+    _interrupting_create_sequence(monkeypatch, asyncio.CancelledError, asynchronous=True)
+    with pytest.raises(asyncio.CancelledError):
+        await lock.acquire_write(timeout=5, owner="cancelled")
+    monkeypatch.undo()
+    assert _holder_pids(engine, lock.key) == set()
+
+
 def test_without_fencing_tokens_are_zero(make: Callable[..., PostgresRWLock]) -> None:
     lock = make("menu:7", fencing=False)
     with lock.write(timeout=5) as handle:

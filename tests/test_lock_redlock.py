@@ -36,8 +36,7 @@ from cacheguard.exceptions import (
     LockTimeout,
     LockUpgradeError,
 )
-from cacheguard.locks import RedlockRWLock
-from cacheguard.locks import redlock as redlock_module
+from cacheguard.locks import RedlockRWLock, quorum
 from cacheguard.testing import OwnedRedisServer
 from tests.lock_stores import REDLOCK_LEASE, redlock_lock, redlock_masters, redlock_writer_waiting
 from tests.procs import CTX, run_processes, start_process
@@ -131,7 +130,7 @@ def hold_on(
 
 def redlock_holdings() -> Any:
     """This process's record of Redlock rounds in flight and live holdings."""
-    return redlock_module._holdings
+    return quorum.holdings
 
 
 def freeze(server: OwnedRedisServer) -> None:

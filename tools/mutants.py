@@ -702,7 +702,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "                except BaseException as exc:"
         "  # the flow decides; a cancel withdraws a mark\n",
         "                except Exception as exc:\n",
-        ("tests/test_aio_locks.py::test_a_task_cancelled_while_waiting_leaves_nothing_behind",),
+        (
+            "tests/test_aio_locks.py::test_a_task_cancelled_while_waiting_leaves_nothing_behind",
+            "tests/test_lock_contract_async.py::"
+            "test_a_writer_cancelled_while_waiting_leaves_nothing_behind[redis-async]",
+        ),
     ),
     Mutant(
         "aio-cancel-during-acquire-takes-back",
@@ -718,10 +722,34 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-cancelled-body-releases",
         "a cancelled body inside async with lock.write() releases the lock",
-        "cacheguard/aio/rwlock.py",
+        "cacheguard/aio/shape.py",
         "    except BaseException:\n        try:\n            await release()\n",
         "    except BaseException:\n        try:\n            pass\n",
         ("tests/test_aio_locks.py::test_a_cancelled_body_releases",),
+    ),
+    Mutant(
+        "aio-watchdog-close-stops-its-task",
+        "a closed asyncio watchdog's task stops even when a round trip swallowed the "
+        "cancellation (no renewing for ever, no loop that cannot close)",
+        "cacheguard/aio/watchdog.py",
+        "            while number == self._run_number:\n",
+        "            while True:\n",
+        (
+            "tests/test_aio_locks.py::"
+            "test_a_closed_watchdog_stops_even_if_its_round_trip_swallows_the_cancel",
+        ),
+    ),
+    Mutant(
+        "redlock-async-watchdog-close-stops-its-task",
+        "a closed asyncio Redlock watchdog's task stops even when a round trip swallowed the "
+        "cancellation (aclose returns)",
+        "cacheguard/aio/redlock.py",
+        "            while number == self._run_number:\n",
+        "            while True:\n",
+        (
+            "tests/test_aio_locks.py::"
+            "test_a_closed_redlock_watchdog_stops_even_if_its_round_trip_swallows_the_cancel",
+        ),
     ),
     Mutant(
         "aio-watchdog-renews",
@@ -1178,11 +1206,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "                pass\n",
         ("tests/test_lock_contract.py::test_upgrade_is_refused[zookeeper]",),
     ),
-    # -- Redlock (cacheguard/locks/redlock.py, tests/test_lock_redlock.py; #15) -----------------
+    # -- Redlock (cacheguard/locks/quorum.py, the drivers redlock.py and aio/redlock.py; #15) --
     Mutant(
         "redlock-majority-needed",
         "a Redlock is granted only when a majority of its masters granted it",
-        "cacheguard/locks/redlock.py",
+        "cacheguard/locks/quorum.py",
         "        return len(self.granted) >= quorum\n",
         "        return len(self.granted) >= 1\n",
         (
@@ -1194,7 +1222,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-validity-checked",
         "a majority that granted after the lease minus elapsed time minus drift ran out is refused",
-        "cacheguard/locks/redlock.py",
+        "cacheguard/locks/quorum.py",
         "    if outcome.has_majority(quorum) and fenced and now < valid_until:\n",
         "    if outcome.has_majority(quorum) and fenced:\n",
         ("tests/test_lock_redlock.py::test_a_grant_that_came_too_late_is_refused",),
@@ -1202,40 +1230,45 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-failed-round-gives-back",
         "a round without a majority releases what it was granted, on every master that granted it",
-        "cacheguard/locks/redlock.py",
-        "i: wire.release_call(self.keys, owner, mode, epoch) for i, epoch in granted.items()",
-        "i: wire.withdraw_call(self.keys, owner) for i, epoch in granted.items()",
+        "cacheguard/locks/quorum.py",
+        "i: wire.release_call(keys, owner, mode, epoch) for i, epoch in granted.items()",
+        "i: wire.withdraw_call(keys, owner) for i, epoch in granted.items()",
         ("tests/test_lock_redlock.py::test_a_round_without_a_majority_gives_back_its_grants",),
     ),
     Mutant(
         "redlock-release-on-every-master",
         "release goes to every master holding the handle, not just a majority of them",
-        "cacheguard/locks/redlock.py",
-        "    held = {i: e for i, e in enumerate(handle.epochs) if e is not None}\n",
-        "    held = {i: e for i, e in enumerate(handle.epochs) if e is not None and i < 3}\n",
+        "cacheguard/locks/quorum.py",
+        "        for i, epoch in enumerate(handle.epochs)\n        if epoch is not None\n",
+        "        for i, epoch in enumerate(handle.epochs)\n"
+        "        if epoch is not None and i < 3\n",
         ("tests/test_lock_redlock.py::test_release_frees_every_master",),
     ),
     Mutant(
         "redlock-frozen-master-bounded",
-        "a frozen master costs one instance_timeout per round, whatever its client's timeouts",
-        "cacheguard/locks/redlock.py",
-        '_capped(kwargs.get("socket_timeout"), instance_timeout)',
-        'kwargs.get("socket_timeout")',
-        ("tests/test_lock_redlock.py::test_a_frozen_master_does_not_stall_an_acquire",),
+        "a frozen master costs one instance_timeout per round, whatever its client's timeouts "
+        "(sync and asyncio clients alike)",
+        "cacheguard/locks/quorum.py",
+        "kwargs[setting] = instance_timeout if value is None else min(value, instance_timeout)",
+        "kwargs[setting] = value",
+        (
+            "tests/test_lock_redlock.py::test_a_frozen_master_does_not_stall_an_acquire",
+            "tests/test_lock_redlock.py::test_async_frozen_master_does_not_stall_an_acquire",
+        ),
     ),
     Mutant(
         "redlock-unanswered-master-tidied",
         "a master that did not answer an acquire call is tidied: what the call left there "
         "is released",
-        "cacheguard/locks/redlock.py",
-        "        unanswered += outcome.unanswered\n",
+        "cacheguard/locks/quorum.py",
+        "    unanswered += outcome.unanswered\n",
         "",
         ("tests/test_lock_redlock.py::test_a_master_that_did_not_answer_is_tidied_once_it_wakes",),
     ),
     Mutant(
         "redlock-renewal-needs-majority",
         "a renewal counts only when a majority renewed; a handle left on a minority is lost",
-        "cacheguard/locks/redlock.py",
+        "cacheguard/locks/quorum.py",
         "    if renewed >= quorum and in_time:\n",
         "    if renewed >= 1 and in_time:\n",
         ("tests/test_lock_redlock.py::test_renewal_needs_a_majority",),
@@ -1244,71 +1277,104 @@ MUTANTS: tuple[Mutant, ...] = (
         "redlock-fencing-across-majorities",
         "a write token is written back to the granting masters' counters, so tokens increase "
         "across different majorities",
-        "cacheguard/locks/redlock.py",
+        "cacheguard/locks/quorum.py",
         "        calls = {i: raise_call for i in outcome.granted}\n",
-        "        calls = {i: (RAISE_FENCE, [self.keys.fence], [0]) for i in outcome.granted}\n",
+        "        calls = {i: (RAISE_FENCE, [keys.fence], [0]) for i in outcome.granted}\n",
         ("tests/test_lock_redlock.py::test_fencing_tokens_increase_across_different_majorities",),
     ),
     Mutant(
         "redlock-writer-queued-on-majority",
         "a waiting Redlock writer leaves its mark on the masters, so new readers queue behind it",
-        "cacheguard/locks/redlock.py",
-        "        mark_ms = self._mark_ms if queued else 0\n",
-        "        mark_ms = 0\n",
-        ("tests/test_lock_contract.py::test_writer_preference[redlock]",),
+        "cacheguard/locks/quorum.py",
+        "            mark_ms=self._mark_ms if queued else 0,\n",
+        "            mark_ms=0,\n",
+        (
+            "tests/test_lock_contract.py::test_writer_preference[redlock]",
+            "tests/test_lock_contract_async.py::test_writer_preference[redlock-async]",
+        ),
+    ),
+    Mutant(
+        "redlock-give-back-releases-grants",
+        "a writer that gives a round back releases the masters that granted it (withdrawing "
+        "its mark there would leave the holding)",
+        "cacheguard/locks/quorum.py",
+        "        calls.setdefault(i, wire.withdraw_call(keys, owner))\n",
+        "        calls[i] = wire.withdraw_call(keys, owner)\n",
+        (
+            "tests/test_quorum_scripted.py::"
+            "test_a_caller_that_gave_up_gets_its_grant_released_not_withdrawn",
+            "tests/test_lock_redlock.py::"
+            "test_async_task_cancelled_during_a_round_gives_back_what_it_got",
+        ),
+    ),
+    Mutant(
+        "redlock-split-vote-withdraws",
+        "writers that split the masters withdraw their marks, so the next round is not "
+        "ordered differently on each master for ever",
+        "cacheguard/locks/quorum.py",
+        "        withdraw=tuple(outcome.marked) if (split or upgrade or unreachable) else (),\n",
+        "        withdraw=(),\n",
+        ("tests/test_quorum_scripted.py::test_a_split_vote_gives_back_and_says_so",),
     ),
     Mutant(
         "redlock-async-cancelled-round-gives-back",
         "an asyncio task cancelled during a Redlock round gives back what the round got",
         "cacheguard/aio/redlock.py",
-        "            await self._undo(granted, marked, owner, mode, [])\n",
-        "            pass\n",
+        "        if calls:\n            await self._masters.run(FanOut(calls))\n",
+        "        if calls:\n            pass\n",
         (
             "tests/test_lock_redlock.py::"
             "test_async_task_cancelled_during_a_round_gives_back_what_it_got",
         ),
     ),
     Mutant(
-        "redlock-async-frozen-master-bounded",
-        "on asyncio too, a frozen master costs one instance_timeout per round",
-        "cacheguard/aio/redlock.py",
-        "kwargs[setting] = instance_timeout if value is None else min(value, instance_timeout)",
-        "kwargs[setting] = value",
-        ("tests/test_lock_redlock.py::test_async_frozen_master_does_not_stall_an_acquire",),
-    ),
-    Mutant(
         "redlock-async-waiter-withdraws",
         "an asyncio Redlock writer cancelled while it waits withdraws its marks on every master",
         "cacheguard/aio/redlock.py",
-        "                        await self._shielded(self._withdraw(owner))\n",
+        "                        await self._shielded("
+        "self._masters.run(self._withdraw_step(owner)))\n",
         "                        pass\n",
-        ("tests/test_lock_redlock.py::test_async_cancelled_waiting_writer_withdraws_its_marks",),
+        (
+            "tests/test_lock_redlock.py::test_async_cancelled_waiting_writer_withdraws_its_marks",
+            "tests/test_lock_contract_async.py::"
+            "test_a_writer_cancelled_while_waiting_leaves_nothing_behind[redlock-async]",
+        ),
     ),
-    # -- the PostgreSQL lock store (cacheguard/locks/postgres.py, issue #15) ----------------------
+    # -- the PostgreSQL lock store (cacheguard/locks/postgres_core.py: the decisions both --------
+    # drivers share; cacheguard/locks/postgres.py and aio/postgres.py: sessions and watches)
     Mutant(
         "pg-upgrade-refused",
         "an owner that only reads gets LockUpgradeError for the write lock (PostgreSQL would "
         "grant it while no one else reads)",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres_core.py",
         "            return Plan.UPGRADE if count.reads else Plan.CALL\n",
         "            return Plan.CALL\n",
-        ("tests/test_lock_contract.py::test_upgrade_is_refused[postgres]",),
+        (
+            "tests/test_lock_contract.py::test_upgrade_is_refused[postgres]",
+            "tests/test_lock_contract_async.py::test_upgrade_is_refused[postgres-async]",
+        ),
     ),
     Mutant(
         "pg-downgrade-takes-the-shared-lock",
         "a read while writing takes the shared lock at the server too, so it outlasts the write",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres_core.py",
         "        return Plan.REENTER if count.reads else Plan.CALL\n",
         "        return Plan.REENTER\n",
-        ("tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",),
+        (
+            "tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",
+            "tests/test_lock_contract_async.py::test_reentrant_and_downgrade[postgres-async]",
+        ),
     ),
     Mutant(
         "pg-reentrant-unlock-on-last",
         "nested holds of one mode are counted: only the last release unlocks at the server",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres_core.py",
         "            last = count.writes == 0\n",
         "            last = True\n",
-        ("tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",),
+        (
+            "tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",
+            "tests/test_lock_contract_async.py::test_reentrant_and_downgrade[postgres-async]",
+        ),
     ),
     Mutant(
         "pg-connection-parked-only-empty",
@@ -1321,46 +1387,94 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-fencing-tokens",
         "a fresh write holding draws a new, higher token from the fencing sequence",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres_core.py",
         '_FENCE_TOKEN: Final = "nextval(to_regclass(%(fence)s))"\n',
         '_FENCE_TOKEN: Final = "1::bigint"\n',
-        ("tests/test_lock_contract.py::test_fencing_tokens_increase[postgres]",),
+        (
+            "tests/test_lock_contract.py::test_fencing_tokens_increase[postgres]",
+            "tests/test_lock_contract_async.py::test_fencing_tokens_increase[postgres-async]",
+        ),
     ),
     Mutant(
         "pg-deadline-is-lock-timeout",
         "a wait ends at its deadline: lock_timeout is what is left of it",
-        "cacheguard/locks/postgres.py",
-        '            params["ms"] = lock_timeout_ms(deadline - self._timer())\n',
-        '            params["ms"] = "0"\n',
+        "cacheguard/locks/postgres_core.py",
+        '        params["ms"] = lock_timeout_ms(deadline - timer())\n',
+        '        params["ms"] = "0"\n',
         ("tests/test_lock_postgres.py::test_a_wait_ends_at_its_deadline",),
     ),
     Mutant(
         "pg-timeout-raises-lock-timeout",
         "a wait that ends at its deadline raises LockTimeout, not BackendUnavailable",
-        "cacheguard/locks/postgres.py",
-        "                    if isinstance(exc, (*_WAIT_ENDED, "
-        "psycopg.errors.DeadlockDetected)):\n",
-        "                    if False:\n",
+        "cacheguard/locks/postgres_core.py",
+        "                if _sqlstate(exc) in _WAIT_ENDED:\n",
+        "                if False:\n",
         (
             "tests/test_lock_contract.py::"
             "test_timeout_raises_lock_timeout_naming_the_lock[postgres]",
+            "tests/test_lock_contract_async.py::"
+            "test_timeout_raises_lock_timeout_naming_the_lock[postgres-async]",
+        ),
+    ),
+    Mutant(
+        "pg-lock-not-available-is-a-timeout",
+        "lock_not_available (SQLSTATE 55P03: lock_timeout at the deadline) means LockTimeout, "
+        "for the session locks and the transaction-scoped ones alike",
+        "cacheguard/locks/postgres_core.py",
+        '_WAIT_ENDED: Final = frozenset({"55P03", "57014", "40P01"})\n',
+        '_WAIT_ENDED: Final = frozenset({"57014", "40P01"})\n',
+        (
+            "tests/test_lock_postgres.py::test_a_wait_ends_at_its_deadline",
+            "tests/test_lock_postgres.py::test_write_in_timing_out_leaves_the_transaction_usable",
         ),
     ),
     Mutant(
         "pg-failed-acquire-undone",
         "an acquire statement that fails after the grant is followed by an unlock: no hold "
         "stays in a session uncounted",
-        "cacheguard/locks/postgres.py",
-        "                    # session lock outlives its statement's error): let it go again.\n"
-        "                    self._unlock_quietly(session, mode)\n",
-        "                    # session lock outlives its statement's error): let it go again.\n",
+        "cacheguard/locks/postgres_core.py",
+        "                # session lock outlives its statement's error): let it go again.\n"
+        "                yield from _unlock_quietly(lock, session, mode)\n",
+        "                # session lock outlives its statement's error): let it go again.\n",
         ("tests/test_lock_postgres.py::test_a_failed_acquire_leaves_no_hold_behind",),
+    ),
+    Mutant(
+        "pg-missing-fence-sequence-made",
+        "a missing fencing sequence is made on first use, then the token drawn from it",
+        "cacheguard/locks/postgres_core.py",
+        "        if token is None and fenced:  # granted, but the fencing sequence is missing\n",
+        "        if False:\n",
+        ("tests/test_lock_postgres.py::test_a_missing_fence_sequence_is_made_on_first_use",),
+    ),
+    Mutant(
+        "pg-interrupt-while-making-the-sequence-unlocks",
+        "an acquire interrupted (or cancelled) while it makes the missing fencing sequence "
+        "lets the just-granted lock go again",
+        "cacheguard/locks/postgres_core.py",
+        "        # lock is not counted yet, so it may not stay held.\n"
+        "        yield from _unlock_quietly(lock, session, mode)\n",
+        "        # lock is not counted yet, so it may not stay held.\n",
+        (
+            "tests/test_lock_postgres.py::"
+            "test_an_interrupt_while_making_the_fence_sequence_leaves_no_lock_behind",
+            "tests/test_lock_postgres.py::"
+            "test_a_cancel_while_making_the_fence_sequence_leaves_no_lock_behind",
+        ),
+    ),
+    Mutant(
+        "pg-unreachable-is-backend-unavailable",
+        "a server that cannot be reached raises BackendUnavailable naming the lock, not a raw "
+        "driver error",
+        "cacheguard/locks/postgres_core.py",
+        "            except (DBAPIError, psycopg.Error, OSError) as exc:\n",
+        "            except () as exc:\n",
+        ("tests/test_lock_postgres.py::test_an_unreachable_server_raises_backend_unavailable",),
     ),
     Mutant(
         "pg-watch-marks-lost",
         "the session watch marks the handles of a session the server ended lost, unasked",
         "cacheguard/locks/postgres.py",
-        "            elif not _alive(conn):\n",
+        "            elif not alive(conn):\n",
         "            elif False:\n",
         (
             "tests/test_lock_postgres.py::"
@@ -1370,26 +1484,26 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-release-reports-lost",
         "release of a hold whose session ended raises LockLostError",
-        "cacheguard/locks/postgres.py",
-        "                    raise handle._lost_at_release() from exc\n",
-        "                    pass\n",
+        "cacheguard/locks/postgres_core.py",
+        "            raise handle._lost_at_release() from exc\n",
+        "            pass\n",
         ("tests/test_lock_postgres.py::test_release_reports_a_lost_session_even_unwatched",),
     ),
     Mutant(
         "pg-reentry-checks-the-session",
         "a reentrant acquisition on a session that ended starts a new one instead of counting "
         "a hold nobody has",
-        "cacheguard/locks/postgres.py",
-        "                if plan is not Plan.CALL and session.conn is not None and not "
-        "_alive(session.conn):\n",
-        "                if False:\n",
+        "cacheguard/locks/postgres_core.py",
+        "            if plan is not Plan.CALL and session.conn is not None and not "
+        "alive(session.conn):\n",
+        "            if False:\n",
         ("tests/test_lock_postgres.py::test_a_reentry_on_an_ended_session_starts_afresh",),
     ),
     Mutant(
         "pg-session-keepalives",
         "a lock session has the server probe its client, so a vanished holder frees its locks "
         "within KEEPALIVE_WITHIN",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres_core.py",
         '        "tcp_keepalives_idle": "10",\n'
         '        "tcp_keepalives_interval": "5",\n'
         '        "tcp_keepalives_count": "3",\n',
@@ -1402,9 +1516,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-fork-keeps-off-the-parents-session",
         "a forked child never releases (or touches) its parent's holds",
-        "cacheguard/locks/postgres.py",
-        "        if session.pid != os.getpid():\n",
-        "        if False:\n",
+        "cacheguard/locks/postgres_core.py",
+        "    if handle.session.pid != os.getpid():\n",
+        "    if False:\n",
         (
             "tests/test_lock_postgres.py::"
             "test_a_forked_child_neither_inherits_nor_breaks_the_parents_hold",
@@ -1413,7 +1527,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-keys-length-prefixed",
         "lock keys are stable and unambiguous: namespace and name each prefixed by their length",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres_core.py",
         '        digest.update(len(data).to_bytes(8, "big"))\n',
         "",
         ("tests/test_lock_postgres.py::test_distinct_names_get_distinct_keys",),
@@ -1421,7 +1535,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-xact-lock-ends-with-the-transaction",
         "write_in's lock is transaction-scoped: the commit releases it",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres_core.py",
         "                   ELSE pg_try_advisory_xact_lock(:key) END AS ok FROM mine)",
         "                   ELSE pg_try_advisory_lock(:key) END AS ok FROM mine)",
         (
@@ -1432,17 +1546,17 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-xact-timeout-keeps-the-transaction",
         "write_in waits in a savepoint: a LockTimeout leaves the caller's transaction usable",
-        "cacheguard/locks/postgres.py",
-        '            conn.execute(text(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}"))\n'
-        '            conn.execute(text(f"RELEASE SAVEPOINT {_SAVEPOINT}"))\n'
-        "            if _sqlstate(exc) in",
-        "            if _sqlstate(exc) in",
+        "cacheguard/locks/postgres_core.py",
+        '        yield RunIn(conn, f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}", rows=False)\n'
+        '        yield RunIn(conn, f"RELEASE SAVEPOINT {_SAVEPOINT}", rows=False)\n'
+        "        if _sqlstate(exc) in",
+        "        if _sqlstate(exc) in",
         ("tests/test_lock_postgres.py::test_write_in_timing_out_leaves_the_transaction_usable",),
     ),
     Mutant(
         "pg-xact-lock-timeout-restored",
         "write_in puts the transaction's lock_timeout back after its wait",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres_core.py",
         "     granted AS MATERIALIZED (SELECT pg_advisory_xact_lock(:key) FROM deadline),\n"
         "     restored AS MATERIALIZED (\n"
         "       SELECT set_config('lock_timeout', previous.value, true) FROM granted, previous)",
@@ -1454,7 +1568,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-xact-upgrade-refused",
         "a transaction holding only the read lock gets LockUpgradeError for the write lock",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres_core.py",
         "       SELECT CASE WHEN reads AND NOT writes THEN NULL\n",
         "       SELECT CASE WHEN false THEN NULL\n",
         ("tests/test_lock_postgres.py::test_write_in_refuses_an_upgrade",),
@@ -1463,10 +1577,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-async-cancel-undone",
         "an asyncio wait cancelled after the server granted it unlocks before the "
         "cancellation goes on",
-        "cacheguard/aio/postgres.py",
-        "                # not, nothing may stay behind uncounted.\n"
-        "                await self._unlock_quietly(session, mode)\n",
-        "                # not, nothing may stay behind uncounted.\n",
+        "cacheguard/locks/postgres_core.py",
+        "            # wait in the server): granted or not, nothing may stay behind uncounted.\n"
+        "            yield from _unlock_quietly(lock, session, mode)\n",
+        "            # wait in the server): granted or not, nothing may stay behind uncounted.\n",
         (
             "tests/test_lock_postgres.py::"
             "test_an_async_wait_cancelled_after_its_grant_leaves_nothing_behind",
@@ -1476,8 +1590,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-async-cancelled-release-finishes",
         "an asyncio release cancelled before it began finishes in the background",
         "cacheguard/aio/postgres.py",
-        "            task = book._loop.create_task(self._release_later(handle))\n",
-        "            task = book._loop.create_task(asyncio.sleep(0))\n",
+        "            book.spawn(self._release_later(handle))\n",
+        "            book.spawn(asyncio.sleep(0))\n",
         ("tests/test_lock_postgres.py::test_a_cancelled_async_release_finishes_in_the_background",),
     ),
     Mutant(
@@ -1485,7 +1599,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the loop watches the sockets of asyncio lock sessions: one the server ended marks "
         "its handles lost",
         "cacheguard/aio/postgres.py",
-        "        elif not _alive(conn):\n",
+        "        elif not alive(conn):\n",
         "        elif False:\n",
         ("tests/test_lock_postgres.py::test_async_terminated_session_marks_its_handles_lost",),
     ),
@@ -2107,6 +2221,27 @@ MUTANTS: tuple[Mutant, ...] = (
         'BUILD_FLAGS = ("--strict",)\n',
         'BUILD_FLAGS = ("--strict", "--quiet")\n',
         ("tests/test_docs.py::test_a_broken_link_or_anchor_fails_the_strict_build[tests]",),
+    ),
+    # -- the asyncio lock contract (issue #15) --
+    Mutant(
+        "aio-writer-marks-its-wait",
+        "a waiting AsyncRedisRWLock writer leaves its mark, so new readers queue behind it "
+        "(writer preference on asyncio)",
+        "cacheguard/aio/rwlock.py",
+        "        mark_ms = self._mark_ms if queue else 0\n",
+        "        mark_ms = 0\n",
+        ("tests/test_lock_contract_async.py::test_writer_preference[redis-async]",),
+    ),
+    Mutant(
+        "pg-async-connection-parked-only-empty",
+        "an asyncio owner's connection goes back for reuse only when it holds no lock",
+        "cacheguard/aio/postgres.py",
+        "            if session.holds:\n                self.watch(session)\n",
+        "            if False:\n                self.watch(session)\n",
+        (
+            "tests/test_lock_contract_async.py::"
+            "test_a_writer_excludes_readers_and_writers[postgres-async]",
+        ),
     ),
 )
 

@@ -7,6 +7,8 @@
 * ``local``    -- :class:`AsyncLocalRWLock`: the tasks of one loop
 * ``rwlock``   -- :class:`AsyncRedisRWLock` and :class:`AsyncLockHandle`
 * ``redlock``  -- :class:`AsyncRedlockRWLock`: the lock on a majority of N masters
+* ``postgres`` -- ``AsyncPostgresRWLock``: advisory locks on PostgreSQL
+* ``shape``    -- the methods and handle state every asyncio store shares
 * ``notifier`` -- one pub/sub listener task per (event loop, connection pool)
 * ``watchdog`` -- one lease-renewal task per event loop
 

@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 from cacheguard._identity import process_id, thread_owner
@@ -49,14 +48,15 @@ from cacheguard.aio.notifier import (
     AsyncSubscription,
     async_notifier_for,
 )
+from cacheguard.aio.shape import AsyncRWLockShape, LoopHandle
 from cacheguard.aio.watchdog import AsyncWatchdog, default_async_watchdog
 from cacheguard.backoff import Backoff
 from cacheguard.clients import AsyncClient
-from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockLostError, LockUpgradeError
+from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockUpgradeError
 from cacheguard.keys import ResourceKeys
 from cacheguard.locks import wire
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
-from cacheguard.locks.redis_rwlock import HandleState, check_positive, lock_settings, unavailable
+from cacheguard.locks.redis_rwlock import check_positive, lock_settings, unavailable
 from cacheguard.locks.scripts import LuaScript
 from cacheguard.steps import Subscribe, Wait
 
@@ -86,11 +86,13 @@ def task_owner() -> str:
     return f"{process_id()}:task{number}"
 
 
-class AsyncLockHandle(HandleState):
+class AsyncLockHandle(LoopHandle):
     """One acquisition of an :class:`AsyncRedisRWLock` (see the sync ``LockHandle``:
     ``token``, ``lost``, ``lost_reason``, ``released``, ``writer_waiting``)."""
 
-    __slots__ = ("lock",)
+    __slots__ = ()
+
+    lock: AsyncRedisRWLock
 
     def __init__(
         self,
@@ -120,43 +122,12 @@ class AsyncLockHandle(HandleState):
     def lease_ms(self) -> int:
         return self.lock.lease_ms
 
-    @property
-    def lock_name(self) -> str:
-        return self.lock.name
-
-    async def release(self) -> None:
-        await self.lock.release(self)
-
     async def renew(self) -> bool:
         """Extend the lease now; ``False`` (and marked lost) if the holding is gone."""
         return await self.lock.renew(self)
 
-    def _start_on_lost(self) -> None:
-        # Soon, on the loop: a slow callback must not hold up the renewals' task.
-        asyncio.get_running_loop().call_soon(self._run_on_lost)
 
-    def _run_on_lost(self) -> None:
-        assert self._on_lost is not None
-        try:
-            result = self._on_lost(self)
-            if inspect.isawaitable(result):  # an async callback: run it as a task
-                self.lock._spawn(_awaited(result))
-        except Exception:
-            log.exception("on_lost callback of lock %r failed", self.lock.name)
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost else "released" if self.released else "held"
-        return (
-            f"<AsyncLockHandle {self.mode} {self.lock.name!r} token={self.token} "
-            f"owner={self.owner} {state}>"
-        )
-
-
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
-
-
-class AsyncRedisRWLock:
+class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
     """A read-write lock shared by every task, thread and process using one Redis.
 
     ``client`` is a ``redis.asyncio.Redis``. ``watchdog``: ``True`` for the event
@@ -200,41 +171,6 @@ class AsyncRedisRWLock:
         self._background: set[asyncio.Future[Any]] = set()
 
     # -- acquiring ---------------------------------------------------------------------
-
-    async def acquire_read(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> AsyncLockHandle:
-        """Wait until the read lock is ours (or :class:`LockTimeout`)."""
-        return await self._acquire("read", timeout, owner)
-
-    async def acquire_write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> AsyncLockHandle:
-        """Wait until the write lock is ours; a read holder gets :class:`LockUpgradeError`."""
-        return await self._acquire("write", timeout, owner)
-
-    async def try_acquire_read(self, *, owner: str | None = None) -> AsyncLockHandle | None:
-        """One attempt, no waiting: the handle, or ``None`` if the lock is busy."""
-        return await self._try_once("read", owner)
-
-    async def try_acquire_write(self, *, owner: str | None = None) -> AsyncLockHandle | None:
-        return await self._try_once("write", owner)
-
-    @contextlib.asynccontextmanager
-    async def read(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> AsyncIterator[AsyncLockHandle]:
-        handle = await self.acquire_read(timeout, owner=owner)
-        async with release_on_exit(handle.release):
-            yield handle
-
-    @contextlib.asynccontextmanager
-    async def write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> AsyncIterator[AsyncLockHandle]:
-        handle = await self.acquire_write(timeout, owner=owner)
-        async with release_on_exit(handle.release):
-            yield handle
 
     async def _acquire(
         self, mode: Mode, timeout: float | None, owner: str | None
@@ -449,18 +385,3 @@ class AsyncRedisRWLock:
 
     def __repr__(self) -> str:
         return f"<AsyncRedisRWLock {self.name!r} key={self.keys.lock!r} lease={self.lease}s>"
-
-
-@contextlib.asynccontextmanager
-async def release_on_exit(release: Callable[[], Awaitable[None]]) -> AsyncIterator[None]:
-    """Await ``release`` on exit (also after a cancelled body); a lost lock raises
-    unless the body already raised."""
-    try:
-        yield
-    except BaseException:
-        try:
-            await release()
-        except LockLostError as lost:
-            log.warning("%s (while the body raised)", lost)
-        raise
-    await release()

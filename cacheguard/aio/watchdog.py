@@ -46,28 +46,37 @@ class AsyncWatchdog(LeaseBook["AsyncLockHandle"]):
         self._guard = contextlib.nullcontext()  # one loop: nothing runs in between
         self._binding = LoopBinding("this AsyncWatchdog")
         self._task: asyncio.Task[None] | None = None
+        self._run_number = 0  # which task is the current one (see _run)
         self._wake: asyncio.Event | None = None
         self._wake_at = float("inf")  # when the task plans to wake next
 
     def _add(self, entry: _Entry[AsyncLockHandle]) -> None:
         loop = self._binding.check()
         self._entries[id(entry.handle)] = entry
-        if self._task is None:
+        if self._task is None or self._task.done():
             self._wake = asyncio.Event()
-            self._task = loop.create_task(self._run(), name="cacheguard-watchdog")
+            self._run_number += 1
+            self._task = loop.create_task(self._run(self._run_number), name="cacheguard-watchdog")
         elif entry.due < self._wake_at and self._wake is not None:
             self._wake.set()
 
     def close(self) -> None:
         """Stop the renewal task (the handles stay watched; the next watch restarts it)."""
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        self._run_number += 1
+        self._wake_at = float("inf")
+        if task is not None:
+            task.cancel()
 
-    async def _run(self) -> None:
+    async def _run(self, number: int) -> None:
         wake = self._wake
         assert wake is not None
         try:
-            while True:
+            # Not ``while True``: a cancellation can be swallowed inside a client's
+            # round trip (redis-py returns normally now and then), so a closed
+            # watchdog's task also stops at its next turn. A number, not the task
+            # object: an eager task factory runs this before create_task returns.
+            while number == self._run_number:
                 now = self._timer()
                 due, soonest = self._due(now)
                 if not due:
@@ -85,7 +94,7 @@ class AsyncWatchdog(LeaseBook["AsyncLockHandle"]):
                     log.exception("unexpected error while renewing leases")
                     self._after_error(due)
         finally:
-            if self._task is asyncio.current_task():
+            if number == self._run_number:
                 self._task = None
                 self._wake_at = float("inf")
 

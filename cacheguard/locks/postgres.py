@@ -55,48 +55,64 @@ Transaction-scoped locks
     ``pg_advisory_xact_lock`` in the caller's own transaction: held until it
     commits or rolls back, excluding (and excluded by) the session-level locks of
     the same name.
+
+The decisions (the plan for a key, the statements, what an error reply means)
+are in :mod:`cacheguard.locks.postgres_core`, shared with the asyncio lock; this
+module is the blocking driver: sessions, their watch, and the answers to the
+flows' steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import math
 import os
-import re
 import selectors
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
 import psycopg
-import psycopg.errors
-from psycopg import pq, sql
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool, QueuePool
 
 from cacheguard._identity import on_fork_in_child, thread_owner
-from cacheguard.checks import check_positive
-from cacheguard.exceptions import (
-    BackendUnavailable,
-    LockLostError,
-    LockNotHeldError,
-    LockTimeout,
-    LockUpgradeError,
+from cacheguard.locks.postgres_core import (
+    DEFAULT_FENCE_SEQUENCE,
+    KEEPALIVE_WITHIN,
+    MAX_IDLE,
+    Connect,
+    Enter,
+    LockSettings,
+    PostgresHandleState,
+    PostgresLockBase,
+    Run,
+    RunIn,
+    SessionState,
+    Step,
+    TransactionLock,
+    acquire_flow,
+    advisory_key,
+    alive,
+    broken,
+    check_dialect,
+    check_transaction,
+    detached_connection,
+    key_parts,
+    last_error,
+    lock_settings,
+    lock_timeout_ms,
+    releasable,
+    release_flow,
+    session_settings,
+    take_in_flow,
+    try_flow,
 )
-from cacheguard.keys import check_namespace
-from cacheguard.locks.redis_rwlock import HandleState, release_on_exit
-
-if TYPE_CHECKING:
-    from cacheguard.locks.protocol import Mode
+from cacheguard.locks.protocol import Mode
+from cacheguard.locks.shape import RWLockShape, ThreadedHandle
 
 __all__ = [
     "DEFAULT_FENCE_SEQUENCE",
@@ -116,273 +132,25 @@ __all__ = [
 
 log = logging.getLogger("cacheguard.lock")
 
-DEFAULT_FENCE_SEQUENCE: Final = "cacheguard_lock_fence"
-MAX_IDLE: Final = 4  # parked connections kept per engine for the next owner
-KEEPALIVE_WITHIN: Final = 25.0  # s: 10 idle + 3 probes 5 s apart (_session_settings)
-_KEY_PERSON: Final = b"cacheguard.lock"  # BLAKE2b personalisation: our keys only
-_SEQUENCE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}(\.[a-z_][a-z0-9_]{0,62})?")
-_SAVEPOINT: Final = "cacheguard_lock_wait"
-
 LostCallback = Callable[["PostgresLockHandle"], None]
-
-
-# -- keys ------------------------------------------------------------------------------------------
-
-
-def advisory_key(namespace: str, name: str) -> int:
-    """The signed 64-bit advisory lock key of ``name`` in ``namespace``.
-
-    The same in every process and every version (a test pins it): the first
-    8 bytes of BLAKE2b over both strings, each prefixed with its length, so
-    ``("a:b", "c")`` and ``("a", "b:c")`` differ.
-    """
-    digest = hashlib.blake2b(digest_size=8, person=_KEY_PERSON)
-    for part in (namespace, name):
-        data = part.encode("utf-8", "surrogatepass")
-        digest.update(len(data).to_bytes(8, "big"))
-        digest.update(data)
-    return int.from_bytes(digest.digest(), "big", signed=True)
-
-
-def key_parts(key: int) -> tuple[int, int]:
-    """``(classid, objid)``: how ``pg_locks`` shows the bigint advisory ``key``."""
-    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
-    return unsigned >> 32, unsigned & 0xFFFF_FFFF
-
-
-@dataclass(frozen=True)
-class LockSettings:
-    """A lock's checked settings (shared by the sync and the asyncio lock)."""
-
-    name: str
-    namespace: str
-    key: int
-    timeout: float
-    fencing: bool
-    fence_sequence: str
-
-
-def lock_settings(
-    name: object, namespace: str, timeout: object, fencing: object, fence_sequence: object
-) -> LockSettings:
-    """Check a lock's constructor arguments (ValueError / TypeError)."""
-    if not isinstance(name, str):
-        raise TypeError(f"lock name must be a str, not {type(name).__name__}")
-    if not name:
-        raise ValueError("lock name must not be empty")
-    if not isinstance(fence_sequence, str) or not _SEQUENCE_NAME.fullmatch(fence_sequence):
-        raise ValueError(
-            "fence_sequence must be a lower-case SQL name, optionally schema-qualified "
-            f"(schema.name), got {fence_sequence!r}"
-        )
-    return LockSettings(
-        name=name,
-        namespace=check_namespace(namespace),
-        key=advisory_key(namespace, name),
-        timeout=check_positive("timeout", timeout),
-        fencing=bool(fencing),
-        fence_sequence=fence_sequence,
-    )
-
-
-# -- one owner's holds (no I/O: shared with the asyncio lock) --------------------------------------
-
-
-class Plan(Enum):
-    """What an acquisition needs, given the owner's holds on the key."""
-
-    REENTER = "reenter"  # counted here, no call to the server
-    CALL = "call"  # the first hold of this mode: ask the server
-    UPGRADE = "upgrade"  # write while only reading: refused
-
-
-@dataclass
-class _Count:
-    reads: int = 0
-    writes: int = 0
-    token: int = 0  # the fencing token of the write holding
-
-
-class Holds:
-    """The locks one owner's session holds, by advisory key (PostgreSQL counts
-    its own holds, but is told only the first acquire and last release per mode)."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[int, _Count] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._by_key)
-
-    def plan(self, key: int, mode: Mode) -> Plan:
-        count = self._by_key.get(key)
-        if count is None:
-            return Plan.CALL
-        if mode == "write":
-            if count.writes:
-                return Plan.REENTER
-            return Plan.UPGRADE if count.reads else Plan.CALL
-        # A read while writing is a downgrade: take the shared lock as well, so it
-        # remains when the write lock is released (granted at once to the holder).
-        return Plan.REENTER if count.reads else Plan.CALL
-
-    def granted(self, key: int, mode: Mode, token: int = 0) -> int:
-        """Count one more hold; the handle's token (a reentrant write shares its
-        holding's token; reads carry 0)."""
-        count = self._by_key.setdefault(key, _Count())
-        if mode == "read":
-            count.reads += 1
-            return 0
-        if count.writes == 0:
-            count.token = token
-        count.writes += 1
-        return count.token
-
-    def released(self, key: int, mode: Mode) -> bool:
-        """Count one hold less; ``True`` if it was the last of its mode (unlock)."""
-        count = self._by_key[key]
-        if mode == "read":
-            count.reads -= 1
-            last = count.reads == 0
-        else:
-            count.writes -= 1
-            last = count.writes == 0
-        if count.reads == 0 and count.writes == 0:
-            del self._by_key[key]
-        return last
-
-
-# -- SQL -------------------------------------------------------------------------------------------
-# Each acquisition is one statement answering (granted, token). The MATERIALIZED
-# CTEs order it by data dependency: lock_timeout is set, then the lock is waited
-# for, and only once it is granted is the fencing token drawn. to_regclass makes
-# a missing sequence a NULL token rather than an error after the grant.
-
-_WAIT_FOR: Final = {
-    "write": """
-WITH deadline AS MATERIALIZED (SELECT set_config('lock_timeout', %(ms)s, false)),
-     granted AS MATERIALIZED (SELECT pg_advisory_lock(%(key)s) FROM deadline)
-SELECT true, {token} FROM granted""",
-    "read": """
-WITH deadline AS MATERIALIZED (SELECT set_config('lock_timeout', %(ms)s, false)),
-     granted AS MATERIALIZED (SELECT pg_advisory_lock_shared(%(key)s) FROM deadline)
-SELECT true, {token} FROM granted""",
-}
-_TRY_FOR: Final = {
-    "write": """
-WITH granted AS MATERIALIZED (SELECT pg_try_advisory_lock(%(key)s) AS ok)
-SELECT ok, CASE WHEN ok THEN {token} END FROM granted""",
-    "read": """
-WITH granted AS MATERIALIZED (SELECT pg_try_advisory_lock_shared(%(key)s) AS ok)
-SELECT ok, CASE WHEN ok THEN {token} END FROM granted""",
-}
-_UNLOCK: Final = {
-    "write": "SELECT pg_advisory_unlock(%(key)s)",
-    "read": "SELECT pg_advisory_unlock_shared(%(key)s)",
-}
-_FENCE_TOKEN: Final = "nextval(to_regclass(%(fence)s))"
-_NEXT_TOKEN: Final = "SELECT nextval(to_regclass(%(fence)s))"
-
-
-def _acquire_sql(mode: Mode, *, wait: bool, fenced: bool) -> str:
-    token = _FENCE_TOKEN if fenced and mode == "write" else "0::bigint"
-    return (_WAIT_FOR if wait else _TRY_FOR)[mode].format(token=token)
-
-
-def lock_timeout_ms(remaining: float) -> str:
-    """``lock_timeout`` for a wait of ``remaining`` seconds (0 would mean "forever")."""
-    return str(max(1, math.ceil(remaining * 1000)))
-
-
-# -- errors ----------------------------------------------------------------------------------------
-
-# The wait ended without the lock: lock_timeout, a statement_timeout or cancel.
-_WAIT_ENDED: Final = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
-
-
-def _unavailable(name: str, exc: BaseException) -> BackendUnavailable:
-    return BackendUnavailable(
-        f"PostgreSQL unreachable or refusing while working on lock {name!r}: {exc}"
-    )
-
-
-def _broken(conn: psycopg.BaseConnection[Any] | None) -> bool:
-    return conn is None or conn.closed or conn.broken
-
-
-def _alive(conn: psycopg.BaseConnection[Any]) -> bool:
-    """Whether the server still keeps the session: reads what the socket holds,
-    without a round trip (a terminated backend leaves an error and EOF there)."""
-    if _broken(conn):
-        return False
-    try:
-        # libpq stops after the data it read; EOF behind it shows on the next read.
-        conn.pgconn.consume_input()
-        conn.pgconn.consume_input()
-    except psycopg.Error:
-        return False
-    return conn.pgconn.status == pq.ConnStatus.OK
-
-
-def _last_error(conn: psycopg.BaseConnection[Any]) -> str:
-    message = conn.pgconn.error_message.decode("utf-8", "replace").strip()
-    return " ".join(message.split()) or "the server closed the connection"
-
-
-def _session_settings(server_version: int) -> str:
-    """The settings of a lock session: no server timeout may end it while it waits
-    or holds (lock_timeout bounds every wait), and the server probes an idle client
-    so that the locks of one that vanished (host down, network cut) are freed
-    within about ``KEEPALIVE_WITHIN`` s rather than the system's two hours."""
-    settings = {
-        "statement_timeout": "0",
-        "idle_in_transaction_session_timeout": "0",
-        "tcp_keepalives_idle": "10",
-        "tcp_keepalives_interval": "5",
-        "tcp_keepalives_count": "3",
-    }
-    if server_version >= 140000:
-        settings["idle_session_timeout"] = "0"
-    calls = ", ".join(f"set_config('{name}', '{value}', false)" for name, value in settings.items())
-    return f"SELECT {calls}"
+T = TypeVar("T")
 
 
 # -- sessions --------------------------------------------------------------------------------------
 
 
-class _Session:
-    """One owner's dedicated connection and the locks it holds in it."""
+class _Session(SessionState[psycopg.Connection[Any], "PostgresLockHandle"]):
+    """One owner's dedicated connection and the locks it holds in it (``users`` is
+    guarded by the book's mutex)."""
+
+    book: _Book
 
     def __init__(self, book: _Book, owner: str) -> None:
-        self.book = book
-        self.owner = owner
-        self.pid = os.getpid()
-        self.conn: psycopg.Connection[Any] | None = None
-        self.holds = Holds()
-        self.handles: set[PostgresLockHandle] = set()
+        super().__init__(book, owner)
         self.use = threading.Lock()  # one statement at a time on the connection
-        self.users = 0  # threads between enter and leave (guarded by the book's mutex)
-        self.broken = False
         self.watched = False  # handed to the SessionWatch (changed under ``use``)
         self.rearm = False  # the watch dropped our socket while we used it
         self.flags = threading.Lock()  # guards ``rearm``
-
-    def end(self, why: str) -> None:
-        """The session ended (call with ``use`` held): every hold in it is lost."""
-        if self.broken:
-            return
-        self.broken = True
-        handles, self.handles = self.handles, set()
-        # All of them are lost before the first on_lost callback runs.
-        lost = [handle for handle in handles if not (handle.lost or handle.released)]
-        for handle in lost:
-            handle.lost, handle.lost_reason = True, why
-        for handle in lost:
-            handle._announce_lost()
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-        self.book.forget(self)
 
 
 class _Book:
@@ -463,38 +231,35 @@ class _Book:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
                 break
-            if _alive(conn):
+            if alive(conn):
                 return conn
-            with contextlib.suppress(Exception):
-                conn.close()
-        fairy = self._pool.connect()
-        conn = fairy.driver_connection
-        fairy.detach()
-        if not isinstance(conn, psycopg.Connection):
-            fairy.close()
-            raise TypeError("PostgresRWLock needs the psycopg driver (postgresql+psycopg://)")
+            self.discard(conn)
+        conn = detached_connection(self._pool, psycopg.Connection, "PostgresRWLock")
         conn.autocommit = True  # no transaction stays open while a lock is held
         try:
-            conn.execute(_session_settings(conn.info.server_version))
+            conn.execute(session_settings(conn.info.server_version))
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _park(self, conn: psycopg.Connection[Any]) -> None:
-        with self._mutex:
-            if len(self._idle) < MAX_IDLE and not _broken(conn):
-                self._idle.append(conn)
-                return
+    @staticmethod
+    def discard(conn: psycopg.Connection[Any]) -> None:
         with contextlib.suppress(Exception):
             conn.close()
+
+    def _park(self, conn: psycopg.Connection[Any]) -> None:
+        with self._mutex:
+            if len(self._idle) < MAX_IDLE and not broken(conn):
+                self._idle.append(conn)
+                return
+        self.discard(conn)
 
     def close_idle(self) -> None:
         with self._mutex:
             idle, self._idle = self._idle, []
         for conn in idle:
-            with contextlib.suppress(Exception):
-                conn.close()
+            self.discard(conn)
 
 
 _books: weakref.WeakKeyDictionary[Engine, _Book] = weakref.WeakKeyDictionary()
@@ -590,7 +355,7 @@ class SessionWatch:
         selector: selectors.BaseSelector, watched: dict[_Session, int], session: _Session
     ) -> None:
         conn = session.conn
-        if session in watched or session.broken or _broken(conn):
+        if session in watched or session.broken or broken(conn):
             return
         assert conn is not None
         fd = conn.fileno()
@@ -628,9 +393,9 @@ class SessionWatch:
             conn = session.conn
             if session.broken or conn is None:
                 self._unregister(selector, watched, session)
-            elif not _alive(conn):
+            elif not alive(conn):
                 self._unregister(selector, watched, session)
-                session.end(f"the database session ended: {_last_error(conn)}")
+                session.end(f"the database session ended: {last_error(conn)}")
         finally:
             session.use.release()
 
@@ -667,7 +432,7 @@ on_fork_in_child(_reset_after_fork)
 # -- handles ---------------------------------------------------------------------------------------
 
 
-class PostgresLockHandle(HandleState):
+class PostgresLockHandle(PostgresHandleState, ThreadedHandle):
     """One acquisition of a :class:`PostgresRWLock`.
 
     ``token``: for write holds the fencing token (``fencing=True``), strictly
@@ -675,84 +440,16 @@ class PostgresLockHandle(HandleState):
     fencing. ``lost`` turns true when the session holding the lock ended.
     """
 
-    __slots__ = ("key", "lock", "session")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        lock: PostgresRWLock,
-        session: _Session,
-        mode: Mode,
-        owner: str,
-        token: int,
-        on_lost: LostCallback | None,
-    ) -> None:
-        super().__init__(mode, owner, token, on_lost)
-        self.lock = lock
-        self.session = session
-        self.key = lock.key
-
-    @property
-    def lock_name(self) -> str:
-        return self.lock.name
-
-    def release(self) -> None:
-        self.lock.release(self)
-
-    def _announce_lost(self) -> None:
-        log.warning(
-            "lost the %s lock %r (owner %s, token %d): %s",
-            self.mode,
-            self.lock.name,
-            self.owner,
-            self.token,
-            self.lost_reason,
-        )
-        if self._on_lost is not None:
-            self._start_on_lost()
-
-    def _start_on_lost(self) -> None:
-        threading.Thread(target=self._run_on_lost, name="cacheguard-on-lost", daemon=True).start()
-
-    def _run_on_lost(self) -> None:
-        assert self._on_lost is not None
-        try:
-            self._on_lost(self)
-        except Exception:
-            log.exception("on_lost callback of lock %r failed", self.lock.name)
-
-    def _lost_at_release(self) -> LockLostError:
-        self.lost = True
-        self.lost_reason = self.lost_reason or "the holding was gone at release"
-        return LockLostError(
-            f"the {self.mode} lock {self.lock.name!r} (token {self.token}) was lost before "
-            f"release: {self.lost_reason}; its session ended, so PostgreSQL had freed it",
-            name=self.lock.name,
-            owner=self.owner,
-            mode=self.mode,
-        )
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost else "released" if self.released else "held"
-        return (
-            f"<PostgresLockHandle {self.mode} {self.lock.name!r} token={self.token} "
-            f"owner={self.owner} {state}>"
-        )
-
-
-@dataclass(frozen=True)
-class TransactionLock:
-    """A lock held by a database transaction (:meth:`PostgresRWLock.write_in`):
-    released when that transaction commits or rolls back, not before."""
-
-    name: str
-    mode: Mode
-    token: int  # the fencing token of a write (fencing on), else 0
+    lock: PostgresRWLock
+    session: _Session
 
 
 # -- the lock --------------------------------------------------------------------------------------
 
 
-class PostgresRWLock:
+class PostgresRWLock(PostgresLockBase, RWLockShape[PostgresLockHandle]):
     """A read-write lock shared by every session of one PostgreSQL database.
 
     ``engine``: a SQLAlchemy engine on ``postgresql+psycopg://``. ``namespace``
@@ -780,18 +477,10 @@ class PostgresRWLock:
                 f"PostgresRWLock needs a sqlalchemy Engine, not {type(engine).__name__} "
                 "(for an AsyncEngine use cacheguard.aio.postgres.AsyncPostgresRWLock)"
             )
-        if engine.dialect.name != "postgresql" or engine.dialect.driver != "psycopg":
-            raise TypeError(
-                "PostgresRWLock needs a PostgreSQL engine through psycopg 3 "
-                f"(postgresql+psycopg://...), not {engine.dialect.name}+{engine.dialect.driver}"
-            )
-        settings = lock_settings(name, namespace, timeout, fencing, fence_sequence)
+        check_dialect("PostgresRWLock", engine.dialect)
+        super().__init__(name, namespace, timeout, fencing, fence_sequence, timer)
         self.engine = engine
-        self.name, self.namespace, self.key = settings.name, settings.namespace, settings.key
-        self.timeout = settings.timeout
-        self.fencing, self.fence_sequence = settings.fencing, settings.fence_sequence
         self._on_lost = on_lost
-        self._timer = timer
         _book_for(engine)  # checks the pool class now rather than at first use
 
     @property
@@ -799,251 +488,36 @@ class PostgresRWLock:
         # Looked up each time: a forked child gets a book (and connections) of its own.
         return _book_for(self.engine)
 
-    # -- acquiring ---------------------------------------------------------------------
-
-    def acquire_read(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> PostgresLockHandle:
-        """Block until the read lock is ours (or :class:`LockTimeout`)."""
-        handle = self._acquire("read", timeout, owner, wait=True)
-        assert handle is not None
-        return handle
-
-    def acquire_write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> PostgresLockHandle:
-        """Block until the write lock is ours; a read holder gets :class:`LockUpgradeError`."""
-        handle = self._acquire("write", timeout, owner, wait=True)
-        assert handle is not None
-        return handle
-
-    def try_acquire_read(self, *, owner: str | None = None) -> PostgresLockHandle | None:
-        """One attempt, no waiting: the handle, or ``None`` if the lock is busy."""
-        return self._acquire("read", None, owner, wait=False)
-
-    def try_acquire_write(self, *, owner: str | None = None) -> PostgresLockHandle | None:
-        return self._acquire("write", None, owner, wait=False)
-
-    @contextmanager
-    def read(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> Iterator[PostgresLockHandle]:
-        handle = self.acquire_read(timeout, owner=owner)
-        with release_on_exit(handle.release):
-            yield handle
-
-    @contextmanager
-    def write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> Iterator[PostgresLockHandle]:
-        handle = self.acquire_write(timeout, owner=owner)
-        with release_on_exit(handle.release):
-            yield handle
-
-    def _acquire(
-        self, mode: Mode, timeout: float | None, owner: str | None, *, wait: bool
-    ) -> PostgresLockHandle | None:
+    def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> PostgresLockHandle:
         owner = owner or thread_owner()
-        limit = self.timeout if timeout is None else check_positive("timeout", timeout)
-        start = self._timer()
-        book = self._book
-        for _ in range(2):  # a second time only if the owner's session had ended
-            session = book.enter(owner, start + limit - self._timer())
-            if session is None:  # another thread of this owner kept its session busy
-                raise LockTimeout(
-                    name=self.name, mode=mode, waited=self._timer() - start, owner=owner
-                )
-            try:
-                plan = session.holds.plan(self.key, mode)
-                if plan is not Plan.CALL and session.conn is not None and not _alive(session.conn):
-                    # It ended unnoticed so far: its holds are gone, start afresh.
-                    session.end("the database session ended")
-                    continue
-                return self._acquire_in(session, plan, mode, owner, start, start + limit, wait)
-            finally:
-                book.leave(session)
-        raise AssertionError("unreachable: a fresh session holds nothing")
-
-    def _acquire_in(
-        self,
-        session: _Session,
-        plan: Plan,
-        mode: Mode,
-        owner: str,
-        start: float,
-        deadline: float,
-        wait: bool,
-    ) -> PostgresLockHandle | None:
-        if plan is Plan.UPGRADE:
-            raise LockUpgradeError(name=self.name, owner=owner)
-        if plan is Plan.REENTER:
-            token = session.holds.granted(self.key, mode)
-        else:
-            fence = self._lock_call(session, mode, owner, start, deadline, wait=wait)
-            if fence is None:
-                return None
-            token = session.holds.granted(self.key, mode, fence)
-        handle = PostgresLockHandle(self, session, mode, owner, token, self._on_lost)
-        session.handles.add(handle)
-        return handle
-
-    def _lock_call(
-        self,
-        session: _Session,
-        mode: Mode,
-        owner: str,
-        start: float,
-        deadline: float,
-        *,
-        wait: bool,
-    ) -> int | None:
-        """Ask the server for the lock (``session.use`` held): the fencing token
-        (0 without fencing), ``None`` if a try found it busy."""
-        fenced = self.fencing and mode == "write"
-        params: dict[str, Any] = {"key": self.key, "fence": self.fence_sequence}
-        query = _acquire_sql(mode, wait=wait, fenced=fenced)
-        retried = False
-        while True:
-            fresh = session.conn is None
-            if fresh:
-                session.conn = self._connect()
-            conn = session.conn
-            assert conn is not None
-            params["ms"] = lock_timeout_ms(deadline - self._timer())
-            try:
-                row = conn.execute(query, params).fetchone()
-            except psycopg.Error as exc:
-                if not _broken(conn):
-                    # The statement may have failed after the lock was granted (a
-                    # session lock outlives its statement's error): let it go again.
-                    self._unlock_quietly(session, mode)
-                    if isinstance(exc, (*_WAIT_ENDED, psycopg.errors.DeadlockDetected)):
-                        # lock_timeout, a cancel, or the server breaking a cycle of
-                        # owners that wait for each other.
-                        raise LockTimeout(
-                            name=self.name, mode=mode, waited=self._timer() - start, owner=owner
-                        ) from exc
-                    raise _unavailable(self.name, exc) from exc
-                if fresh and not session.holds and not retried:
-                    # A parked connection the server had closed: one more try.
-                    retried = True
-                    session.conn = None
-                    with contextlib.suppress(Exception):
-                        conn.close()
-                    continue
-                session.end(f"the database session ended: {exc}")
-                raise _unavailable(self.name, exc) from exc
-            except BaseException:
-                # Interrupted (KeyboardInterrupt: psycopg cancelled the wait): granted
-                # or not, nothing may stay behind uncounted.
-                self._unlock_quietly(session, mode)
-                raise
-            assert row is not None
-            granted, token = row
-            if not granted:
-                return None
-            if token is None and fenced:  # granted, but the fencing sequence is missing
-                return self._token_after_making_the_sequence(session, mode)
-            return int(token)
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        try:
-            return self._book.connect()
-        except (DBAPIError, psycopg.Error, OSError) as exc:
-            raise _unavailable(self.name, exc) from exc
-
-    def _unlock_quietly(self, session: _Session, mode: Mode) -> None:
-        """After a failed acquire call: unlock once in case it was granted (PostgreSQL
-        answers false, with a warning, if it was not). If even that fails, the
-        session ends: the server then frees whatever it held."""
-        conn = session.conn
-        if conn is None or session.broken:
-            return
-        try:
-            conn.execute(_UNLOCK[mode], {"key": self.key})
-        except BaseException as exc:
-            session.end(f"could not undo a failed acquire: {exc!r}")
-            if not isinstance(exc, Exception):
-                raise
-
-    def _token_after_making_the_sequence(self, session: _Session, mode: Mode) -> int:
-        conn = session.conn
-        assert conn is not None
-        try:
-            with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-                conn.execute(self._create_sequence_sql())  # (made meanwhile by someone else)
-            row = conn.execute(_NEXT_TOKEN, {"fence": self.fence_sequence}).fetchone()
-        except psycopg.Error as exc:
-            if _broken(conn):
-                session.end(f"the database session ended: {exc}")
-            else:
-                self._unlock_quietly(session, mode)
-            raise self._no_sequence(exc) from exc
-        assert row is not None
-        return int(row[0])
-
-    def _create_sequence_sql(self) -> sql.Composed:
-        # The name was checked against _SEQUENCE_NAME: safe to put in the statement.
-        return sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(sql.SQL(self.fence_sequence))
-
-    def _no_sequence(self, exc: BaseException) -> BackendUnavailable:
-        return BackendUnavailable(
-            f"the fencing sequence {self.fence_sequence!r} of lock {self.name!r} is missing "
-            f"and could not be created ({exc}); create it (CREATE SEQUENCE "
-            f"{self.fence_sequence}) or pass fencing=False"
+        flow = acquire_flow(
+            self._settings, self._book, mode, owner, timeout, timer=self._timer, make=self._handle
         )
+        return _drive(flow)
 
-    # -- releasing ---------------------------------------------------------------------
+    def _try_once(self, mode: Mode, owner: str | None) -> PostgresLockHandle | None:
+        owner = owner or thread_owner()
+        flow = try_flow(
+            self._settings, self._book, mode, owner, timer=self._timer, make=self._handle
+        )
+        return _drive(flow)
+
+    def _handle(self, session: _Session, mode: Mode, owner: str, token: int) -> PostgresLockHandle:
+        return PostgresLockHandle(self, session, mode, owner, token, self._on_lost)
 
     def release(self, handle: PostgresLockHandle) -> None:
         """Release one hold; :class:`LockLostError` if its session had ended."""
-        if handle.lock is not self:
-            raise ValueError("this handle belongs to another lock")
-        if handle.released:
+        if not releasable(self, handle):
             return
-        session = handle.session
-        if session.pid != os.getpid():
-            raise LockNotHeldError(
-                f"the {handle.mode} lock {self.name!r} is held by the process that forked "
-                "this one; a child does not inherit its parent's locks",
-                name=self.name,
-                owner=handle.owner,
-                mode=handle.mode,
-            )
         handle.released = True
-        with self._using(session):
-            session.handles.discard(handle)
-            if handle.lost or session.broken:
-                raise handle._lost_at_release()
-            if not session.holds.released(handle.key, handle.mode):
-                return  # an outer hold of this mode remains
-            conn = session.conn
-            assert conn is not None
-            try:
-                row = conn.execute(_UNLOCK[handle.mode], {"key": handle.key}).fetchone()
-            except psycopg.Error as exc:
-                # Whatever went wrong, the session must not outlive a failed unlock
-                # holding a lock nobody counts: end it (the server frees the rest).
-                session.end(f"the database session ended: {exc}")
-                if _broken(conn):
-                    raise handle._lost_at_release() from exc
-                raise _unavailable(self.name, exc) from exc
-            if not (row and row[0]):
-                session.end("the server did not hold the lock any more")
-                raise handle._lost_at_release()
-
-    @contextmanager
-    def _using(self, session: _Session) -> Iterator[None]:
-        book = session.book
-        with book._mutex:
+        session = handle.session
+        with session.book._mutex:
             session.users += 1
         session.use.acquire()
         try:
-            yield
+            _drive(release_flow(handle))
         finally:
-            book.leave(session)
-
-    # -- transaction-scoped locks ----------------------------------------------------------
+            session.leave()
 
     def write_in(
         self, transaction: Connection | Session, timeout: float | None = None
@@ -1052,120 +526,54 @@ class PostgresRWLock:
         ``Session``) until it commits or rolls back; :class:`LockTimeout` at the
         deadline leaves the transaction usable. A transaction holding only the read
         lock gets :class:`LockUpgradeError`."""
-        return self._take_in(transaction, "write", timeout)
+        return _drive(
+            take_in_flow(self._settings, transaction, "write", timeout, timer=self._timer)
+        )
 
     def read_in(
         self, transaction: Connection | Session, timeout: float | None = None
     ) -> TransactionLock:
         """Take the read lock in ``transaction`` until it commits or rolls back."""
-        return self._take_in(transaction, "read", timeout)
-
-    def _take_in(
-        self, transaction: Connection | Session, mode: Mode, timeout: float | None
-    ) -> TransactionLock:
-        limit = self.timeout if timeout is None else check_positive("timeout", timeout)
-        start = self._timer()
-        conn = _transaction_connection(transaction)
-        params: dict[str, Any] = {"key": self.key, "fence": self.fence_sequence}
-        params["classid"], params["objid"] = key_parts(self.key)
-        fenced = self.fencing and mode == "write"
-        token = _XACT_TOKEN if fenced else "0::bigint"
-        try:
-            # First one attempt that cannot fail (an error would abort the caller's
-            # transaction); only if the lock is busy, a wait in a savepoint.
-            granted, fence = conn.execute(text(_XACT_TRY[mode].format(token=token)), params).one()
-            if granted is None:
-                raise LockUpgradeError(name=self.name)
-            if not granted:
-                params["ms"] = lock_timeout_ms(start + limit - self._timer())
-                fence = self._wait_in(conn, mode, params, token, start)
-            if fence is None and fenced:  # granted, but the fencing sequence is missing
-                fence = self._token_in_after_making_the_sequence(conn)
-        except DBAPIError as exc:
-            raise _unavailable(self.name, exc) from exc
-        return TransactionLock(self.name, mode, int(fence))
-
-    def _wait_in(
-        self, conn: Connection, mode: Mode, params: dict[str, Any], token: str, start: float
-    ) -> Any:
-        """Wait in a savepoint, so that a timeout leaves the transaction usable."""
-        conn.execute(text(f"SAVEPOINT {_SAVEPOINT}"))
-        try:
-            fence = conn.execute(text(_XACT_WAIT[mode].format(token=token)), params).scalar_one()
-        except DBAPIError as exc:
-            conn.execute(text(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}"))
-            conn.execute(text(f"RELEASE SAVEPOINT {_SAVEPOINT}"))
-            if _sqlstate(exc) in ("55P03", "57014", "40P01"):  # lock_timeout, cancel, deadlock
-                raise LockTimeout(name=self.name, mode=mode, waited=self._timer() - start) from exc
-            raise
-        # The lock passes from the savepoint to the enclosing transaction.
-        conn.execute(text(f"RELEASE SAVEPOINT {_SAVEPOINT}"))
-        return fence
-
-    def _token_in_after_making_the_sequence(self, conn: Connection) -> int:
-        # In a savepoint: a failure must not abort the caller's transaction.
-        conn.execute(text(f"SAVEPOINT {_SAVEPOINT}"))
-        try:
-            conn.execute(text(f"CREATE SEQUENCE IF NOT EXISTS {self.fence_sequence}"))
-        except DBAPIError as exc:
-            conn.execute(text(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}"))
-            if _sqlstate(exc) not in ("23505", "42P07"):  # not "made meanwhile by someone"
-                conn.execute(text(f"RELEASE SAVEPOINT {_SAVEPOINT}"))
-                raise self._no_sequence(exc) from exc
-        conn.execute(text(f"RELEASE SAVEPOINT {_SAVEPOINT}"))
-        return int(
-            conn.execute(text(f"SELECT {_XACT_TOKEN}"), {"fence": self.fence_sequence}).scalar_one()
-        )
-
-    def __repr__(self) -> str:
-        return f"<PostgresRWLock {self.name!r} key={self.key} namespace={self.namespace!r}>"
+        return _drive(take_in_flow(self._settings, transaction, "read", timeout, timer=self._timer))
 
 
-# The transaction-scoped statements (SQLAlchemy text(), so named parameters).
-# A write first looks for its own transaction's read hold (a refused upgrade
-# answers NULL).
-_XACT_TRY: Final = {
-    "write": """
-WITH mine AS MATERIALIZED (
-       SELECT coalesce(bool_or(mode = 'ShareLock'), false) AS reads,
-              coalesce(bool_or(mode = 'ExclusiveLock'), false) AS writes
-       FROM pg_locks
-       WHERE locktype = 'advisory' AND pid = pg_backend_pid()
-         AND classid = CAST(:classid AS oid) AND objid = CAST(:objid AS oid) AND objsubid = 1),
-     granted AS MATERIALIZED (
-       SELECT CASE WHEN reads AND NOT writes THEN NULL
-                   ELSE pg_try_advisory_xact_lock(:key) END AS ok FROM mine)
-SELECT ok, CASE WHEN ok THEN {token} END FROM granted""",
-    "read": """
-WITH granted AS MATERIALIZED (SELECT pg_try_advisory_xact_lock_shared(:key) AS ok)
-SELECT ok, CASE WHEN ok THEN {token} END FROM granted""",
-}
-# lock_timeout is set for this one wait, then put back as it was.
-_XACT_WAIT: Final = {
-    "write": """
-WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS value),
-     deadline AS MATERIALIZED (SELECT set_config('lock_timeout', :ms, true) FROM previous),
-     granted AS MATERIALIZED (SELECT pg_advisory_xact_lock(:key) FROM deadline),
-     restored AS MATERIALIZED (
-       SELECT set_config('lock_timeout', previous.value, true) FROM granted, previous)
-SELECT {token} FROM restored""",
-    "read": """
-WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS value),
-     deadline AS MATERIALIZED (SELECT set_config('lock_timeout', :ms, true) FROM previous),
-     granted AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:key) FROM deadline),
-     restored AS MATERIALIZED (
-       SELECT set_config('lock_timeout', previous.value, true) FROM granted, previous)
-SELECT {token} FROM restored""",
-}
-_XACT_TOKEN: Final = "nextval(to_regclass(:fence))"
+# -- the driver ------------------------------------------------------------------------------------
 
 
-def _sqlstate(exc: DBAPIError) -> str | None:
-    state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
-    return state if isinstance(state, str) else None
+def _drive(flow: Generator[Step, Any, T]) -> T:
+    """Answer the flow's steps with blocking I/O. Whatever a step raises, an
+    interrupt too, is thrown into the flow: it decides what that means."""
+    try:
+        step = next(flow)
+        while True:
+            try:
+                reply = _answer(step)
+            except BaseException as exc:
+                step = flow.throw(exc)
+            else:
+                step = flow.send(reply)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    finally:
+        flow.close()
 
 
-def _transaction_connection(transaction: Connection | Session) -> Connection:
+def _answer(step: Step) -> Any:
+    if isinstance(step, Run):
+        cursor = step.conn.execute(step.query, step.params)
+        return cursor.fetchone() if step.rows else None
+    if isinstance(step, RunIn):
+        result = step.conn.execute(text(step.query), step.params)
+        return result.one() if step.rows else None
+    if isinstance(step, Enter):
+        return step.book.enter(step.owner, step.wait)
+    if isinstance(step, Connect):
+        return step.book.connect()
+    return _transaction_connection(step.transaction)
+
+
+def _transaction_connection(transaction: object) -> Connection:
     """The SQLAlchemy connection of ``transaction``, checked to hold a transaction."""
     if isinstance(transaction, Session):
         conn = transaction.connection()
@@ -1176,12 +584,5 @@ def _transaction_connection(transaction: Connection | Session) -> Connection:
             "a transaction-scoped lock needs a sqlalchemy Connection or Session, "
             f"not {type(transaction).__name__}"
         )
-    if conn.dialect.name != "postgresql":
-        raise TypeError(f"a transaction-scoped lock needs PostgreSQL, not {conn.dialect.name}")
-    dbapi = conn.connection.driver_connection
-    if getattr(dbapi, "autocommit", False):
-        raise ValueError(
-            "a transaction-scoped lock needs a connection in a transaction; this one is in "
-            "autocommit mode, where the lock would end with its own statement"
-        )
+    check_transaction(conn.dialect.name, conn.connection.driver_connection)
     return conn

@@ -26,22 +26,21 @@ Leases
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 from cacheguard._identity import thread_owner
 from cacheguard.backoff import Backoff
 from cacheguard.checks import check_positive
 from cacheguard.clients import SyncClient
-from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockLostError, LockUpgradeError
+from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockUpgradeError
 from cacheguard.keys import ResourceKeys, check_namespace
 from cacheguard.locks import wire
 from cacheguard.locks.notifier import ClusterNotifier, Notifier, Subscription, notifier_for
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.scripts import LuaScript
+from cacheguard.locks.shape import HandleState, RWLockShape, ThreadedHandle, release_on_exit
 from cacheguard.locks.watchdog import Watchdog, default_watchdog
 from cacheguard.steps import Subscribe, Wait
 
@@ -93,71 +92,7 @@ def lock_settings(
     )
 
 
-class HandleState:
-    """What a handle knows of its holding, and how it learns that it lost it (shared
-    by :class:`LockHandle` and the asyncio handle); ``lock`` is set by each."""
-
-    __slots__ = (
-        "__weakref__",
-        "_on_lost",
-        "lost",
-        "lost_reason",
-        "mode",
-        "owner",
-        "released",
-        "token",
-        "writer_waiting",
-    )
-
-    def __init__(self, mode: Mode, owner: str, token: int, on_lost: Any) -> None:
-        self.mode: Mode = mode
-        self.owner = owner
-        self.token = token
-        self.lost = False
-        self.lost_reason = ""
-        self.released = False
-        self.writer_waiting = False  # set by renewals: another owner's writer is queued
-        self._on_lost = on_lost
-
-    @property
-    def lock_name(self) -> str:
-        raise NotImplementedError
-
-    def _mark_lost(self, why: str) -> None:
-        if self.lost or self.released:
-            return
-        self.lost = True
-        self.lost_reason = why
-        log.warning(
-            "lost the %s lock %r (owner %s, token %d): %s",
-            self.mode,
-            self.lock_name,
-            self.owner,
-            self.token,
-            why,
-        )
-        if self._on_lost is not None:
-            self._start_on_lost()
-
-    def _start_on_lost(self) -> None:
-        raise NotImplementedError
-
-    def _lost_at_release(self) -> LockLostError:
-        """Mark the handle lost (its release found the holding gone); the error to raise."""
-        self.lost = True
-        self.lost_reason = self.lost_reason or "the holding was gone at release"
-        name = self.lock_name
-        return LockLostError(
-            f"the {self.mode} lock {name!r} (token {self.token}) was lost "
-            f"before release: {self.lost_reason}; the lock now in Redis, if any, "
-            "belongs to someone else and was left alone",
-            name=name,
-            owner=self.owner,
-            mode=self.mode,
-        )
-
-
-class LockHandle(HandleState):
+class LockHandle(ThreadedHandle):
     """One acquisition of a :class:`RedisRWLock`.
 
     ``token`` is the fencing token: for write holds it is strictly greater than
@@ -166,7 +101,9 @@ class LockHandle(HandleState):
     finds that the holding vanished; ``lost_reason`` says why.
     """
 
-    __slots__ = ("lock",)
+    __slots__ = ()
+
+    lock: RedisRWLock
 
     def __init__(
         self,
@@ -196,37 +133,12 @@ class LockHandle(HandleState):
     def lease_ms(self) -> int:
         return self.lock.lease_ms
 
-    @property
-    def lock_name(self) -> str:
-        return self.lock.name
-
-    def release(self) -> None:
-        self.lock.release(self)
-
     def renew(self) -> bool:
         """Extend the lease now; ``False`` (and marked lost) if the holding is gone."""
         return self.lock.renew(self)
 
-    def _start_on_lost(self) -> None:
-        # On a thread of its own: a slow callback must not stall lease renewals.
-        threading.Thread(target=self._run_on_lost, name="cacheguard-on-lost", daemon=True).start()
 
-    def _run_on_lost(self) -> None:
-        assert self._on_lost is not None
-        try:
-            self._on_lost(self)
-        except Exception:
-            log.exception("on_lost callback of lock %r failed", self.lock.name)
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost else "released" if self.released else "held"
-        return (
-            f"<LockHandle {self.mode} {self.lock.name!r} token={self.token} "
-            f"owner={self.owner} {state}>"
-        )
-
-
-class RedisRWLock:
+class RedisRWLock(RWLockShape[LockHandle]):
     """A read-write lock shared by every thread of every process using one Redis.
 
     ``lease`` (s): how long a hold outlives its last renewal. ``timeout`` (s): the
@@ -273,39 +185,6 @@ class RedisRWLock:
         self._mark_ms = settings.mark_ms
 
     # -- acquiring ---------------------------------------------------------------------
-
-    def acquire_read(self, timeout: float | None = None, *, owner: str | None = None) -> LockHandle:
-        """Block until the read lock is ours (or :class:`LockTimeout`)."""
-        return self._acquire("read", timeout, owner)
-
-    def acquire_write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> LockHandle:
-        """Block until the write lock is ours; a read holder gets :class:`LockUpgradeError`."""
-        return self._acquire("write", timeout, owner)
-
-    def try_acquire_read(self, *, owner: str | None = None) -> LockHandle | None:
-        """One attempt, no waiting: the handle, or ``None`` if the lock is busy."""
-        return self._try_once("read", owner)
-
-    def try_acquire_write(self, *, owner: str | None = None) -> LockHandle | None:
-        return self._try_once("write", owner)
-
-    @contextmanager
-    def read(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> Iterator[LockHandle]:
-        handle = self.acquire_read(timeout, owner=owner)
-        with release_on_exit(handle.release):
-            yield handle
-
-    @contextmanager
-    def write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> Iterator[LockHandle]:
-        handle = self.acquire_write(timeout, owner=owner)
-        with release_on_exit(handle.release):
-            yield handle
 
     def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> LockHandle:
         owner = owner or thread_owner()
@@ -459,17 +338,3 @@ def unavailable(name: str, exc: Exception) -> BackendUnavailable:
     return BackendUnavailable(
         f"Redis unreachable or refusing while working on lock {name!r}: {exc}"
     )
-
-
-@contextmanager
-def release_on_exit(release: Callable[[], None]) -> Iterator[None]:
-    """Call ``release`` on exit; a lost lock raises unless the body already raised."""
-    try:
-        yield
-    except BaseException:
-        try:
-            release()
-        except LockLostError as lost:
-            log.warning("%s (while the body raised)", lost)
-        raise
-    release()

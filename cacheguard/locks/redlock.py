@@ -53,6 +53,10 @@ Every master's client is the caller's ``redis.Redis`` with its socket and connec
 timeouts capped at ``instance_timeout`` and no retries (a client of the same
 connection settings, shared per process), so a frozen or unreachable master
 costs one ``instance_timeout`` per round, never a stalled acquire.
+
+The decisions (rounds, renewals, releases, tidy-ups) are in
+:mod:`cacheguard.locks.quorum`, shared with the asyncio lock; this module sends
+the calls to the masters (from a thread pool) and waits for wake-ups.
 """
 
 from __future__ import annotations
@@ -63,10 +67,7 @@ import logging
 import threading
 import time
 import weakref
-from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any, Final, TypeVar
 
 import redis
@@ -76,15 +77,33 @@ from redis.retry import Retry
 
 from cacheguard._identity import on_fork_in_child, thread_owner
 from cacheguard.backoff import Backoff
-from cacheguard.checks import check_positive, check_ratio
-from cacheguard.exceptions import REDIS_UNREACHABLE, BackendUnavailable, LockUpgradeError
+from cacheguard.checks import check_positive
+from cacheguard.exceptions import BackendUnavailable, LockUpgradeError
 from cacheguard.keys import ResourceKeys
-from cacheguard.locks import wire
+from cacheguard.locks import quorum, wire
 from cacheguard.locks.notifier import Notifier, Subscription, notifier_for
-from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
-from cacheguard.locks.redis_rwlock import HandleState, lock_settings, release_on_exit
+from cacheguard.locks.protocol import Mode, Step, TryAcquire, acquire_flow
+from cacheguard.locks.quorum import (
+    RAISE_FENCE,
+    RETRY,
+    FanOut,
+    Grant,
+    RedlockBook,
+    RedlockCommon,
+    RedlockHandleState,
+    Round,
+    RoundResult,
+    RoundVerdict,
+    Tidy,
+    no_majority_message,
+    release_error,
+    renewal_verdict,
+    settle_round,
+    tally_round,
+)
 from cacheguard.locks.scripts import LuaScript, ScriptCall, run_pipelined
-from cacheguard.locks.watchdog import LeaseBook, _Entry
+from cacheguard.locks.shape import RWLockShape, ThreadedHandle
+from cacheguard.locks.watchdog import _Entry
 from cacheguard.steps import Subscribe, Wait
 
 __all__ = [
@@ -108,176 +127,10 @@ log = logging.getLogger("cacheguard.redlock")
 T = TypeVar("T")
 RedlockLostCallback = Callable[["RedlockHandle"], None]
 
-DEFAULT_INSTANCE_TIMEOUT: Final = 0.1  # s; capped at lease / 10
-DRIFT_FLOOR: Final = 0.002  # s added to lease * clock_drift (Redlock's 2 ms)
 _CONFIRM_SLICE: Final = 0.01  # s spent on one master's subscription confirmation at a time
-_RETRY_AFTER_ERROR: Final = 0.5  # s before a failed renewal, release or tidy-up is retried
-
-RAISE_FENCE_CONTRACT = """\
--- raise_fence: lift a lock's fencing counter to at least a token; never lowers it.
--- (Redlock: a write holding's token is written back to the masters that granted it,
--- so a later writer's INCR on any of them passes it.)
--- KEYS[1]  fencing counter   <ns>:{<name>}:fence (never expires)
--- ARGV[1]  the token (a decimal integer)
--- Returns the counter afterwards.
-"""
-
-_RAISE_FENCE_BODY = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-local token = tonumber(ARGV[1])
-if current < token then
-  redis.call('SET', KEYS[1], ARGV[1])
-  return ARGV[1]
-end
-return tostring(current)
-"""
-
-RAISE_FENCE = LuaScript(RAISE_FENCE_CONTRACT + _RAISE_FENCE_BODY)
-
-
-# -- one round, sans I/O: what the masters answered and what it means ------------------------------
-
-
-@dataclass
-class Round:
-    """What one acquire round came to, from every master's answer (see :func:`tally_round`)."""
-
-    granted: dict[int, int] = field(default_factory=dict)  # master -> epoch
-    refused: dict[int, float] = field(default_factory=dict)  # master -> s until it may grant
-    marked: list[int] = field(default_factory=list)  # masters where a writer's mark was left
-    upgrades: int = 0  # masters refusing because the owner holds the read lock there
-    unanswered: list[int] = field(default_factory=list)  # no reply: the call may have run
-    failed: int = 0  # masters that did not grant for an error (unanswered ones included)
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def token(self) -> int:
-        return max(self.granted.values(), default=0)
-
-    def retry_in(self, quorum: int) -> float:
-        """Seconds until enough refusing masters may grant (their soonest blocking
-        leases end); 0 when unknown."""
-        needed = quorum - len(self.granted)
-        waits = sorted(self.refused.values())
-        if needed <= 0 or needed > len(waits):
-            return 0.0
-        return waits[needed - 1]
-
-    def has_majority(self, quorum: int) -> bool:
-        return len(self.granted) >= quorum
-
-
-@dataclass(frozen=True)
-class RoundVerdict:
-    """What a driver does after a round (see :func:`settle_round`)."""
-
-    granted: bool
-    split: bool = False  # granted by some masters, not a majority in time
-    upgrade: bool = False  # LockUpgradeError
-    unreachable: bool = False  # BackendUnavailable: too few masters answered
-    withdraw: tuple[int, ...] = ()  # masters where the writer withdraws its mark
-    retry_in: float = 0.0
-
-
-def settle_round(
-    outcome: Round, *, masters: int, quorum: int, fenced: bool, now: float, valid_until: float
-) -> RoundVerdict:
-    """A round is a grant when a majority granted it, a write's token was written
-    back (``fenced``) and time is left (``now < valid_until``). Otherwise its grants
-    are given back; a writer that was granted anything (a split vote, or a majority
-    too late), refused as an upgrade or short of masters also withdraws its marks."""
-    if outcome.has_majority(quorum) and fenced and now < valid_until:
-        return RoundVerdict(granted=True)
-    split = bool(outcome.granted)
-    upgrade = outcome.upgrades > masters - quorum
-    unreachable = outcome.failed > masters - quorum
-    return RoundVerdict(
-        granted=False,
-        split=split,
-        upgrade=upgrade,
-        unreachable=unreachable,
-        withdraw=tuple(outcome.marked) if (split or upgrade or unreachable) else (),
-        retry_in=outcome.retry_in(quorum),
-    )
-
-
-RETRY: Final = "retry"
-
-
-def renewal_verdict(
-    *, renewed: int, held: int, writer_waits: bool, quorum: int, masters: int, in_time: bool
-) -> wire.Renewal | str:
-    """A renewal round's meaning for one handle: renewed (a majority renewed it in
-    time), :data:`RETRY` (too few answered; lost once its validity ends), or why it
-    is lost (fewer than a majority still hold it)."""
-    if renewed >= quorum and in_time:
-        return wire.Renewal.RENEWED_WRITER_WAITS if writer_waits else wire.Renewal.RENEWED
-    if held < quorum:
-        return f"held on {held} of {masters} masters at renewal, fewer than a majority ({quorum})"
-    return RETRY
-
-
-def release_error(*, released: int, pending: int, quorum: int, lost: bool) -> str | None:
-    """After a release on every master: ``"lost"`` (fewer than a majority still
-    held it, or it was lost before), ``"unavailable"`` (too few answered to tell),
-    or None."""
-    if lost or released + pending < quorum:
-        return "lost"
-    if released < quorum:
-        return "unavailable"
-    return None
-
-
-def no_majority_message(name: str, quorum: int, outcome: Round) -> str:
-    return (
-        f"no majority of the masters of lock {name!r} could be reached ({quorum} needed): "
-        f"{'; '.join(outcome.errors)}"
-    )
-
-
-def tally_round(
-    replies: Mapping[int, Any], *, mode: Mode, queued: bool, describe: Callable[[int], str]
-) -> Round:
-    """Sort each master's reply to the acquire script: a granted epoch, a refusal,
-    an upgrade refused, an error reply (the script did not run) or no reply (it
-    may have run: the master is tidied later)."""
-    outcome = Round()
-    for index, reply in sorted(replies.items()):
-        if isinstance(reply, BaseException):
-            outcome.failed += 1
-            outcome.errors.append(f"{describe(index)}: {reply}")
-            if isinstance(reply, REDIS_UNREACHABLE):
-                outcome.unanswered.append(index)
-            continue
-        attempt = wire.parse_attempt(reply)
-        if attempt.granted:
-            outcome.granted[index] = attempt.epoch
-        elif attempt.upgrade:
-            outcome.upgrades += 1
-        else:
-            outcome.refused[index] = attempt.retry_in
-            if mode == "write" and queued:
-                outcome.marked.append(index)
-    return outcome
 
 
 # -- the masters -----------------------------------------------------------------------------------
-
-# Connection settings a pool adds by itself (maintenance notifications): not copied.
-_POOL_MADE: Final = frozenset(
-    {
-        "maint_notifications_pool_handler",
-        "oss_cluster_maint_notifications_handler",
-        "orig_host_address",
-        "orig_socket_timeout",
-        "orig_socket_connect_timeout",
-    }
-)
-
-
-def _capped(value: Any, cap: float) -> float:
-    return cap if value is None else min(float(value), cap)
-
 
 _derived: weakref.WeakKeyDictionary[Any, dict[float, redis.Redis]] = weakref.WeakKeyDictionary()
 _derived_mutex = threading.Lock()
@@ -296,25 +149,20 @@ def _master_client(client: object, instance_timeout: float) -> tuple[redis.Redis
     if isinstance(pool, redis.sentinel.SentinelConnectionPool):
         raise TypeError("RedlockRWLock takes clients of plain masters, not Sentinel-managed ones")
     settings = dict(pool.connection_kwargs)
-    address = settings.get("path") or f"{settings.get('host')}:{settings.get('port')}"
     with _derived_mutex:
         per_timeout = _derived.setdefault(pool, {})
         derived = per_timeout.get(instance_timeout)
         if derived is None:
-            kwargs = {k: v for k, v in settings.items() if k not in _POOL_MADE}
-            kwargs["socket_timeout"] = _capped(kwargs.get("socket_timeout"), instance_timeout)
-            kwargs["socket_connect_timeout"] = _capped(
-                kwargs.get("socket_connect_timeout"), instance_timeout
+            kwargs = quorum.master_connection_kwargs(
+                settings, instance_timeout, Retry(NoBackoff(), 0)
             )
-            # One answer or none within the timeout: Redlock retries whole rounds itself.
-            kwargs["retry"] = Retry(NoBackoff(), 0)
             derived_pool = redis.ConnectionPool(
                 connection_class=pool.connection_class,
                 max_connections=pool.max_connections,
                 **kwargs,
             )
             derived = per_timeout[instance_timeout] = redis.Redis(connection_pool=derived_pool)
-    return derived, str(address)
+    return derived, quorum.master_address(settings)
 
 
 class _Master:
@@ -376,7 +224,7 @@ def _at_once(works: Sequence[Callable[[], T]]) -> list[T | BaseException]:
 
 
 class _Masters:
-    """The masters of a Redlock set, and one call on several of them at once."""
+    """The masters of a Redlock set, and calls on several of them at once."""
 
     def __init__(self, masters: tuple[_Master, ...]) -> None:
         self.masters = masters
@@ -394,6 +242,22 @@ class _Masters:
         results = _at_once([functools.partial(work, m) for m in chosen])
         return {m.index: result for m, result in zip(chosen, results, strict=True)}
 
+    def run(self, step: FanOut) -> dict[int, Any]:
+        """One script call per master, as ``step`` names them."""
+        return self.fan_out(lambda m: m.call(*step.calls[m.index]), step.calls)
+
+    def drive(self, flow: Generator[FanOut, dict[int, Any], T]) -> T:
+        """Answer ``flow``'s fan-outs until it returns."""
+        try:
+            step = next(flow)
+            while True:
+                step = flow.send(self.run(step))
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        finally:
+            flow.close()
+
 
 _master_sets: weakref.WeakValueDictionary[tuple[int, ...], _Masters] = weakref.WeakValueDictionary()
 
@@ -401,18 +265,9 @@ _master_sets: weakref.WeakValueDictionary[tuple[int, ...], _Masters] = weakref.W
 def _masters_for(clients: Sequence[object], instance_timeout: float) -> _Masters:
     """The shared master set of these clients (one per process), so the watchdog
     renews the handles of every lock on them together."""
-    if isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence):
-        raise TypeError("RedlockRWLock takes a sequence of redis.Redis clients")
-    if not clients:
-        raise ValueError("RedlockRWLock needs at least one master")
+    quorum.check_master_list(clients, "RedlockRWLock", "redis.Redis")
     made = [_master_client(client, instance_timeout) for client in clients]
-    addresses = [address for _, address in made]
-    repeated = sorted({a for a in addresses if addresses.count(a) > 1})
-    if repeated:
-        raise ValueError(
-            f"the masters of a Redlock must be independent servers; given more than once: "
-            f"{', '.join(repeated)}"
-        )
+    quorum.check_independent([address for _, address in made])
     key = tuple(id(client) for client, _ in made)
     with _derived_mutex:
         masters = _master_sets.get(key)
@@ -424,62 +279,10 @@ def _masters_for(clients: Sequence[object], instance_timeout: float) -> _Masters
         return masters
 
 
-# -- this process's live holdings, for tidying after lost replies ----------------------------------
-
-
-class _Holdings:
-    """Per (lock key, owner): the rounds in flight and the per-master epochs of live
-    handles in this process. A tidy-up must not release a holding that one of them
-    counts on (an owner's holds on one master share its epoch)."""
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._rounds: Counter[tuple[str, str]] = Counter()
-        self._epochs: Counter[tuple[str, str, str, int]] = Counter()
-
-    @contextmanager
-    def round(self, lock_key: str, owner: str) -> Iterator[None]:
-        with self._mutex:
-            self._rounds[lock_key, owner] += 1
-        try:
-            yield
-        finally:
-            with self._mutex:
-                self._rounds[lock_key, owner] -= 1
-                if not self._rounds[lock_key, owner]:
-                    del self._rounds[lock_key, owner]
-
-    def add(self, lock_key: str, owner: str, epochs: Iterable[tuple[str, int]]) -> None:
-        with self._mutex:
-            for address, epoch in epochs:
-                self._epochs[lock_key, owner, address, epoch] += 1
-
-    def remove(self, lock_key: str, owner: str, epochs: Iterable[tuple[str, int]]) -> None:
-        with self._mutex:
-            for address, epoch in epochs:
-                entry = (lock_key, owner, address, epoch)
-                self._epochs[entry] -= 1
-                if self._epochs[entry] <= 0:
-                    del self._epochs[entry]
-
-    def acquiring(self, lock_key: str, owner: str) -> bool:
-        """Is an acquisition round of ``owner`` on this lock under way?"""
-        with self._mutex:
-            return (lock_key, owner) in self._rounds
-
-    def counts_on(self, lock_key: str, owner: str, address: str, epoch: int) -> bool:
-        """Does a live handle of ``owner`` hold this lock on that master with ``epoch``?"""
-        with self._mutex:
-            return (lock_key, owner, address, epoch) in self._epochs
-
-
-_holdings = _Holdings()
-
-
 # -- handles ---------------------------------------------------------------------------------------
 
 
-class RedlockHandle(HandleState):
+class RedlockHandle(ThreadedHandle, RedlockHandleState):
     """One acquisition of a :class:`RedlockRWLock` (the fields of ``LockHandle``).
 
     ``token``: for write holds, the fencing token (see the module docstring for when
@@ -488,81 +291,13 @@ class RedlockHandle(HandleState):
     timer) until which a majority is known to hold it; renewals move it on.
     """
 
-    __slots__ = ("_granted", "epochs", "lock", "valid_until")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        lock: RedlockRWLock,
-        mode: Mode,
-        owner: str,
-        token: int,
-        epochs: list[int | None],
-        valid_until: float,
-        on_lost: RedlockLostCallback | None,
-    ) -> None:
-        super().__init__(mode, owner, token, on_lost)
-        self.lock = lock
-        self.epochs = epochs
-        self.valid_until = valid_until
-        # (master address, epoch) as granted: this process's record of the holding.
-        self._granted = [
-            (lock._masters.masters[i].address, e) for i, e in enumerate(epochs) if e is not None
-        ]
-
-    # Used by the watchdog.
-    @property
-    def client(self) -> _Masters:
-        return self.lock._masters
-
-    @property
-    def keys(self) -> ResourceKeys:
-        return self.lock.keys
-
-    @property
-    def lease(self) -> float:
-        return self.lock.lease
-
-    @property
-    def lease_ms(self) -> int:
-        return self.lock.lease_ms
-
-    @property
-    def lock_name(self) -> str:
-        return self.lock.name
-
-    @property
-    def validity(self) -> float:
-        """Seconds left until ``valid_until`` (0 once it passed)."""
-        return max(0.0, self.valid_until - self.lock._timer())
-
-    @property
-    def masters_held(self) -> int:
-        return sum(e is not None for e in self.epochs)
-
-    def release(self) -> None:
-        self.lock.release(self)
+    lock: RedlockRWLock
 
     def renew(self) -> bool:
         """Renew on every master now; ``False`` (and marked lost) if the majority is gone."""
         return self.lock.renew(self)
-
-    def _start_on_lost(self) -> None:
-        # On a thread of its own: a slow callback must not stall lease renewals.
-        threading.Thread(target=self._run_on_lost, name="cacheguard-on-lost", daemon=True).start()
-
-    def _run_on_lost(self) -> None:
-        assert self._on_lost is not None
-        try:
-            self._on_lost(self)
-        except Exception:
-            log.exception("on_lost callback of lock %r failed", self.lock.name)
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost else "released" if self.released else "held"
-        return (
-            f"<RedlockHandle {self.mode} {self.lock.name!r} token={self.token} "
-            f"owner={self.owner} on {self.masters_held}/{len(self.epochs)} masters {state}>"
-        )
 
 
 # -- waking up: any master's announcement ---------------------------------------------------------
@@ -626,14 +361,16 @@ class _Waiter:
             pending.append(pending.pop(0))
             pending[-1].open(min(_CONFIRM_SLICE, remaining))
 
+    def after_round(self, result: RoundResult) -> None:
+        """Drop wake-ups from masters that announced our own undoing; after a split
+        vote, the next wait ignores wake-ups."""
+        with self._cond:
+            self._woken_by.difference_update(result.undone)
+        self.deaf_once = result.split
+
     def clear(self) -> None:
         with self._cond:
             self._woken_by.clear()
-
-    def forget(self, indexes: Iterable[int]) -> None:
-        """Drop wake-ups from these masters (announcements of our own undoing)."""
-        with self._cond:
-            self._woken_by.difference_update(indexes)
 
     def wait(self, seconds: float) -> list[bytes]:
         if self.deaf_once:
@@ -652,14 +389,7 @@ class _Waiter:
 # -- the lock --------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Grant:
-    epochs: list[int | None]
-    token: int
-    valid_until: float
-
-
-class RedlockRWLock:
+class RedlockRWLock(RedlockCommon, RWLockShape[RedlockHandle]):
     """A read-write lock held on a majority of N independent Redis masters.
 
     ``clients``: one ``redis.Redis`` per master (independent servers, no replication
@@ -670,6 +400,8 @@ class RedlockRWLock:
     the process's Redlock watchdog, ``False`` to renew by hand, or a
     :class:`RedlockWatchdog`. The other arguments are ``RedisRWLock``'s.
     """
+
+    _masters: _Masters
 
     def __init__(
         self,
@@ -686,28 +418,11 @@ class RedlockRWLock:
         backoff: Callable[[], Backoff] = Backoff,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
-        settings = lock_settings(
-            name, lease=lease, timeout=timeout, namespace=namespace, backoff=backoff
+        settings = quorum.redlock_settings(
+            name, lease, timeout, namespace, instance_timeout, clock_drift, backoff
         )
-        self.name = settings.name
-        self.lease = settings.lease
-        self.lease_ms = settings.lease_ms
-        self.timeout = settings.timeout
-        self.keys = settings.keys
-        self._mark_ms = settings.mark_ms
-        if instance_timeout is None:
-            self.instance_timeout = min(DEFAULT_INSTANCE_TIMEOUT, self.lease / 10)
-        else:
-            self.instance_timeout = check_positive("instance_timeout", instance_timeout)
-            if self.instance_timeout > self.lease / 10:
-                raise ValueError(
-                    f"instance_timeout must be at most lease / 10 ({self.lease / 10:g} s), "
-                    f"got {instance_timeout!r}: a slow master would eat the lock's validity"
-                )
-        self.clock_drift = check_ratio("clock_drift", clock_drift)
-        self.drift = self.lease * self.clock_drift + DRIFT_FLOOR
-        self._masters = _masters_for(clients, self.instance_timeout)
-        self.quorum = self._masters.quorum
+        masters = _masters_for(clients, settings.instance_timeout)
+        self._configure(settings, masters, on_lost=on_lost, backoff=backoff, timer=timer)
         self._watchdog: RedlockWatchdog | None
         if watchdog is True:
             self._watchdog = default_redlock_watchdog()
@@ -715,62 +430,18 @@ class RedlockRWLock:
             self._watchdog = None
         else:
             self._watchdog = watchdog
-        self._on_lost = on_lost
-        self._backoff = backoff
-        self._timer = timer
-
-    @property
-    def masters(self) -> list[str]:
-        """The masters' addresses, in the order given."""
-        return [m.address for m in self._masters.masters]
 
     # -- acquiring ---------------------------------------------------------------------
-
-    def acquire_read(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> RedlockHandle:
-        """Block until a majority granted the read lock (or :class:`LockTimeout`)."""
-        return self._acquire("read", timeout, owner)
-
-    def acquire_write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> RedlockHandle:
-        """Block until a majority granted the write lock; a read holder gets
-        :class:`LockUpgradeError`."""
-        return self._acquire("write", timeout, owner)
-
-    def try_acquire_read(self, *, owner: str | None = None) -> RedlockHandle | None:
-        """One round, no waiting: the handle, or ``None`` if no majority granted it."""
-        return self._try_once("read", owner)
-
-    def try_acquire_write(self, *, owner: str | None = None) -> RedlockHandle | None:
-        return self._try_once("write", owner)
-
-    @contextmanager
-    def read(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> Iterator[RedlockHandle]:
-        handle = self.acquire_read(timeout, owner=owner)
-        with release_on_exit(handle.release):
-            yield handle
-
-    @contextmanager
-    def write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> Iterator[RedlockHandle]:
-        handle = self.acquire_write(timeout, owner=owner)
-        with release_on_exit(handle.release):
-            yield handle
 
     def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> RedlockHandle:
         owner = owner or thread_owner()
         limit = self.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
-        first, grant, _, _ = self._round(mode, owner, queued=True)
-        if grant is not None:
-            return self._granted(mode, owner, grant)
+        first = self._round(mode, owner, queued=True)
+        if first.grant is not None:
+            return self._granted(mode, owner, first.grant)
         flow = acquire_flow(
-            first,
+            first.attempt,
             name=self.name,
             mode=mode,
             owner=owner,
@@ -781,11 +452,11 @@ class RedlockRWLock:
         )
         return self._granted(mode, owner, self._drive(flow, mode, owner))
 
-    def _drive(self, flow: Generator[Step, Any, int], mode: Mode, owner: str) -> _Grant:
+    def _drive(self, flow: Generator[Step, Any, int], mode: Mode, owner: str) -> Grant:
         """Answer the acquire flow's steps: a try is one round on every master, the
         wake-ups come from any master."""
         waiter = _Waiter(self._masters, self.keys.released_channel)
-        grant: _Grant | None = None
+        grant: Grant | None = None
         try:
             step = next(flow)
             while True:
@@ -793,15 +464,15 @@ class RedlockRWLock:
                     reply: Any = None
                     if isinstance(step, TryAcquire):
                         waiter.clear()  # this round reads the state those wake-ups announced
-                        reply, grant, undone, split = self._round(mode, owner, queued=True)
-                        waiter.forget(undone)
-                        waiter.deaf_once = split
+                        result = self._round(mode, owner, queued=True)
+                        grant, reply = result.grant, result.attempt
+                        waiter.after_round(result)
                     elif isinstance(step, Subscribe):
                         reply = waiter.open(step.timeout)
                     elif isinstance(step, Wait):
                         reply = waiter.wait(step.seconds)
                     else:
-                        self._withdraw(owner)
+                        self._masters.run(self._withdraw_step(owner))
                 except BackendUnavailable as exc:
                     step = flow.throw(exc)
                 else:
@@ -815,101 +486,36 @@ class RedlockRWLock:
 
     def _try_once(self, mode: Mode, owner: str | None) -> RedlockHandle | None:
         owner = owner or thread_owner()
-        attempt, grant, _, _ = self._round(mode, owner, queued=False)
-        if attempt.upgrade:
+        result = self._round(mode, owner, queued=False)
+        if result.attempt.upgrade:
             raise LockUpgradeError(name=self.name, owner=owner)
-        return self._granted(mode, owner, grant) if grant is not None else None
+        return self._granted(mode, owner, result.grant) if result.grant is not None else None
 
-    def _round(
-        self, mode: Mode, owner: str, *, queued: bool
-    ) -> tuple[Attempt, _Grant | None, set[int], bool]:
-        """One attempt on every master: (the attempt for the flow, the grant if a
-        majority granted in time, the masters whose state this round changed back,
-        whether it was a split vote)."""
+    def _round(self, mode: Mode, owner: str, *, queued: bool) -> RoundResult:
+        """One attempt on every master (:func:`~cacheguard.locks.quorum.round_flow`)."""
         unanswered: list[int] = []
         try:
-            with _holdings.round(self.keys.lock, owner):
-                return self._round_in_flight(mode, owner, queued=queued, unanswered=unanswered)
+            with quorum.holdings.round(self.keys.lock, owner):
+                flow = self._round_flow(mode, owner, queued=queued, unanswered=unanswered)
+                result = self._masters.drive(flow)
         finally:
-            # Masters that may have run a call whose reply we never got: tidied
-            # once this round no longer counts on them.
+            # Masters that may have run a call whose reply we never got (also in a
+            # round cut short): tidied once this round no longer counts on them.
             if unanswered:
-                tidier = self._watchdog or default_redlock_watchdog()
+                tidier = self._tidier()
                 for i in sorted(set(unanswered)):
                     tidier.tidy(self._masters.masters[i], self.keys, owner, mode, self.lease)
+        if result.error is not None:
+            raise result.error
+        return result
 
-    def _round_in_flight(
-        self, mode: Mode, owner: str, *, queued: bool, unanswered: list[int]
-    ) -> tuple[Attempt, _Grant | None, set[int], bool]:
-        masters = self._masters
-        mark_ms = self._mark_ms if queued else 0
-        call = wire.acquire_call(self.keys, owner, mode, lease_ms=self.lease_ms, mark_ms=mark_ms)
-        start = self._timer()
-        replies = masters.fan_out(lambda m: m.call(*call))
-        outcome = tally_round(replies, mode=mode, queued=queued, describe=self._describe)
-        unanswered += outcome.unanswered
-        fenced = True
-        if outcome.has_majority(masters.quorum) and mode == "write":
-            fenced = self._fence(outcome, owner)
-        valid_until = start + self.lease - self.drift
-        verdict = settle_round(
-            outcome,
-            masters=len(masters),
-            quorum=masters.quorum,
-            fenced=fenced,
-            now=self._timer(),
-            valid_until=valid_until,
-        )
-        if verdict.granted:
-            epochs: list[int | None] = [outcome.granted.get(i) for i in range(len(masters))]
-            attempt = Attempt(granted=True, epoch=outcome.token)
-            return attempt, _Grant(epochs, outcome.token, valid_until), set(), False
-        undone = self._undo(outcome.granted, verdict.withdraw, owner, mode, unanswered)
-        if verdict.upgrade:
-            return Attempt(granted=False, upgrade=True), None, undone, verdict.split
-        if verdict.unreachable:
-            raise BackendUnavailable(no_majority_message(self.name, masters.quorum, outcome))
-        return Attempt(granted=False, retry_in=verdict.retry_in), None, undone, verdict.split
+    def _tidier(self) -> RedlockWatchdog:
+        """Who finishes releases and tidies masters: the lock's watchdog, else the process's."""
+        return self._watchdog if self._watchdog is not None else default_redlock_watchdog()
 
-    def _fence(self, outcome: Round, owner: str) -> bool:
-        """A writer granted by a majority: write its token back to every granting
-        master's counter (a majority must confirm); withdraw its marks elsewhere."""
-        raise_call: ScriptCall = (RAISE_FENCE, [self.keys.fence], [outcome.token])
-        calls = {i: raise_call for i in outcome.granted}
-        calls.update({i: wire.withdraw_call(self.keys, owner) for i in outcome.marked})
-        replies = self._masters.fan_out(lambda m: m.call(*calls[m.index]), calls)
-        raised = sum(not isinstance(replies[i], BaseException) for i in outcome.granted)
-        return raised >= self._masters.quorum
-
-    def _undo(
-        self,
-        granted: Mapping[int, int],
-        marked: Sequence[int],
-        owner: str,
-        mode: Mode,
-        unanswered: list[int],
-    ) -> set[int]:
-        """Release the grants and withdraw the marks of a round that failed; the
-        masters changed. A master that cannot be reached is tidied later."""
-        calls: dict[int, ScriptCall] = {
-            i: wire.release_call(self.keys, owner, mode, epoch) for i, epoch in granted.items()
-        }
-        for i in marked:
-            calls[i] = wire.withdraw_call(self.keys, owner)
-        replies = self._masters.fan_out(lambda m: m.call(*calls[m.index]), calls)
-        unanswered += [i for i in granted if isinstance(replies[i], REDIS_UNREACHABLE)]
-        return set(calls)
-
-    def _withdraw(self, owner: str) -> None:
-        """A writer gives up: remove its mark on every master (best effort: marks expire)."""
-        call = wire.withdraw_call(self.keys, owner)
-        self._masters.fan_out(lambda m: m.call(*call))
-
-    def _granted(self, mode: Mode, owner: str, grant: _Grant) -> RedlockHandle:
-        handle = RedlockHandle(
-            self, mode, owner, grant.token, grant.epochs, grant.valid_until, self._on_lost
-        )
-        _holdings.add(self.keys.lock, owner, handle._granted)
+    def _granted(self, mode: Mode, owner: str, grant: Grant) -> RedlockHandle:
+        handle = RedlockHandle(self, mode, owner, grant, self._on_lost, self.masters)
+        quorum.holdings.add(handle)
         if self._watchdog is not None:
             self._watchdog.watch(handle)
         return handle
@@ -931,20 +537,13 @@ class RedlockRWLock:
         # Stop renewing first, so no renewal can land after the release.
         last_renewed = self._watchdog.unwatch(handle) if self._watchdog is not None else None
         handle.released = True
-        _holdings.remove(self.keys.lock, handle.owner, handle._granted)
+        quorum.holdings.remove(handle)
         released, pending = _release_on(self._masters, handle)
         if pending:
-            (self._watchdog or default_redlock_watchdog()).retry_release(handle, last_renewed)
-        error = release_error(
-            released=released, pending=len(pending), quorum=self.quorum, lost=handle.lost
-        )
-        if error == "lost":
-            raise handle._lost_at_release()
-        if error == "unavailable":
-            raise BackendUnavailable(
-                f"released lock {self.name!r} on {released} of {len(self._masters)} masters; "
-                f"{len(pending)} did not answer and are retried in the background"
-            )
+            self._tidier().retry_release(handle, last_renewed)
+        failure = quorum.release_failure(handle, released, pending)
+        if failure is not None:
+            raise failure
 
     def renew(self, handle: RedlockHandle) -> bool:
         """Extend the lease on every master holding ``handle`` now (useful with
@@ -952,28 +551,13 @@ class RedlockRWLock:
         majority; :class:`BackendUnavailable` when too few masters answered to tell."""
         if handle.released or handle.lost:
             return False
-        verdict = _renew_on(self._masters, [handle])[0]
-        if isinstance(verdict, wire.Renewal):
+        lost = quorum.renewal_outcome(handle, _renew_on(self._masters, [handle])[0])
+        if lost is None:
             return True
-        if verdict == RETRY and handle.validity > 0:
-            raise BackendUnavailable(
-                f"no majority of the masters of lock {self.name!r} answered the renewal"
-            )
         if self._watchdog is not None:
             self._watchdog.unwatch(handle)
-        handle._mark_lost(
-            "no majority renewal within its validity" if verdict == RETRY else verdict
-        )
+        handle._mark_lost(lost)
         return False
-
-    def _describe(self, index: int) -> str:
-        return repr(self._masters.masters[index])
-
-    def __repr__(self) -> str:
-        return (
-            f"<RedlockRWLock {self.name!r} key={self.keys.lock!r} lease={self.lease}s "
-            f"on {len(self._masters)} masters, quorum {self.quorum}>"
-        )
 
 
 # -- renewal and release on the masters (shared by the lock and the watchdog) ---------------------
@@ -981,90 +565,23 @@ class RedlockRWLock:
 
 def _renew_on(masters: _Masters, handles: Sequence[RedlockHandle]) -> list[wire.Renewal | str]:
     """Renew ``handles`` on every master holding them, one pipelined round trip per
-    master, all masters at once. Per handle: the renewal (a majority renewed within
-    its validity; ``valid_until`` moved on), :data:`RETRY` (too few answered), or
-    why the handle is lost (too few masters still hold it). Masters answering that
-    the holding is gone are dropped from the handle."""
-    starts = [h.lock._timer() for h in handles]
-    calls: dict[int, list[tuple[int, ScriptCall]]] = {}
-    for n, h in enumerate(handles):
-        for i, epoch in enumerate(h.epochs):
-            if epoch is not None:
-                calls.setdefault(i, []).append(
-                    (n, wire.renew_call(h.keys, h.owner, epoch, h.lease_ms))
-                )
+    master, all masters at once (verdicts: :func:`~cacheguard.locks.quorum.settle_renewals`)."""
+    starts, calls = quorum.renewal_calls(handles)
     replies = masters.fan_out(lambda m: m.pipelined([c for _, c in calls[m.index]]), calls)
-    renewed = [0] * len(handles)
-    writer_waits = [False] * len(handles)
-    for i, batch in calls.items():
-        answers = replies[i]
-        if isinstance(answers, BaseException):
-            continue
-        for (n, _), answer in zip(batch, answers, strict=True):
-            if isinstance(answer, BaseException):
-                continue
-            renewal = wire.parse_renewal(answer)
-            if renewal is wire.Renewal.GONE:
-                handles[n].epochs[i] = None
-            else:
-                renewed[n] += 1
-                writer_waits[n] |= renewal is wire.Renewal.RENEWED_WRITER_WAITS
-    verdicts: list[wire.Renewal | str] = []
-    for n, h in enumerate(handles):
-        valid_until = starts[n] + h.lease - h.lock.drift
-        verdict = renewal_verdict(
-            renewed=renewed[n],
-            held=h.masters_held,
-            writer_waits=writer_waits[n],
-            quorum=masters.quorum,
-            masters=len(masters),
-            in_time=h.lock._timer() < valid_until,
-        )
-        if isinstance(verdict, wire.Renewal):
-            h.valid_until = valid_until
-        verdicts.append(verdict)
-    return verdicts
+    return quorum.settle_renewals(handles, starts, calls, replies)
 
 
 def _release_on(masters: _Masters, handle: RedlockHandle) -> tuple[int, list[int]]:
-    """Release ``handle`` on every master still holding it: (how many released it,
-    the masters that did not answer: they keep their epoch in ``handle.epochs``).
-    A master answering that the holding was gone counts for neither."""
-    held = {i: e for i, e in enumerate(handle.epochs) if e is not None}
-    replies = masters.fan_out(
-        lambda m: m.call(*wire.release_call(handle.keys, handle.owner, handle.mode, held[m.index])),
-        held,
-    )
-    released = 0
-    pending = []
-    for i, reply in replies.items():
-        if isinstance(reply, BaseException):
-            pending.append(i)
-            continue
-        handle.epochs[i] = None
-        released += wire.parse_release(reply)
-    return released, pending
+    """Release ``handle`` on every master still holding it (see ``settle_release``)."""
+    return quorum.settle_release(handle, masters.run(FanOut(quorum.release_calls(handle))))
 
 
 # -- the watchdog ----------------------------------------------------------------------------------
 
-
-@dataclass(eq=False)
-class _Tidy:
-    """A master that did not answer an acquire call, which may have run there."""
-
-    master: _Master
-    keys: ResourceKeys
-    owner: str
-    mode: Mode
-    due: float
-    give_up_at: float
-
-
 _all_watchdogs: weakref.WeakSet[RedlockWatchdog] = weakref.WeakSet()
 
 
-class RedlockWatchdog(LeaseBook[RedlockHandle]):
+class RedlockWatchdog(RedlockBook[RedlockHandle]):
     """Renews Redlock handles on their masters from one daemon thread (every
     ``lease / 3``; a majority must renew within the validity), finishes releases
     that failed on some masters, and tidies masters that did not answer an acquire
@@ -1079,7 +596,7 @@ class RedlockWatchdog(LeaseBook[RedlockHandle]):
     def _reset(self) -> None:
         self._cond = self._guard = threading.Condition(threading.Lock())
         self._entries = {}
-        self._tidies: dict[tuple[str, str, str, str], _Tidy] = {}
+        self._tidies = {}
         self._thread: threading.Thread | None = None
         self._wake_at = float("inf")
 
@@ -1087,17 +604,10 @@ class RedlockWatchdog(LeaseBook[RedlockHandle]):
         self, master: _Master, keys: ResourceKeys, owner: str, mode: Mode, lease: float
     ) -> None:
         """Tidy ``master`` after an acquire call of ``owner`` went unanswered."""
-        now = self._timer()
-        key = (master.address, keys.lock, owner, mode)
         with self._cond:
-            if key not in self._tidies:
-                self._tidies[key] = _Tidy(master, keys, owner, mode, now, now + lease)
+            self._add_tidy(master, keys, owner, mode, lease)
             self._start_locked()
             self._cond.notify()
-
-    def pending_tidies(self) -> int:
-        with self._cond:
-            return len(self._tidies)
 
     def _add(self, entry: _Entry[RedlockHandle]) -> None:
         with self._cond:
@@ -1119,12 +629,11 @@ class RedlockWatchdog(LeaseBook[RedlockHandle]):
                 while True:
                     now = self._timer()
                     due, soonest = self._due(now)
-                    tidies = [t for t in self._tidies.values() if t.due <= now]
+                    tidies = self._due_tidies(now)
                     if due or tidies:
                         self._wake_at = now
                         break
-                    soonest = min([soonest, *(t.due for t in self._tidies.values())])
-                    self._wake_at = soonest
+                    self._wake_at = soonest = min(soonest, self._next_tidy())
                     self._cond.wait(None if soonest == float("inf") else soonest - now)
             try:
                 if tidies:
@@ -1140,81 +649,30 @@ class RedlockWatchdog(LeaseBook[RedlockHandle]):
         for entries in self._batches(due):
             masters = entries[0].handle.client
             renewing = [e for e in entries if not e.releasing]
-            releasing = [e for e in entries if e.releasing]
             if renewing:
-                verdicts = _renew_on(masters, [e.handle for e in renewing])
-                for entry, verdict in zip(renewing, verdicts, strict=True):
-                    if isinstance(verdict, wire.Renewal):
-                        self._settle(entry, int(verdict), now)
-                    elif verdict == RETRY:
-                        self._after_error([entry])
-                    else:
-                        self._lose(entry, verdict)
-            for entry in releasing:
-                _, pending = _release_on(masters, entry.handle)
-                if pending:
-                    self._after_error([entry])
-                else:
-                    self._forget(entry)
+                self._settle_renewals(
+                    renewing, _renew_on(masters, [e.handle for e in renewing]), now
+                )
+            for entry in (e for e in entries if e.releasing):
+                self._settle_release(entry, _release_on(masters, entry.handle)[1])
 
-    def _after_error(self, entries: list[_Entry[RedlockHandle]]) -> None:
-        now = self._timer()
-        for entry in entries:
-            handle = entry.handle
-            if entry.releasing:
-                if now - entry.last_renewed >= handle.lease:
-                    self._forget(entry)  # expired by now anyway: nothing left to release
-                    continue
-            elif handle.validity <= 0:
-                self._lose(entry, "no majority renewed it within its validity")
-                continue
-            entry.due = now + min(_RETRY_AFTER_ERROR, handle.lease / 3)
-
-    def _tidy_now(self, tidies: list[_Tidy]) -> None:
-        by_master: dict[str, list[_Tidy]] = {}
-        for t in tidies:
-            by_master.setdefault(t.master.address, []).append(t)
-        groups = list(by_master.values())
+    def _tidy_now(self, tidies: list[Tidy]) -> None:
+        groups = quorum.group_by_master(tidies)
         results = _at_once([functools.partial(_tidy_on, g[0].master, g) for g in groups])
-        done = {id(t) for result in results if isinstance(result, list) for t in result}
-        now = self._timer()
-        with self._cond:
-            for t in tidies:
-                if id(t) in done or now >= t.give_up_at:
-                    self._tidies.pop((t.master.address, t.keys.lock, t.owner, t.mode), None)
-                else:
-                    t.due = now + _RETRY_AFTER_ERROR
+        self._tidies_done(tidies, [t for r in results if isinstance(r, list) for t in r])
 
 
-def _tidy_on(master: _Master, tidies: list[_Tidy]) -> list[_Tidy]:
+def _tidy_on(master: _Master, tidies: list[Tidy]) -> list[Tidy]:
     """Look up the owners' epochs on ``master`` and release each holding that no live
-    handle of this process counts on. Returns the tidy-ups that are done."""
+    handle of this process counts on (:func:`~cacheguard.locks.quorum.tidy_plan`).
+    Returns the tidy-ups that are done."""
     pipe = master.client.pipeline(transaction=False)
     for t in tidies:
         pipe.hget(t.keys.lock, f"g:{t.owner}")
-    epochs = pipe.execute(raise_on_error=False)
-    done: list[_Tidy] = []
-    releases: list[tuple[_Tidy, ScriptCall]] = []
-    for t, raw in zip(tidies, epochs, strict=True):
-        if isinstance(raw, BaseException):
-            continue
-        if raw is None:
-            done.append(t)  # nothing of this owner's there
-        elif _holdings.acquiring(t.keys.lock, t.owner):
-            continue  # its round may be counting on that holding: look again later
-        elif _holdings.counts_on(t.keys.lock, t.owner, master.address, int(raw)):
-            # A live handle holds that epoch there: an extra hold, if one landed,
-            # cannot be told apart; it ends with the owner's lease on that master.
-            done.append(t)
-        else:
-            releases.append((t, wire.release_call(t.keys, t.owner, t.mode, int(raw))))
+    done, releases = quorum.tidy_plan(tidies, pipe.execute(raise_on_error=False), master.address)
     if releases:
         answers = master.pipelined([call for _, call in releases])
-        done += [
-            t
-            for (t, _), a in zip(releases, answers, strict=True)
-            if not isinstance(a, BaseException)
-        ]
+        done += quorum.tidies_released(releases, answers)
     return done
 
 
@@ -1232,13 +690,13 @@ def default_redlock_watchdog() -> RedlockWatchdog:
 
 
 def _reset_after_fork() -> None:
-    global _default_mutex, _pool, _pool_mutex, _derived_mutex, _holdings
+    global _default_mutex, _pool, _pool_mutex, _derived_mutex
     # Parent threads do not exist in the child; their locks may be held for ever.
     _default_mutex = threading.Lock()
     _pool_mutex = threading.Lock()
     _derived_mutex = threading.Lock()
     _pool = None
-    _holdings = _Holdings()  # the child holds nothing
+    quorum.reset_holdings_after_fork()
     for dog in list(_all_watchdogs):
         dog._reset()
 

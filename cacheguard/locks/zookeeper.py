@@ -66,8 +66,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 from urllib.parse import quote
@@ -87,13 +87,12 @@ from cacheguard.backoff import Backoff
 from cacheguard.checks import check_positive
 from cacheguard.exceptions import (
     BackendUnavailable,
-    LockLostError,
     LockTimeout,
     LockUpgradeError,
 )
 from cacheguard.keys import check_namespace
 from cacheguard.locks.protocol import Mode
-from cacheguard.locks.redis_rwlock import HandleState, release_on_exit
+from cacheguard.locks.shape import RWLockShape, ThreadedHandle
 
 __all__ = ["ZooKeeperLockHandle", "ZooKeeperRWLock"]
 
@@ -106,7 +105,7 @@ _NODE: Final = re.compile(r"^(?P<guid>[0-9a-f]{32})-(?P<mode>read|write)-(?P<seq
 _DISCONNECTED: Final = (ConnectionLoss, SessionExpiredError)
 
 
-class ZooKeeperLockHandle(HandleState):
+class ZooKeeperLockHandle(ThreadedHandle):
     """One acquisition of a :class:`ZooKeeperRWLock`.
 
     ``token`` is the czxid of the holding's znode: for write holds it is strictly
@@ -115,7 +114,15 @@ class ZooKeeperLockHandle(HandleState):
     ``lost_reason`` says which.
     """
 
-    __slots__ = ("_holding", "lock")
+    __slots__ = ("_holding",)
+
+    gone_at_release = "its znode was gone"
+    after_loss = (
+        "its znode went (or goes once the connection is back) with the holding, "
+        "and whoever holds the lock now was left alone"
+    )
+
+    lock: ZooKeeperRWLock
 
     def __init__(
         self,
@@ -128,43 +135,6 @@ class ZooKeeperLockHandle(HandleState):
         super().__init__(mode, owner, holding.token, on_lost)
         self.lock = lock
         self._holding = holding
-
-    @property
-    def lock_name(self) -> str:
-        return self.lock.name
-
-    def release(self) -> None:
-        self.lock.release(self)
-
-    def _start_on_lost(self) -> None:
-        # Off kazoo's connection thread, which must not block.
-        threading.Thread(target=self._run_on_lost, name="cacheguard-on-lost", daemon=True).start()
-
-    def _run_on_lost(self) -> None:
-        assert self._on_lost is not None
-        try:
-            self._on_lost(self)
-        except Exception:
-            log.exception("on_lost callback of lock %r failed", self.lock.name)
-
-    def _lost_at_release(self) -> LockLostError:
-        self.lost = True
-        self.lost_reason = self.lost_reason or "its znode was gone"
-        return LockLostError(
-            f"the {self.mode} lock {self.lock.name!r} (token {self.token}) was lost before "
-            f"release: {self.lost_reason}; its znode went (or goes once the connection is "
-            "back) with the holding, and whoever holds the lock now was left alone",
-            name=self.lock.name,
-            owner=self.owner,
-            mode=self.mode,
-        )
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost else "released" if self.released else "held"
-        return (
-            f"<ZooKeeperLockHandle {self.mode} {self.lock.name!r} token={self.token} "
-            f"owner={self.owner} {state}>"
-        )
 
 
 @dataclass(eq=False)
@@ -298,7 +268,7 @@ class _Expired(Exception):
     """A request outlived the acquisition's deadline."""
 
 
-class ZooKeeperRWLock:
+class ZooKeeperRWLock(RWLockShape[ZooKeeperLockHandle]):
     """A read-write lock shared by every thread of every process using one ZooKeeper.
 
     ``client``: a started ``kazoo.client.KazooClient``; its session timeout decides
@@ -338,47 +308,17 @@ class ZooKeeperRWLock:
 
     # -- acquiring ---------------------------------------------------------------------
 
-    def acquire_read(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> ZooKeeperLockHandle:
-        """Block until the read lock is ours (or :class:`LockTimeout`)."""
-        handle = self._acquire("read", timeout, owner, blocking=True)
-        assert handle is not None
-        return handle
-
-    def acquire_write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> ZooKeeperLockHandle:
-        """Block until the write lock is ours; a read holder gets :class:`LockUpgradeError`."""
-        handle = self._acquire("write", timeout, owner, blocking=True)
-        assert handle is not None
-        return handle
-
-    def try_acquire_read(self, *, owner: str | None = None) -> ZooKeeperLockHandle | None:
+    def _try_once(self, mode: Mode, owner: str | None) -> ZooKeeperLockHandle | None:
         """One look, no waiting: the handle, or ``None`` if the lock is busy (nothing
         is left in the queue)."""
-        return self._acquire("read", None, owner, blocking=False)
+        return self._acquire_or_none(mode, None, owner, blocking=False)
 
-    def try_acquire_write(self, *, owner: str | None = None) -> ZooKeeperLockHandle | None:
-        return self._acquire("write", None, owner, blocking=False)
+    def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> ZooKeeperLockHandle:
+        handle = self._acquire_or_none(mode, timeout, owner, blocking=True)
+        assert handle is not None
+        return handle
 
-    @contextmanager
-    def read(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> Iterator[ZooKeeperLockHandle]:
-        handle = self.acquire_read(timeout, owner=owner)
-        with release_on_exit(handle.release):
-            yield handle
-
-    @contextmanager
-    def write(
-        self, timeout: float | None = None, *, owner: str | None = None
-    ) -> Iterator[ZooKeeperLockHandle]:
-        handle = self.acquire_write(timeout, owner=owner)
-        with release_on_exit(handle.release):
-            yield handle
-
-    def _acquire(
+    def _acquire_or_none(
         self, mode: Mode, timeout: float | None, owner: str | None, *, blocking: bool
     ) -> ZooKeeperLockHandle | None:
         owner = owner or thread_owner()

@@ -1,4 +1,4 @@
-"""bench/lock_stores.py end to end, small: every store is measured, the request
+"""bench/locks.py end to end, small: every store is measured, the request
 counters count (two bare requests read as two round trips), and a store that
 cannot be set up is reported in its rows rather than ending the run. Timings are
 printed by the benchmark, never asserted here."""
@@ -25,7 +25,7 @@ RUN_TIMEOUT = 150
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "bench/lock_stores.py", *args],
+        [sys.executable, "bench/locks.py", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -45,7 +45,7 @@ def _rows(output: str, header: str) -> list[list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
-def test_lock_stores_bench_measures_every_store(tmp_path: Path) -> None:
+def test_locks_bench_measures_every_store(tmp_path: Path) -> None:
     report = tmp_path / "bench.md"
     report.write_text("# Benchmarks\n")
     run = _run(
@@ -85,12 +85,12 @@ def test_lock_stores_bench_measures_every_store(tmp_path: Path) -> None:
         assert re.fullmatch(r"\d+\.\d\d", row[2]), row
 
     written = report.read_text()
-    assert "<!-- bench/lock_stores.py:begin -->" in written
-    assert "<!-- bench/lock_stores.py:end -->" in written
+    assert "<!-- bench/locks.py:begin -->" in written
+    assert "<!-- bench/locks.py:end -->" in written
 
 
 @pytest.mark.timeout(60)
-def test_lock_stores_bench_reports_a_store_it_cannot_reach() -> None:
+def test_locks_bench_reports_a_store_it_cannot_reach() -> None:
     # Port 1 on loopback: refused at once.
     run = _run(
         "--cycles", "100", "--handoffs", "1", "--stores", "postgres",
