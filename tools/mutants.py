@@ -729,24 +729,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "aio-watchdog-close-stops-its-task",
-        "a closed asyncio watchdog's task stops even when a round trip swallowed the "
-        "cancellation (no renewing for ever, no loop that cannot close)",
+        "a closed asyncio watchdog's task (the lease watchdog's and Redlock's) stops even when "
+        "a round trip swallowed the cancellation: no renewing for ever, aclose returns",
         "cacheguard/aio/watchdog.py",
         "            while number == self._run_number:\n",
         "            while True:\n",
         (
             "tests/test_aio_locks.py::"
             "test_a_closed_watchdog_stops_even_if_its_round_trip_swallows_the_cancel",
-        ),
-    ),
-    Mutant(
-        "redlock-async-watchdog-close-stops-its-task",
-        "a closed asyncio Redlock watchdog's task stops even when a round trip swallowed the "
-        "cancellation (aclose returns)",
-        "cacheguard/aio/redlock.py",
-        "            while number == self._run_number:\n",
-        "            while True:\n",
-        (
             "tests/test_aio_locks.py::"
             "test_a_closed_redlock_watchdog_stops_even_if_its_round_trip_swallows_the_cancel",
         ),

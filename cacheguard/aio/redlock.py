@@ -44,6 +44,7 @@ from cacheguard.aio._loop import LoopBinding
 from cacheguard.aio.notifier import AsyncNotifier, AsyncSubscription, async_notifier_for
 from cacheguard.aio.rwlock import task_owner
 from cacheguard.aio.shape import AsyncRWLockShape, LoopHandle
+from cacheguard.aio.watchdog import LoopTask
 from cacheguard.backoff import Backoff
 from cacheguard.checks import check_positive
 from cacheguard.exceptions import LockUpgradeError
@@ -143,7 +144,7 @@ async def _caught(call: Callable[[], Awaitable[T]]) -> T | BaseException:
 class _Masters:
     def __init__(self, masters: tuple[_Master, ...]) -> None:
         self.masters = masters
-        self.quorum = len(masters) // 2 + 1
+        self.quorum = quorum.majority(len(masters))
 
     def __len__(self) -> int:
         return len(self.masters)
@@ -411,10 +412,7 @@ class AsyncRedlockRWLock(RedlockCommon, AsyncRWLockShape[AsyncRedlockHandle]):
                 flow = self._round_flow(mode, owner, queued=queued, unanswered=unanswered)
                 return await self._masters.drive(flow)
         finally:
-            if unanswered:  # (also in a round cut short)
-                tidier = self._tidier()
-                for i in sorted(set(unanswered)):
-                    tidier.tidy(self._masters.masters[i], self.keys, owner, mode, self.lease)
+            self._tidy_later(unanswered, owner, mode)
 
     def _granted(self, mode: Mode, owner: str, grant: Grant) -> AsyncRedlockHandle:
         handle = AsyncRedlockHandle(self, mode, owner, grant, self._on_lost, self.masters)
@@ -518,19 +516,18 @@ async def _release_on(masters: _Masters, handle: AsyncRedlockHandle) -> tuple[in
 # -- the watchdog ----------------------------------------------------------------------------------
 
 
-class AsyncRedlockWatchdog(RedlockBook[AsyncRedlockHandle]):
+_RedlockWork = tuple[list[Tidy], list[_Entry[AsyncRedlockHandle]]]
+
+
+class AsyncRedlockWatchdog(RedlockBook[AsyncRedlockHandle], LoopTask[_RedlockWork]):
     """The sync ``RedlockWatchdog`` as one task per event loop: renewals on a
     majority, unfinished releases, tidy-ups of masters that did not answer."""
 
     def __init__(self, *, timer: Callable[[], float] = time.monotonic) -> None:
         super().__init__(timer=timer)
         self._guard = contextlib.nullcontext()
-        self._binding = LoopBinding("this AsyncRedlockWatchdog")
         self._tidies = {}
-        self._task: asyncio.Task[None] | None = None
-        self._run_number = 0  # which task is the current one (see AsyncWatchdog._run)
-        self._wake: asyncio.Event | None = None
-        self._wake_at = float("inf")
+        self._init_loop_task("this AsyncRedlockWatchdog")
 
     def tidy(
         self, master: _Master, keys: ResourceKeys, owner: str, mode: Mode, lease: float
@@ -542,70 +539,32 @@ class AsyncRedlockWatchdog(RedlockBook[AsyncRedlockHandle]):
         self._entries[id(entry.handle)] = entry
         self._poke(entry.due)
 
-    def _poke(self, due: float) -> None:
-        loop = self._binding.check()
-        if self._task is None or self._task.done():
-            self._wake = asyncio.Event()
-            self._run_number += 1
-            self._task = loop.create_task(
-                self._run(self._run_number), name="cacheguard-redlock-watchdog"
-            )
-        elif due < self._wake_at and self._wake is not None:
-            self._wake.set()
-
     def unwatch(self, handle: AsyncRedlockHandle) -> float | None:
         last_renewed = super().unwatch(handle)
         if not self._entries and self._wake is not None:
             self._wake.set()  # nothing left to renew: the task may end now
         return last_renewed
 
-    def close(self) -> None:
-        """Stop the task (what is watched stays; the next watch or tidy-up restarts it)."""
-        task, self._task = self._task, None
-        self._run_number += 1
-        self._wake_at = float("inf")
-        if task is not None:
-            task.cancel()
+    def _task_name(self) -> str:
+        return "cacheguard-redlock-watchdog"
 
-    async def aclose(self) -> None:
-        """:meth:`close`, then wait until the task has ended."""
-        task = self._task
-        self.close()
-        if task is not None and not task.done():
-            await asyncio.wait({task})
+    def _due_work(self, now: float) -> tuple[_RedlockWork | None, float]:
+        due, soonest = self._due(now)
+        tidies = self._due_tidies(now)
+        if due or tidies:
+            return (tidies, due), now
+        return None, min(soonest, self._next_tidy())
 
-    async def _run(self, number: int) -> None:
-        wake = self._wake
-        assert wake is not None
-        try:
-            # A cancellation swallowed inside a client's round trip must not keep a
-            # closed watchdog's task going (see cacheguard.aio.watchdog).
-            while number == self._run_number:
-                now = self._timer()
-                due, soonest = self._due(now)
-                tidies = self._due_tidies(now)
-                if not due and not tidies:
-                    soonest = min(soonest, self._next_tidy())
-                    if soonest == float("inf"):
-                        return  # nothing to do: the next watch or tidy starts a new task
-                    self._wake_at = soonest
-                    wake.clear()
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(wake.wait(), soonest - now)
-                    continue
-                self._wake_at = now
-                try:
-                    if tidies:
-                        await self._tidy_now(tidies)
-                    if due:
-                        await self._work(due)
-                except Exception:
-                    log.exception("unexpected error while renewing Redlock leases")
-                    self._after_error(due)
-        finally:
-            if number == self._run_number:
-                self._task = None
-                self._wake_at = float("inf")
+    async def _do(self, work: _RedlockWork) -> None:
+        tidies, due = work
+        if tidies:
+            await self._tidy_now(tidies)
+        if due:
+            await self._work(due)
+
+    def _failed(self, work: _RedlockWork) -> None:
+        log.exception("unexpected error while renewing Redlock leases")
+        self._after_error(work[1])
 
     async def _work(self, due: list[_Entry[AsyncRedlockHandle]]) -> None:
         now = self._timer()

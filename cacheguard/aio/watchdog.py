@@ -21,7 +21,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from cacheguard._identity import on_fork_in_child
 from cacheguard.aio._loop import LoopBinding
@@ -33,40 +33,57 @@ from cacheguard.locks.watchdog import LeaseBook, _Entry
 if TYPE_CHECKING:
     from cacheguard.aio.rwlock import AsyncLockHandle
 
-__all__ = ["AsyncWatchdog", "default_async_watchdog"]
+__all__ = ["AsyncWatchdog", "LoopTask", "default_async_watchdog"]
 
 log = logging.getLogger("cacheguard.watchdog")
 
 
-class AsyncWatchdog(LeaseBook["AsyncLockHandle"]):
-    """Renews the leases of watched handles from one task on one event loop."""
+W = TypeVar("W")
 
-    def __init__(self, *, timer: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(timer=timer)
-        self._guard = contextlib.nullcontext()  # one loop: nothing runs in between
-        self._binding = LoopBinding("this AsyncWatchdog")
+
+class LoopTask(Generic[W]):
+    """The one task an asyncio watchdog runs on its event loop (shared by
+    :class:`AsyncWatchdog` and the asyncio Redlock watchdog).
+
+    :meth:`_poke` starts it, or wakes it when something is due sooner than it
+    planned; it does what :meth:`_due_work` finds due, sleeps until the next due
+    time, and ends when nothing is left (the next poke starts a new one) or at
+    :meth:`close`. Subclasses say what is due (``_due_work``), do it (``_do``) and
+    handle an unexpected error (``_failed``).
+    """
+
+    _timer: Callable[[], float]
+
+    def _init_loop_task(self, what: str) -> None:
+        self._binding = LoopBinding(what)
         self._task: asyncio.Task[None] | None = None
         self._run_number = 0  # which task is the current one (see _run)
         self._wake: asyncio.Event | None = None
         self._wake_at = float("inf")  # when the task plans to wake next
 
-    def _add(self, entry: _Entry[AsyncLockHandle]) -> None:
+    def _poke(self, due: float) -> None:
         loop = self._binding.check()
-        self._entries[id(entry.handle)] = entry
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
             self._run_number += 1
-            self._task = loop.create_task(self._run(self._run_number), name="cacheguard-watchdog")
-        elif entry.due < self._wake_at and self._wake is not None:
+            self._task = loop.create_task(self._run(self._run_number), name=self._task_name())
+        elif due < self._wake_at and self._wake is not None:
             self._wake.set()
 
     def close(self) -> None:
-        """Stop the renewal task (the handles stay watched; the next watch restarts it)."""
+        """Stop the task (what is watched stays; the next watch restarts it)."""
         task, self._task = self._task, None
         self._run_number += 1
         self._wake_at = float("inf")
         if task is not None:
             task.cancel()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, then wait until the task has ended."""
+        task = self._task
+        self.close()
+        if task is not None and not task.done():
+            await asyncio.wait({task})
 
     async def _run(self, number: int) -> None:
         wake = self._wake
@@ -78,10 +95,10 @@ class AsyncWatchdog(LeaseBook["AsyncLockHandle"]):
             # object: an eager task factory runs this before create_task returns.
             while number == self._run_number:
                 now = self._timer()
-                due, soonest = self._due(now)
-                if not due:
+                work, soonest = self._due_work(now)
+                if work is None:
                     if soonest == float("inf"):
-                        return  # nothing watched: the next watch starts a new task
+                        return  # nothing to do: the next poke starts a new task
                     self._wake_at = soonest
                     wake.clear()
                     with contextlib.suppress(asyncio.TimeoutError):
@@ -89,14 +106,54 @@ class AsyncWatchdog(LeaseBook["AsyncLockHandle"]):
                     continue
                 self._wake_at = now
                 try:
-                    await self._work(due)
+                    await self._do(work)
                 except Exception:  # keep renewing the others whatever one batch did
-                    log.exception("unexpected error while renewing leases")
-                    self._after_error(due)
+                    self._failed(work)
         finally:
             if number == self._run_number:
                 self._task = None
                 self._wake_at = float("inf")
+
+    def _task_name(self) -> str:
+        raise NotImplementedError
+
+    def _due_work(self, now: float) -> tuple[W | None, float]:
+        """(what is due at ``now``, or None; when the soonest is due: ``inf`` if nothing)."""
+        raise NotImplementedError
+
+    async def _do(self, work: W) -> None:
+        raise NotImplementedError
+
+    def _failed(self, work: W) -> None:
+        raise NotImplementedError
+
+
+class AsyncWatchdog(LeaseBook["AsyncLockHandle"], LoopTask[list[_Entry["AsyncLockHandle"]]]):
+    """Renews the leases of watched handles from one task on one event loop."""
+
+    def __init__(self, *, timer: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(timer=timer)
+        self._guard = contextlib.nullcontext()  # one loop: nothing runs in between
+        self._init_loop_task("this AsyncWatchdog")
+
+    def _add(self, entry: _Entry[AsyncLockHandle]) -> None:
+        self._binding.check()
+        self._entries[id(entry.handle)] = entry
+        self._poke(entry.due)
+
+    def _task_name(self) -> str:
+        return "cacheguard-watchdog"
+
+    def _due_work(self, now: float) -> tuple[list[_Entry[AsyncLockHandle]] | None, float]:
+        due, soonest = self._due(now)
+        return due or None, soonest
+
+    async def _do(self, work: list[_Entry[AsyncLockHandle]]) -> None:
+        await self._work(work)
+
+    def _failed(self, work: list[_Entry[AsyncLockHandle]]) -> None:
+        log.exception("unexpected error while renewing leases")
+        self._after_error(work)
 
     async def _work(self, due: list[_Entry[AsyncLockHandle]]) -> None:
         for entries in self._batches(due):

@@ -53,6 +53,7 @@ __all__ = [
     "RoundResult",
     "RoundVerdict",
     "Tidy",
+    "majority",
     "master_connection_kwargs",
     "no_majority_message",
     "redlock_settings",
@@ -177,13 +178,12 @@ def master_address(settings: Mapping[str, Any]) -> str:
     return str(settings.get("path") or f"{settings.get('host')}:{settings.get('port')}")
 
 
-def check_master_list(clients: object, kind: str, client_kind: str) -> Sequence[object]:
+def check_master_list(clients: object, kind: str, client_kind: str) -> None:
     """``clients`` is a non-empty sequence (of ``client_kind``, checked one by one later)."""
     if isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence):
         raise TypeError(f"{kind} takes a sequence of {client_kind} clients")
     if not clients:
         raise ValueError(f"{kind} needs at least one master")
-    return clients
 
 
 def check_independent(addresses: Sequence[str]) -> None:
@@ -193,6 +193,11 @@ def check_independent(addresses: Sequence[str]) -> None:
             f"the masters of a Redlock must be independent servers; given more than once: "
             f"{', '.join(repeated)}"
         )
+
+
+def majority(masters: int) -> int:
+    """How many of ``masters`` make a quorum: ``masters // 2 + 1``."""
+    return masters // 2 + 1
 
 
 # -- one round: what the masters answered and what it means ----------------------------------------
@@ -349,7 +354,7 @@ def round_flow(
     ``unanswered`` as the round goes (the driver's list: a round cut short still
     names them), for the driver to have them tidied.
     """
-    quorum = masters // 2 + 1
+    quorum = majority(masters)
     queued = mark_ms > 0
     call = wire.acquire_call(keys, owner, mode, lease_ms=lease_ms, mark_ms=mark_ms)
     start = timer()
@@ -496,7 +501,7 @@ def settle_renewals(
             renewed=renewed[n],
             held=h.masters_held,
             writer_waits=writer_waits[n],
-            quorum=masters // 2 + 1,
+            quorum=majority(masters),
             masters=masters,
             in_time=h.lock._timer() < valid_until,
         )
@@ -550,7 +555,7 @@ def release_failure(
     or it was lost before), or unavailable (too few masters answered to tell)."""
     masters = len(handle.epochs)
     error = release_error(
-        released=released, pending=len(pending), quorum=masters // 2 + 1, lost=handle.lost
+        released=released, pending=len(pending), quorum=majority(masters), lost=handle.lost
     )
     if error == "lost":
         return handle._lost_at_release()
@@ -584,7 +589,7 @@ class RedlockCommon:
         self.drift = settings.drift
         self._mark_ms = settings.mark_ms
         self._masters = masters
-        self.quorum: int = len(masters) // 2 + 1
+        self.quorum = majority(len(masters))
         self._on_lost = on_lost
         self._backoff = backoff
         self._timer = timer
@@ -611,6 +616,18 @@ class RedlockCommon:
             describe=self._describe,
             unanswered=unanswered,
         )
+
+    def _tidy_later(self, unanswered: list[int], owner: str, mode: Mode) -> None:
+        """Masters that may have run a call of a round whose reply never came (also a
+        round cut short): the watchdog tidies them once the round no longer counts on
+        them."""
+        if unanswered:
+            tidier = self._tidier()
+            for i in sorted(set(unanswered)):
+                tidier.tidy(self._masters.masters[i], self.keys, owner, mode, self.lease)
+
+    def _tidier(self) -> Any:
+        raise NotImplementedError
 
     def _withdraw_step(self, owner: str) -> FanOut:
         return FanOut(withdraw_calls(self.keys, owner, len(self._masters)))

@@ -228,7 +228,7 @@ class _Masters:
 
     def __init__(self, masters: tuple[_Master, ...]) -> None:
         self.masters = masters
-        self.quorum = len(masters) // 2 + 1
+        self.quorum = quorum.majority(len(masters))
 
     def __len__(self) -> int:
         return len(self.masters)
@@ -499,12 +499,7 @@ class RedlockRWLock(RedlockCommon, RWLockShape[RedlockHandle]):
                 flow = self._round_flow(mode, owner, queued=queued, unanswered=unanswered)
                 result = self._masters.drive(flow)
         finally:
-            # Masters that may have run a call whose reply we never got (also in a
-            # round cut short): tidied once this round no longer counts on them.
-            if unanswered:
-                tidier = self._tidier()
-                for i in sorted(set(unanswered)):
-                    tidier.tidy(self._masters.masters[i], self.keys, owner, mode, self.lease)
+            self._tidy_later(unanswered, owner, mode)
         if result.error is not None:
             raise result.error
         return result
