@@ -48,7 +48,7 @@ from cacheguard.integrations.dogpile import (
     CacheGuardMutex,
 )
 from cacheguard.keys import ResourceKeys, watermark_key
-from cacheguard.locks import LockFactory, RedisRWLock
+from cacheguard.locks import Holder, LockFactory, RedisRWLock
 from tests.helpers import client_for, subscribers, wait_until
 from tests.procs import CTX, result_within, run_processes, start_process_reporting
 
@@ -862,14 +862,15 @@ def test_a_write_hold_for_a_holder_id_is_released_from_another_thread(
 ) -> None:
     factory = LockFactory(client, namespace=namespace, lease=5, timeout=5)
     lock = factory.rwlock("k")
-    handle = lock.acquire_write(5, holder=-1)
+    h1 = Holder()
+    handle = lock.acquire_write(5, holder=h1)
     assert not lock.local.is_write_held_by_me()  # the hold is not this thread's
     with pytest.raises(LockTimeout):  # so this thread does not re-enter it
         lock.acquire_write(0.2)
     assert lock.try_acquire_write() is None
-    assert lock.try_acquire_write(holder=-1) is handle  # the holder id re-enters
-    lock.release_write(holder=-1)
-    released = threading.Thread(target=lambda: lock.release_write(holder=-1))
+    assert lock.try_acquire_write(holder=h1) is handle  # the holder id re-enters
+    lock.release_write(holder=h1)
+    released = threading.Thread(target=lambda: lock.release_write(holder=h1))
     released.start()
     released.join(10)
     assert lock.local.is_free()
@@ -881,24 +882,26 @@ def test_try_acquire_write_leaves_no_waiting_mark(
 ) -> None:
     here = LockFactory(client, namespace=namespace).rwlock("k")
     elsewhere = LockFactory(other_client, namespace=namespace).rwlock("k")
+    h2 = Holder()
     with elsewhere.write(5):
-        assert here.try_acquire_write(holder=-2) is None
+        assert here.try_acquire_write(holder=h2) is None
         assert waiting_marks(client, namespace, "k") == 0
         assert here.local.is_free()
-    handle = here.try_acquire_write(holder=-2)
+    handle = here.try_acquire_write(holder=h2)
     assert handle is not None
-    here.release_write(holder=-2)
+    here.release_write(holder=h2)
 
 
 def test_a_reading_thread_asking_for_a_holder_ids_write_is_refused(
     client: redis.Redis, namespace: str
 ) -> None:
     lock = LockFactory(client, namespace=namespace).rwlock("k")
+    h3 = Holder()
     with lock.read(5):
         with pytest.raises(LockUpgradeError):
-            lock.acquire_write(5, holder=-3)  # it would wait for this very thread
+            lock.acquire_write(5, holder=h3)  # it would wait for this very thread
         with pytest.raises(LockUpgradeError):
-            lock.try_acquire_write(holder=-3)
+            lock.try_acquire_write(holder=h3)
 
 
 # -- the deployments its URLs name ---------------------------------------------------------------

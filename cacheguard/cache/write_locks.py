@@ -17,8 +17,8 @@ the old rows. What fills no longer do is wait for a write in progress: they load
 from the database as it is (see docs/design.md, "Write locks from another store").
 
 The adapters give a store's lock the two calls the write path makes
-(``acquire_write(timeout)`` in the entering thread or task, ``release_write(holder=)``
-possibly from another one), keeping the store's handles per holder.
+(``acquire_write(timeout, holder=)`` in the entering thread or task,
+``release_write(holder=)`` possibly from another one), keeping the store's handles per holder.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from cacheguard._identity import ambient_holder
 
 __all__ = ["AsyncStoreWriteLock", "StoreWriteLock", "WriteLockStore", "checked_store"]
 
@@ -102,4 +104,4 @@ def checked_store(store: WriteLockStore | None) -> WriteLockStore | None:
 
 
 def _holder(holder: Any) -> Any:
-    return threading.get_ident() if holder is None else holder
+    return ambient_holder() if holder is None else holder

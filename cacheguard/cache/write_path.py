@@ -84,13 +84,15 @@ class AcquireWrite:
 
     lock: Any
     timeout: float | None
+    holder: Any = None  # whom the hold is for (sync: a Holder; asyncio: the task's)
 
 
 @dataclass(frozen=True, slots=True)
 class ReleaseWrites:
-    """Step: release ``locks``' write holds taken by ``holder`` (the thread or task
-    that entered), last first, each even if another fails. Runs to its end even
-    when the caller is cancelled meanwhile. Answer: None."""
+    """Step: release ``locks``' write holds taken by ``holder`` (the sync guard's
+    :class:`~cacheguard._identity.Holder`, or the task that entered), last first,
+    each even if another fails. Runs to its end even when the caller is cancelled
+    meanwhile. Answer: None."""
 
     locks: tuple[Any, ...]
     holder: Any
@@ -112,8 +114,9 @@ class WritePath(ReadPath):
     def _write_flow(
         self, names: Iterable[str], timeout: float | None, holder: Any
     ) -> Generator[WriteStep, Any, None]:
-        """``write``: ``holder`` is the thread or task entering (the exit may run in
-        another one: ASGI servers run a sync dependency's enter and exit in two)."""
+        """``write``: ``holder`` is whom the holds are for (the exit may run in another
+        thread than the enter: ASGI servers run a sync dependency's enter and exit in
+        two worker threads, so the holds are the holder's, not a thread's)."""
         ordered = sorted(set(names))
         if not ordered:
             raise ValueError("write() needs at least one key name")
@@ -127,7 +130,7 @@ class WritePath(ReadPath):
             for name in ordered:
                 lock = self.write_lock(name)
                 try:
-                    yield AcquireWrite(lock, timeout)
+                    yield AcquireWrite(lock, timeout, holder)
                 except BackendUnavailable as exc:  # the lock layer's: count it here too
                     self._backend_failed(name, client_error(exc))
                     raise

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import logging
 import threading
 import time
@@ -72,7 +71,7 @@ from dogpile.cache.api import (
 )
 from dogpile.cache.exception import ValidationError
 
-from cacheguard._identity import on_fork_in_child
+from cacheguard._identity import Holder, on_fork_in_child
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.settings import client_options
 from cacheguard.checks import MAX_SECONDS, check_positive
@@ -349,7 +348,6 @@ class CacheGuardMutex(CacheMutex):
         return f"<CacheGuardMutex {self._gate.lock.name!r}>"
 
 
-_holder_ids = itertools.count(1)
 _gates: weakref.WeakSet[_KeyGate] = weakref.WeakSet()
 
 
@@ -382,7 +380,7 @@ class _KeyGate:
         self.lock = lock
         self.client = client
         self.fence_ms = fence_ms
-        self.holder_id = -next(_holder_ids)  # negative: never a thread's ident
+        self.holder_id = Holder()  # the gate's, never a thread's or a context's
         self._reset()
         _gates.add(self)
 

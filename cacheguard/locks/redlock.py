@@ -606,7 +606,7 @@ class RedlockWatchdog(RedlockBook[RedlockHandle]):
 
     def _add(self, entry: _Entry[RedlockHandle]) -> None:
         with self._cond:
-            self._entries[id(entry.handle)] = entry
+            self._entries[entry.key] = entry
             self._start_locked()
             if entry.due < self._wake_at:
                 self._cond.notify()

@@ -94,6 +94,7 @@ class _TransactionLocks:
     committed: set[int] = field(default_factory=set)
     prefixes: set[str] = field(default_factory=set)  # invalidated by prefix at the end
     finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
+    holder: Any = None  # whom the locks are for, until the outermost transaction ends
 
     def __hash__(self) -> int:  # held in a WeakSet (see cache/watermark.py)
         return id(self)
@@ -355,10 +356,12 @@ class ModelTracker:
             # background thread: the collector may run inside any lock of ours).
             _start_orphan_thread()
             state.finalizer = weakref.finalize(session, _release_later, self._io, state)
-        me = self._io.holder()
+        if state.holder is None:
+            state.holder = self._io.enter_holder()
+        me = state.holder
         for name in fresh:  # one global order within each batch
             lock = self._io.rwlock(name)
-            self._io.acquire_write(lock, self.lock_timeout)
+            self._io.acquire_write(lock, self.lock_timeout, me)
             state.locks[name] = (lock, me)
         self._io.invalidate(*fresh)
 
@@ -588,6 +591,9 @@ def _release_all(guard: GuardIO, state: _TransactionLocks) -> None:
     state.by_transaction.clear()
     state.committed.clear()
     state.snapshot_watermark = None  # no longer open (see cache/watermark.py)
+    if state.holder is not None:
+        holder, state.holder = state.holder, None
+        guard.leave_holder(holder)
     if state.finalizer is not None:
         state.finalizer.detach()
         state.finalizer = None
