@@ -208,6 +208,24 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_sqlalchemy.py::test_prefix_invalidation_refuses_fills_from_older_snapshots",),
     ),
     Mutant(
+        "fill-store-younger-than-version-ttl",
+        "a fill older than version_ttl stores nothing (the version it began with may have "
+        "expired after an invalidation, and look unchanged)",
+        "cacheguard/cache/scripts.py",
+        "now - begun < verttl",
+        "true",
+        ("tests/test_guarantees.py::test_a_fill_older_than_version_ttl_does_not_store",),
+    ),
+    Mutant(
+        "fill-begin-renews-version",
+        "fill_begin renews the key's version for version_ttl, so the fill's store can "
+        "still compare against it",
+        "cacheguard/cache/scripts.py",
+        "if version then redis.call('PEXPIRE', verkey, verttl) else version = '0' end",
+        "if not version then version = '0' end",
+        ("tests/test_guarantees.py::test_a_fill_keeps_its_keys_version_alive_until_it_stores",),
+    ),
+    Mutant(
         "session-end-invalidates-again",
         "the end of a tracked transaction invalidates its keys again before releasing them",
         "cacheguard/sqlalchemy/tracker.py",
@@ -465,6 +483,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if verdict <= REFRESH:\n",
         "        if verdict <= REFRESH and False:\n",
         ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
+    ),
+    Mutant(
+        "hit-get-seals-the-flight",
+        "a read that starts after guard.write returned never takes the answer of a GET "
+        "sent before it (the flight is sealed for the leader's GET)",
+        "cacheguard/cache/read_path.py",
+        "sealed = flight.generation  # flights are born sealed",
+        "sealed = flight.generation + 1  # flights are born sealed",
+        (
+            "tests/test_guarantees.py::"
+            "test_a_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
+            "tests/test_guarantees.py::"
+            "test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
+        ),
     ),
     Mutant(
         "l1-hit-sends-nothing",
