@@ -226,6 +226,36 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_guarantees.py::test_a_fill_keeps_its_keys_version_alive_until_it_stores",),
     ),
     Mutant(
+        "prefix-bookkeeping-bounded",
+        "a process keeps at most RECENT_PREFIXES of the prefixes it invalidated, however "
+        "many distinct ones it used",
+        "cacheguard/cache/invalidation.py",
+        "if ends > now and len(recent) <= self.capacity:",
+        "if ends > now:",
+        ("tests/test_prefix_bookkeeping.py::test_many_prefixes_keep_the_bookkeeping_bounded",),
+    ),
+    Mutant(
+        "prefix-forgotten-raises-floor",
+        "a prefix forgotten before its stamp expired still refuses fills from snapshots "
+        "older than its invalidation (its stamp raises the floor)",
+        "cacheguard/cache/invalidation.py",
+        "                    self.floor = max(self.floor, old_stamp)\n",
+        "                    pass\n",
+        (
+            "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
+        ),
+    ),
+    Mutant(
+        "prefix-floor-refuses-older-snapshots",
+        "a fill from a snapshot older than the floor of forgotten prefixes does not store",
+        "cacheguard/cache/flow.py",
+        "    if floor > snapshot:\n        return -1",
+        "    if False:\n        return -1",
+        (
+            "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
+        ),
+    ),
+    Mutant(
         "session-end-invalidates-again",
         "the end of a tracked transaction invalidates its keys again before releasing them",
         "cacheguard/sqlalchemy/tracker.py",

@@ -90,7 +90,7 @@ class GuardCore:
         )
         self._replicas = replicas  # how many the deployment has, for confirm_replicas=None
         self._loads = Loads(self._stats, timer)
-        self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms)
+        self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms, timer=timer)
         self._l1: L1Feed | None = None
         self._closed = False
         self._wait_backoff: Callable[[], Backoff] = WAIT_BACKOFF  # tests lengthen it
@@ -116,8 +116,9 @@ class GuardCore:
 
     def watch_prefix(self, prefix: str) -> None:
         """Make fills of keys under ``prefix`` honour its prefix invalidations (see
-        ``invalidate_prefix``) in this process. The SQLAlchemy hooks watch their
-        templates' prefixes; ``invalidate_prefix`` watches its own."""
+        ``invalidate_prefix``) in this process, for good. The SQLAlchemy hooks watch
+        their templates' prefixes; ``invalidate_prefix`` makes its process honour its
+        own stamp for as long as the stamp lives (``version_ttl``)."""
         self._invalidation.watch(prefix)
 
     # -- decisions the drivers ask for --------------------------------------------------------
@@ -307,7 +308,7 @@ class GuardCore:
             ttl=ttl,
             none_ttl=none_ttl,
             writing_here=lock.local.is_write_held_by_me(),
-            stamp_keys=self._invalidation.stamp_keys_for(name),
+            stamps=functools.partial(self._invalidation.stamps_for, name),
             timer=self._timer,
             clock=self._clock,
             rng=self._rng,

@@ -240,7 +240,9 @@ class FillJob:
     ttl: float
     none_ttl: float | Missing | None
     writing_here: bool  # this caller holds the key's write lock (its load may be uncommitted)
-    stamp_keys: tuple[str, ...]  # prefix stamps of the watched prefixes covering the name
+    # Asked only when a load's snapshot is known: the stamp keys of the prefixes this
+    # process checks that cover the name, and their floor (see invalidation.Prefixes).
+    stamps: Callable[[], tuple[tuple[str, ...], int]]
     timer: Callable[[], float]
     clock: Callable[[], float]
     rng: Callable[[], float]
@@ -385,11 +387,17 @@ def _fill(job: FillJob, begin: Begin) -> Generator[Step, Any, Outcome]:
 
 def _oldest_allowed(job: FillJob, snapshot: int | None) -> Generator[Step, Any, int | None]:
     """``snapshot``, or -1 (refuse the store) when a prefix invalidation covering
-    the key is newer than the snapshot, or the stamps cannot be read."""
-    if snapshot is None or snapshot < 0 or not job.stamp_keys:
+    the key is newer than the snapshot, or the stamps cannot be read, or a prefix
+    invalidation newer than the snapshot is no longer remembered (the floor)."""
+    if snapshot is None or snapshot < 0:
+        return snapshot
+    stamp_keys, floor = job.stamps()
+    if floor > snapshot:
+        return -1  # a prefix invalidation newer than the snapshot was forgotten here
+    if not stamp_keys:
         return snapshot
     try:
-        raw = yield ReadStamps(job.stamp_keys)
+        raw = yield ReadStamps(stamp_keys)
         stamps = [int(r) for r in raw if r is not None]
     except Exception as exc:  # the load is done and its value returned: just do not store
         log.info("prefix stamps of %r unreadable, its fill will not store: %s", job.name, exc)
