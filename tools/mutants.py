@@ -421,8 +421,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "corrupt-counted-once",
         "a corrupt entry is counted once per read",
         "cacheguard/cache/flow.py",
-        "                job.decode_quiet,\n",
-        "                job.decode,\n",
+        "parse_fill_begin(reply, job.decode_quiet, job.clock())",
+        "parse_fill_begin(reply, job.decode, job.clock())",
         ("tests/test_trust.py::test_a_corrupt_entry_is_counted_once_per_read",),
     ),
     # -- key names (cache/templates.py, tests/test_key_names.py) ------------------------------
@@ -526,6 +526,62 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
             "tests/test_guarantees.py::"
             "test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
+        ),
+    ),
+    Mutant(
+        "hit-judged-by-server-clock",
+        "an entry's age is judged by the Redis server's clock: a host whose clock is off "
+        "loads nothing again",
+        "cacheguard/cache/core.py",
+        "        now = self._server_clock.now()\n        verdict = judge(",
+        "        now = self._clock()\n        verdict = judge(",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min fast]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
+        ),
+    ),
+    Mutant(
+        "read-samples-server-clock",
+        "a read samples the server's clock in its GET's round trip when its last sample "
+        "is old (or there is none), before it judges an entry",
+        "cacheguard/cache/read_path.py",
+        "if self._timer() < self._server_clock.resample_at:",
+        "if True:",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min fast]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
+        ),
+    ),
+    Mutant(
+        "entries-stamped-by-server-clock",
+        "a fill stamps its entry (and judges what fill_begin returns) by the server's clock, "
+        "so entries a skewed host writes are fresh to the others",
+        "cacheguard/cache/core.py",
+        "            clock=self._server_clock.now,\n",
+        "            clock=self._clock,\n",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min slow]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
+        ),
+    ),
+    Mutant(
+        "fill-samples-server-clock",
+        "a fill takes the server's clock from fill_begin's reply (a refresh stamps its entry "
+        "by it with no read before)",
+        "cacheguard/cache/flow.py",
+        "                job.saw_server_clock(begin.begun_ms / 1000, (sent + timer()) / 2)\n",
+        "                pass\n",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min slow]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
         ),
     ),
     Mutant(

@@ -104,7 +104,8 @@ FRESH, REFRESH, STALE, MISS = 0, 1, 2, 3
 
 
 def judge(entry: Entry, now: float, settings: GuardSettings, rng: Callable[[], float]) -> int:
-    """What to do with ``entry`` read at wall-clock ``now``: :data:`FRESH` (serve),
+    """What to do with ``entry`` read at ``now`` (the server's clock, as the entry's
+    ``created``): :data:`FRESH` (serve),
     :data:`REFRESH` (serve, refresh in the background), :data:`STALE` (serve within
     the stale window, reload in the background) or :data:`MISS`."""
     left = entry.created + entry.ttl - now
@@ -244,13 +245,15 @@ class FillJob:
     # process checks that cover the name, and their floor (see invalidation.Prefixes).
     stamps: Callable[[], tuple[tuple[str, ...], int]]
     timer: Callable[[], float]
-    clock: Callable[[], float]
+    clock: Callable[[], float]  # the server's clock (see cache/server_clock.py)
     rng: Callable[[], float]
     count: Count
     decode: Decode  # counts what does not decode
     decode_quiet: Decode  # bytes already counted by the GET before
     backend_failed: Callable[[str, BaseException], None]
     backoff: Callable[[], Backoff] = WAIT_BACKOFF  # the timer behind announcements
+    # (server seconds, timer then): fill_begin read the server's clock
+    saw_server_clock: Callable[[float, float], None] = lambda server, at: None
 
 
 def fill_flow(
@@ -292,21 +295,19 @@ def fill_flow(
             yield SEAL
             if waited_from is not None:
                 yield DRAIN  # announcements before this begin are moot
-            begin = parse_fill_begin(
-                (
-                    yield Call(
-                        fill_begin_call(
-                            job.keys,
-                            owner=job.owner,
-                            lease_ms=settings.lease_ms,
-                            refresh=force,
-                            version_ttl_ms=settings.version_ttl_ms,
-                        )
-                    )
-                ),
-                job.decode_quiet,
-                job.clock(),
+            sent = timer()
+            reply = yield Call(
+                fill_begin_call(
+                    job.keys,
+                    owner=job.owner,
+                    lease_ms=settings.lease_ms,
+                    refresh=force,
+                    version_ttl_ms=settings.version_ttl_ms,
+                )
             )
+            begin = parse_fill_begin(reply, job.decode_quiet, job.clock())
+            if begin.kind == "fill":  # its reply carries the server's clock
+                job.saw_server_clock(begin.begun_ms / 1000, (sent + timer()) / 2)
             if begin.kind == "hit":
                 assert begin.entry is not None
                 return Outcome(begin.entry.value, "l2", begin.entry)
