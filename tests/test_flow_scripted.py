@@ -77,6 +77,7 @@ class Job:
         self.timer = timer or Clock()
         self.settings = GuardSettings(namespace="ns", **settings)
         self.stamp_keys: tuple[str, ...] = ()
+        self.floor = 0
         self.writing_here = False
 
     def make(self) -> FillJob:
@@ -88,7 +89,7 @@ class Job:
             ttl=60.0,
             none_ttl=MISSING,
             writing_here=self.writing_here,
-            stamp_keys=self.stamp_keys,
+            stamps=lambda: (self.stamp_keys, self.floor),
             timer=self.timer,
             clock=lambda: NOW,
             rng=lambda: 0.5,

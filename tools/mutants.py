@@ -208,6 +208,54 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_sqlalchemy.py::test_prefix_invalidation_refuses_fills_from_older_snapshots",),
     ),
     Mutant(
+        "fill-store-younger-than-version-ttl",
+        "a fill older than version_ttl stores nothing (the version it began with may have "
+        "expired after an invalidation, and look unchanged)",
+        "cacheguard/cache/scripts.py",
+        "now - begun < verttl",
+        "true",
+        ("tests/test_guarantees.py::test_a_fill_older_than_version_ttl_does_not_store",),
+    ),
+    Mutant(
+        "fill-begin-renews-version",
+        "fill_begin renews the key's version for version_ttl, so the fill's store can "
+        "still compare against it",
+        "cacheguard/cache/scripts.py",
+        "if version then redis.call('PEXPIRE', verkey, verttl) else version = '0' end",
+        "if not version then version = '0' end",
+        ("tests/test_guarantees.py::test_a_fill_keeps_its_keys_version_alive_until_it_stores",),
+    ),
+    Mutant(
+        "prefix-bookkeeping-bounded",
+        "a process keeps at most RECENT_PREFIXES of the prefixes it invalidated, however "
+        "many distinct ones it used",
+        "cacheguard/cache/invalidation.py",
+        "if ends > now and len(recent) <= self.capacity:",
+        "if ends > now:",
+        ("tests/test_prefix_bookkeeping.py::test_many_prefixes_keep_the_bookkeeping_bounded",),
+    ),
+    Mutant(
+        "prefix-forgotten-raises-floor",
+        "a prefix forgotten before its stamp expired still refuses fills from snapshots "
+        "older than its invalidation (its stamp raises the floor)",
+        "cacheguard/cache/invalidation.py",
+        "                    self.floor = max(self.floor, old_stamp)\n",
+        "                    pass\n",
+        (
+            "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
+        ),
+    ),
+    Mutant(
+        "prefix-floor-refuses-older-snapshots",
+        "a fill from a snapshot older than the floor of forgotten prefixes does not store",
+        "cacheguard/cache/flow.py",
+        "    if floor > snapshot:\n        return -1",
+        "    if False:\n        return -1",
+        (
+            "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
+        ),
+    ),
+    Mutant(
         "session-end-invalidates-again",
         "the end of a tracked transaction invalidates its keys again before releasing them",
         "cacheguard/sqlalchemy/tracker.py",
@@ -373,8 +421,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "corrupt-counted-once",
         "a corrupt entry is counted once per read",
         "cacheguard/cache/flow.py",
-        "                job.decode_quiet,\n",
-        "                job.decode,\n",
+        "parse_fill_begin(reply, job.decode_quiet, job.clock())",
+        "parse_fill_begin(reply, job.decode, job.clock())",
         ("tests/test_trust.py::test_a_corrupt_entry_is_counted_once_per_read",),
     ),
     # -- key names (cache/templates.py, tests/test_key_names.py) ------------------------------
@@ -465,6 +513,76 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if verdict <= REFRESH:\n",
         "        if verdict <= REFRESH and False:\n",
         ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
+    ),
+    Mutant(
+        "hit-get-seals-the-flight",
+        "a read that starts after guard.write returned never takes the answer of a GET "
+        "sent before it (the flight is sealed for the leader's GET)",
+        "cacheguard/cache/read_path.py",
+        "sealed = flight.generation  # flights are born sealed",
+        "sealed = flight.generation + 1  # flights are born sealed",
+        (
+            "tests/test_guarantees.py::"
+            "test_a_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
+            "tests/test_guarantees.py::"
+            "test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
+        ),
+    ),
+    Mutant(
+        "hit-judged-by-server-clock",
+        "an entry's age is judged by the Redis server's clock: a host whose clock is off "
+        "loads nothing again",
+        "cacheguard/cache/core.py",
+        "        now = self._server_clock.now()\n        verdict = judge(",
+        "        now = self._clock()\n        verdict = judge(",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min fast]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
+        ),
+    ),
+    Mutant(
+        "read-samples-server-clock",
+        "a read samples the server's clock in its GET's round trip when its last sample "
+        "is old (or there is none), before it judges an entry",
+        "cacheguard/cache/read_path.py",
+        "if self._timer() < self._server_clock.resample_at:",
+        "if True:",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min fast]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
+        ),
+    ),
+    Mutant(
+        "entries-stamped-by-server-clock",
+        "a fill stamps its entry (and judges what fill_begin returns) by the server's clock, "
+        "so entries a skewed host writes are fresh to the others",
+        "cacheguard/cache/core.py",
+        "            clock=self._server_clock.now,\n",
+        "            clock=self._clock,\n",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min slow]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
+        ),
+    ),
+    Mutant(
+        "fill-samples-server-clock",
+        "a fill takes the server's clock from fill_begin's reply (a refresh stamps its entry "
+        "by it with no read before)",
+        "cacheguard/cache/flow.py",
+        "                job.saw_server_clock(begin.begun_ms / 1000, (sent + timer()) / 2)\n",
+        "                pass\n",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min slow]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
+        ),
     ),
     Mutant(
         "l1-hit-sends-nothing",

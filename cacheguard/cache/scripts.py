@@ -18,6 +18,7 @@ __all__ = [
     "NEXT_STAMP",
     "RAISE_WATERMARK",
     "READ_WATERMARK",
+    "TIMED_GET",
 ]
 
 FILL_BEGIN_CONTRACT = """\
@@ -207,3 +208,13 @@ return current
 
 FILL_BEGIN = LuaScript(FILL_BEGIN_CONTRACT + LOCK_PRELUDE + _FILL_BEGIN_BODY)
 FILL_END = LuaScript(FILL_END_CONTRACT + LOCK_PRELUDE + _FILL_END_BODY)
+
+TIMED_GET = LuaScript("""\
+-- timed_get: the value and the server's clock in one round trip (a process judges
+-- entries' ages by the server's clock, see cache/server_clock.py).
+-- KEYS[1]  value key         <ns>:{<name>}:v
+-- Returns {value (nil if none; the error if the key is of another type), seconds, µs}
+local value = redis.pcall('GET', KEYS[1])
+local now = redis.call('TIME')
+return {value, now[1], now[2]}
+""")

@@ -292,7 +292,6 @@ class WritePath(ReadPath):
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
         invalidation = self._invalidation
-        invalidation.watch(prefix)
         names: set[str] = set()
         what = f"scanning {prefix!r}*"
         # Stamped first: a fill of a key the SCAN cannot see (no value, no fill yet)
@@ -300,10 +299,14 @@ class WritePath(ReadPath):
         # number: a prefix stamp cannot be poisoned.
         stamp = yield from self._stamp_flow(what, (), required=True)
         assert stamp is not None
+        # This process's fills check the stamp from before it is stored until it
+        # expires (remembered again once stored: its version_ttl starts then).
+        invalidation.remember(prefix, stamp)
         try:
             yield Command(
                 ("SET", invalidation.stamp_key(prefix), stamp, "PX", self.settings.version_ttl_ms)
             )
+            invalidation.remember(prefix, stamp)
             for raw in (yield Scan(invalidation.scan_pattern(prefix))):
                 name = invalidation.name_of(raw.decode("utf-8", "surrogateescape"))
                 if name is not None:
