@@ -26,6 +26,7 @@ from cacheguard import MISSING, BackendUnavailable
 from cacheguard.cache.wire import POISON_FLOOR
 from cacheguard.testing import OwnedRedisServer
 from tests.guard_drivers import KINDS, Guard, guards_on
+from tests.helpers import wait_until
 from tests.test_guard_both_drivers import Loads, started
 
 pytest_plugins = ["tests.deployment_fixtures"]
@@ -162,8 +163,12 @@ async def test_noeviction_refuses_writes_and_caches_no_wrong_value(
     gate = threading.Event()
     loads = Loads("old", gate=gate)
     filling = asyncio.ensure_future(guard.get_or_load("menu", loads, ttl=600))
+    gate_other = threading.Event()
+    loads_other = Loads("other", gate=gate_other)
+    other = asyncio.ensure_future(guard.get_or_load("other", loads_other, ttl=600))
     try:
         await started(loads)
+        await started(loads_other)
         used = int(plain.info("memory")["used_memory"])
         plain.config_set("maxmemory", used + 256 * 1024)
 
@@ -196,9 +201,17 @@ async def test_noeviction_refuses_writes_and_caches_no_wrong_value(
         assert plain.hget(guard.keys("menu").lock, "fs") is None
         for name in ("cached", "menu", "nothing"):
             assert int(plain.get(guard.keys(name).version) or 0) >= POISON_FLOOR
+        # A fill that ends while Redis is full: its caller gets the value, nothing is
+        # stored, and its hold is released all the same.
+        gate_other.set()
+        assert await other == "other"
+        assert not plain.exists(guard.keys("other").value)
+        lock = guard.keys("other").lock
+        assert await asyncio.to_thread(wait_until, lambda: not plain.exists(lock), 10)
         plain.config_set("maxmemory", 0)  # memory frees up before the fill ends
     finally:
         gate.set()
+        gate_other.set()
     assert await filling == "old"
     assert await guard.peek("menu") is MISSING
     assert await guard.get_or_load("menu", Loads("new"), ttl=600) == "new"
