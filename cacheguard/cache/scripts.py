@@ -171,8 +171,9 @@ INVALIDATE = LuaScript("""\
 -- increments in a failover, or a poisoned version, which only a heal brings back
 -- to a real one); the caller then lifts the counter to a real version that ran
 -- ahead of it (see RAISE_WATERMARK), or heals a poisoned one.
--- The deletes come first: Redis runs them even out of memory (noeviction), where the
--- SET below is refused with an OOM error; the in-flight fill and the value are gone then.
+-- The deletes come first: out of memory (noeviction) Redis refuses a script's first
+-- write if it may grow memory (the SET below), never a delete, and does not stop a
+-- script that has written; so the value and the fill in flight go even then.
 redis.call('DEL', KEYS[1])
 redis.call('HDEL', KEYS[3], 'fs')
 local raw = redis.call('GET', KEYS[2])
