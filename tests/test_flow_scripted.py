@@ -434,7 +434,7 @@ def test_invalidate_calls_and_the_lift() -> None:
 
     invalidation = Invalidation("ns", 1000)
     (call,) = invalidation.calls(["a:b"], 7)
-    assert call[1] == ["ns:{a:b}:v", "ns:{a:b}:ver"]
+    assert call[1] == ["ns:{a:b}:v", "ns:{a:b}:ver", "ns:{a:b}:rw"]
     assert call[2] == [1000, "ns:l1", "a:b", 7, "", wire.POISON_FLOOR]
     assert invalidation.lift([7, 7], 7) is None
     lifted = invalidation.lift([7, 9], 7)

@@ -140,7 +140,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "cacheguard/cache/scripts.py",
         "if fresh and (redis.call('GET', verkey) or '0') == seen then",
         "if fresh then",
-        ("tests/test_cache.py::test_invalidation_during_fill_rejects_the_store",),
+        ("tests/test_cache.py::test_a_version_moved_without_the_fill_mark_rejects_the_store",),
     ),
     Mutant(
         "fill-store-checks-watermark",
@@ -149,6 +149,68 @@ MUTANTS: tuple[Mutant, ...] = (
         "local fresh = watermark == nil or tonumber(seen) <= watermark",
         "local fresh = true",
         ("tests/test_sqlalchemy.py::test_a_reader_with_an_old_snapshot_cannot_fill_a_stale_row",),
+    ),
+    Mutant(
+        "fill-store-needs-its-mark",
+        "a fill stores only while its lock hash still says no invalidation came since it "
+        "began, so an evicted version key cannot pass it off as never invalidated",
+        "cacheguard/cache/scripts.py",
+        "if ours and may_store and entry ~= '' and now - begun < verttl then",
+        "if ours and entry ~= '' and now - begun < verttl then",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_an_evicted_version_key_does_not_let_the_old_value_in",
+            "tests/test_eviction.py::test_an_evicted_version_key_never_lets_an_old_value_in",
+        ),
+    ),
+    Mutant(
+        "invalidate-fails-fills-in-flight",
+        "an invalidation fails the fill in flight in the fill's own lock hash, whatever "
+        "happens to the version key (eviction, or a version write refused out of memory)",
+        "cacheguard/cache/scripts.py",
+        "redis.call('HDEL', KEYS[3], 'fs')\n",
+        "",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_an_evicted_version_key_does_not_let_the_old_value_in",
+            "tests/test_eviction.py::test_an_evicted_version_key_never_lets_an_old_value_in",
+            "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
+        ),
+    ),
+    Mutant(
+        "invalidate-deletes-before-it-writes",
+        "an invalidation's first writes are deletes, which Redis runs even out of memory "
+        "(noeviction): the value goes and the fill in flight fails even when memory is full",
+        "cacheguard/cache/scripts.py",
+        "redis.call('DEL', KEYS[1])\nredis.call('HDEL', KEYS[3], 'fs')\n"
+        "local raw = redis.call('GET', KEYS[2])\n",
+        "local raw = redis.call('GET', KEYS[2])\nredis.call('SET', KEYS[2], raw or '0')\n"
+        "redis.call('DEL', KEYS[1])\nredis.call('HDEL', KEYS[3], 'fs')\n",
+        ("tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",),
+    ),
+    Mutant(
+        "full-redis-poisons-on-one-server",
+        "an invalidation whose sequence number Redis refuses out of memory still goes "
+        "through (poisoned), also on one server",
+        "cacheguard/cache/write_path.py",
+        "        if isinstance(result, OutOfMemoryError) and not required:\n",
+        "        if False:\n",
+        (
+            "tests/test_write_path_scripted.py::test_a_full_redis_poisons_even_on_one_server",
+            "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
+        ),
+    ),
+    Mutant(
+        "out-of-memory-is-redis-refusing",
+        "Redis refusing writes out of memory is Redis down for every policy: never a raw "
+        "redis-py error past on_backend_error",
+        "cacheguard/exceptions.py",
+        "    NoReplicasError,\n    OutOfMemoryError,\n)",
+        "    NoReplicasError,\n)",
+        (
+            "tests/test_write_path_scripted.py::test_a_full_redis_poisons_even_on_one_server",
+            "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
+        ),
     ),
     Mutant(
         "fill-takes-read-hold",

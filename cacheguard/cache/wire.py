@@ -191,7 +191,7 @@ def invalidate_call(
     poisoned version this caller wrote, which ``stamp`` replaces if still there."""
     return (
         INVALIDATE,
-        [keys.value, keys.version],
+        [keys.value, keys.version, keys.lock],
         [
             version_ttl_ms,
             l1_channel,

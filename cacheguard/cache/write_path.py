@@ -26,6 +26,8 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from redis.exceptions import OutOfMemoryError
+
 from cacheguard.cache.core import add_note, closing_failed_note
 from cacheguard.cache.flow import Call
 from cacheguard.cache.invalidation import SCAN_BATCH
@@ -230,6 +232,12 @@ class WritePath(ReadPath):
             (result,) = yield Pipelined((invalidation.next_stamp(),), self._confirm())
         except BackendUnavailable as exc:
             result = exc
+        if isinstance(result, OutOfMemoryError) and not required:
+            # Full under noeviction: the INCR is refused, the invalidation's deletes are
+            # not (see INVALIDATE), so poison (also on one server) rather than leave the
+            # value and the fills in flight be. The node answered: no breaker failure.
+            log.warning("%s: Redis is out of memory (%s), poisoning", what, result)
+            return None
         if isinstance(result, REDIS_DOWN):
             result = backend_down(sequence, result)
         if not isinstance(result, BackendUnavailable):

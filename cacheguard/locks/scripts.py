@@ -22,6 +22,8 @@ field              meaning
                    ends with that owner's lease
 ``fb``, ``fv``     when that fill began (server µs) and the key's version then;
                    waiters check announcements against both
+``fs``             present while that fill may store: every cache invalidation
+                   deletes it (see cacheguard/cache/scripts.py)
 ``q:<owner>``      a waiting writer's mark, valid until this server ms
 ``n:<owner>``      that writer's ticket; the lowest ticket goes in first
 ``seq``            ticket counter
