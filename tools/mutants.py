@@ -265,9 +265,55 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-releases-from-any-thread",
         "a write context exited in another thread than it entered releases its locks",
         "cacheguard/cache/write_path.py",
-        "                yield ReleaseWrites(tuple(held), holder)\n",
-        "                yield ReleaseWrites(tuple(held), None)\n",
+        "        errors = yield ReleaseWrites(tuple(held), holder)\n",
+        "        errors = yield ReleaseWrites(tuple(held), None)\n",
         ("tests/test_trust.py::test_a_write_exited_in_another_thread_releases_its_locks",),
+    ),
+    Mutant(
+        "write-lost-lock-raises",
+        "a write whose lock was lost during its body raises LockLostError when it exits, "
+        "after its closing invalidation",
+        "cacheguard/cache/write_path.py",
+        "            raise losses[0]\n",
+        "            pass\n",
+        (
+            "tests/test_lost_write_locks.py::"
+            "test_a_write_whose_lock_was_lost_raises_after_invalidating[sync]",
+            "tests/test_lost_write_locks.py::"
+            "test_a_write_whose_lock_was_lost_raises_after_invalidating[async]",
+        ),
+    ),
+    Mutant(
+        "write-lost-handle-counts",
+        "a write lock whose handle a renewal marked lost fails the write even when its "
+        "release goes through (locks from another store)",
+        "cacheguard/cache/write_path.py",
+        '            if isinstance(error, LockLostError) or getattr(handle, "lost", False):\n',
+        "            if isinstance(error, LockLostError):\n",
+        (
+            "tests/test_write_locks.py::"
+            "test_a_stores_lock_lost_during_a_write_fails_the_write[redis]",
+        ),
+    ),
+    Mutant(
+        "write-lost-lock-noted-on-body-error",
+        "a lock lost during a write whose body raised is attached to the body's error",
+        "cacheguard/cache/write_path.py",
+        '                    add_note(error, f"cacheguard: {lost}")\n',
+        "                    pass\n",
+        ("tests/test_lost_write_locks.py::test_the_bodys_error_wins_over_a_lost_lock[async]",),
+    ),
+    Mutant(
+        "sqlalchemy-lost-lock-fails-commit",
+        "a tracked transaction whose write lock was lost does not commit (LockLostError)",
+        "cacheguard/sqlalchemy/tracker.py",
+        '            if getattr(handle, "lost", False):\n',
+        "            if False:\n",
+        (
+            "tests/test_sqlalchemy.py::test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
+            "tests/test_sqlalchemy_async.py::"
+            "test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
+        ),
     ),
     Mutant(
         "write-body-error-wins",
