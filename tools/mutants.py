@@ -87,9 +87,50 @@ MUTANTS: tuple[Mutant, ...] = (
         "lock-fencing-tokens",
         "every fresh write holding takes a new, higher fencing token",
         "cacheguard/locks/scripts.py",
-        "s.g[owner] = tostring(redis.call('INCR', fence))",
-        "s.g[owner] = tostring(redis.call('GET', fence) or '1')",
+        "    redis.call('INCR', fence)\n",
+        "",
         ("tests/test_redis_lock.py::test_fencing_tokens_strictly_increase",),
+    ),
+    Mutant(
+        "lock-fencing-after-expiry",
+        "fencing tokens still increase after the lock's counter expired: a new counter "
+        "starts from the server clock (µs), above every token handed out before",
+        "cacheguard/locks/scripts.py",
+        "  local token = time_epoch()\n",
+        "  local token = '1'\n",
+        ("tests/test_redis_lock.py::test_fencing_tokens_increase_after_the_counter_expired",),
+    ),
+    Mutant(
+        "lock-fence-counter-expires",
+        "a lock's fencing counter expires (a day after its last token): every key cacheguard "
+        "writes has a TTL but the namespace's invalidation sequence",
+        "cacheguard/locks/scripts.py",
+        "  redis.call('SET', fence, token, 'PX', FENCE_TTL_MS)\n",
+        "  redis.call('SET', fence, token)\n",
+        (
+            "tests/test_key_lifetimes.py::test_the_lock_alone_leaves_nothing_without_a_ttl",
+            "tests/test_key_lifetimes.py::"
+            "test_a_guards_workload_leaves_only_the_sequence_without_a_ttl[sync]",
+            "tests/test_key_lifetimes.py::"
+            "test_a_guards_workload_leaves_only_the_sequence_without_a_ttl[async]",
+        ),
+    ),
+    Mutant(
+        "lock-fence-counter-lifetime-renewed",
+        "each token taken from a fencing counter renews its lifetime (also a counter an "
+        "older version left without one)",
+        "cacheguard/locks/scripts.py",
+        "    redis.call('PEXPIRE', fence, FENCE_TTL_MS)\n",
+        "",
+        ("tests/test_redis_lock.py::test_a_counter_without_a_lifetime_gets_one_on_its_next_token",),
+    ),
+    Mutant(
+        "redlock-raised-fence-expires",
+        "a Redlock token written back to a master's fencing counter keeps the counter expiring",
+        "cacheguard/locks/quorum.py",
+        "  redis.call('SET', KEYS[1], ARGV[1], 'PX', FENCE_TTL_MS)\n",
+        "  redis.call('SET', KEYS[1], ARGV[1])\n",
+        ("tests/test_lock_redlock.py::test_fencing_counters_expire_and_tokens_still_increase",),
     ),
     Mutant(
         "lock-expired-holders-swept",
@@ -2096,8 +2137,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "dogpile-fence-counter-expires",
-        "a dogpile key's fencing counter expires after the release of its hold: creations "
-        "leave no key in Redis that never expires (the guard's own write locks keep theirs)",
+        "a dogpile key's fencing counter expires soon after the release of its hold "
+        "(max(lease, redis_expiration_time), not the lock layer's day)",
         "cacheguard/integrations/dogpile.py",
         "    \"redis.call('PEXPIRE', KEYS[#KEYS], ARGV[#ARGV])\\n\"\n",
         "",
