@@ -9,6 +9,7 @@ the version moves on), release everything it holds, and raise
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -76,8 +77,9 @@ async def test_the_bodys_error_wins_over_a_lost_lock(make: Make, client: redis.R
     with pytest.raises(Boom) as raised:
         async with guard.write("k"):
             await body()
-    notes: list[str] = getattr(raised.value, "__notes__", [])
-    assert any("was lost" in note for note in notes), notes
+    if sys.version_info >= (3, 11):  # (3.10 logs the note instead)
+        notes: list[str] = raised.value.__notes__
+        assert any("was lost" in note for note in notes), notes
     assert not client.exists(guard.keys("k").value)
     assert not client.exists(guard.keys("k").lock)
     async with guard.write("k", timeout=5):
