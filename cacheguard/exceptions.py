@@ -126,6 +126,9 @@ class LockLostError(LockError):
 
     Raised by ``release()`` when the handle had already lost its lock; the lock
     that may now be in Redis belongs to someone else and was left untouched.
+    Raised too when a ``guard.write`` block exits (after its closing
+    invalidation) and when a tracked session commits, if a write lock they held
+    was lost meanwhile: another writer may have run at the same time.
     """
 
 

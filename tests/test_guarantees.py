@@ -9,7 +9,6 @@ the fill-start check can refuse.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import threading
 import time
@@ -19,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from cacheguard import MISSING, LockHandle, RedisRWLock
+from cacheguard import MISSING, LockHandle, LockLostError, RedisRWLock
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.backoff import Backoff
 from cacheguard.cache.codec import MsgpackCodec
@@ -77,19 +76,23 @@ def test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end(
 ) -> None:
     """A writer paused past its lease loses its lock mid-body; a reader then fills
     the key from the database as it was before the commit. The invalidation that
-    closes the write path (also when the body raised) drops that value."""
+    closes the write path (also when the body raised) drops that value; then the
+    loss is raised (LockLostError), unless the body's own error is."""
     writer = make_guard(client, namespace)
     reader = make_guard(client, namespace)  # another owner of the same keys
 
     class BodyFailed(Exception):
         pass
 
-    with contextlib.suppress(BodyFailed), writer.write("k"):
+    def body() -> None:
         client.delete(writer.keys("k").lock)  # the lease ran out
         assert reader.get_or_load("k", lambda: "before the commit", ttl=60) == ("before the commit")
         assert reader.peek("k") == "before the commit"
         if body_raises:
             raise BodyFailed
+
+    with pytest.raises(BodyFailed if body_raises else LockLostError), writer.write("k"):
+        body()
     assert reader.peek("k") is MISSING
     assert reader.get_or_load("k", lambda: "after the commit", ttl=60) == "after the commit"
 

@@ -87,9 +87,50 @@ MUTANTS: tuple[Mutant, ...] = (
         "lock-fencing-tokens",
         "every fresh write holding takes a new, higher fencing token",
         "cacheguard/locks/scripts.py",
-        "s.g[owner] = tostring(redis.call('INCR', fence))",
-        "s.g[owner] = tostring(redis.call('GET', fence) or '1')",
+        "    redis.call('INCR', fence)\n",
+        "",
         ("tests/test_redis_lock.py::test_fencing_tokens_strictly_increase",),
+    ),
+    Mutant(
+        "lock-fencing-after-expiry",
+        "fencing tokens still increase after the lock's counter expired: a new counter "
+        "starts from the server clock (µs), above every token handed out before",
+        "cacheguard/locks/scripts.py",
+        "  local token = time_epoch()\n",
+        "  local token = '1'\n",
+        ("tests/test_redis_lock.py::test_fencing_tokens_increase_after_the_counter_expired",),
+    ),
+    Mutant(
+        "lock-fence-counter-expires",
+        "a lock's fencing counter expires (a day after its last token): every key cacheguard "
+        "writes has a TTL but the namespace's invalidation sequence",
+        "cacheguard/locks/scripts.py",
+        "  redis.call('SET', fence, token, 'PX', FENCE_TTL_MS)\n",
+        "  redis.call('SET', fence, token)\n",
+        (
+            "tests/test_key_lifetimes.py::test_the_lock_alone_leaves_nothing_without_a_ttl",
+            "tests/test_key_lifetimes.py::"
+            "test_a_guards_workload_leaves_only_the_sequence_without_a_ttl[sync]",
+            "tests/test_key_lifetimes.py::"
+            "test_a_guards_workload_leaves_only_the_sequence_without_a_ttl[async]",
+        ),
+    ),
+    Mutant(
+        "lock-fence-counter-lifetime-renewed",
+        "each token taken from a fencing counter renews its lifetime (also a counter an "
+        "older version left without one)",
+        "cacheguard/locks/scripts.py",
+        "    redis.call('PEXPIRE', fence, FENCE_TTL_MS)\n",
+        "",
+        ("tests/test_redis_lock.py::test_a_counter_without_a_lifetime_gets_one_on_its_next_token",),
+    ),
+    Mutant(
+        "redlock-raised-fence-expires",
+        "a Redlock token written back to a master's fencing counter keeps the counter expiring",
+        "cacheguard/locks/quorum.py",
+        "  redis.call('SET', KEYS[1], ARGV[1], 'PX', FENCE_TTL_MS)\n",
+        "  redis.call('SET', KEYS[1], ARGV[1])\n",
+        ("tests/test_lock_redlock.py::test_fencing_counters_expire_and_tokens_still_increase",),
     ),
     Mutant(
         "lock-expired-holders-swept",
@@ -132,6 +173,98 @@ MUTANTS: tuple[Mutant, ...] = (
         "            waiter._deliver(payload)\n",
         "",
         ("tests/test_notifier.py::test_subscription_is_confirmed_and_woken",),
+    ),
+    # -- ownership follows the holder (cacheguard/_identity.py, locks/; issue #23) ----------------
+    Mutant(
+        "holder-not-thread",
+        "a hold belongs to its holder, not to the thread: the next request on a pool thread "
+        "does not re-enter a hold another request entered there",
+        "cacheguard/_identity.py",
+        "            holder = Holder()\n            _ambient.set(holder)\n",
+        "            holder = globals().setdefault('_by_thread', {}).setdefault(\n"
+        "                threading.get_ident(), Holder()\n            )\n",
+        (
+            "tests/test_ownership.py::test_guard_write_excludes_requests_sharing_pool_threads",
+            "tests/test_ownership.py::test_two_tier_write_excludes_requests_sharing_pool_threads",
+        ),
+    ),
+    Mutant(
+        "holder-owner-never-reused",
+        "a store's default owner is its holder's, never a thread's: a pool's next caller and "
+        "a thread with a reused ident are other owners",
+        "cacheguard/_identity.py",
+        '        return f"{_process_id}:h{self.number}"\n',
+        '        return f"{_process_id}:{threading.get_ident()}"\n',
+        (
+            "tests/test_lock_contract.py::"
+            "test_a_hold_handed_between_pool_threads_stays_one_owners[redis]",
+            "tests/test_ownership.py::test_ident_reuse_does_not_inherit_a_store_hold",
+        ),
+    ),
+    Mutant(
+        "holder-context-reentry",
+        "nested acquisitions in one context, and in copies of it, re-enter the context's hold",
+        "cacheguard/_identity.py",
+        "    if holder is None:\n        holder = ambient_holder()\n        if holder is None:\n",
+        "    if holder is None:\n        holder = None\n        if holder is None:\n",
+        ("tests/test_ownership.py::test_nested_blocks_in_one_context_reenter_and_copies_carry_it",),
+    ),
+    Mutant(
+        "holder-abandoned-holds-end",
+        "a holder collected while holding (its thread ended) has its local holds ended",
+        "cacheguard/locks/local.py",
+        "            self._holders[n] = weakref.ref(holder, lambda _ref: self._collected(n))\n",
+        "            self._holders[n] = weakref.ref(holder)\n",
+        ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
+    ),
+    Mutant(
+        "holder-abandoned-distributed-hold-released",
+        "an abandoned two-tier write hold is given back in Redis too, not renewed for ever",
+        "cacheguard/locks/two_tier.py",
+        "                if self._write_handle is not None:\n"
+        "                    released.append(self._write_handle)\n",
+        "",
+        ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
+    ),
+    Mutant(
+        "watchdog-weak-store-handles",
+        "a RedisRWLock handle dropped unreleased (its thread ended) is no longer renewed",
+        "cacheguard/locks/redis_rwlock.py",
+        "            self._watchdog.watch(handle, renew_for=renew_for, weak=True)\n",
+        "            self._watchdog.watch(handle, renew_for=renew_for)\n",
+        ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
+    ),
+    Mutant(
+        "watchdog-releases-dropped-handles",
+        "the watchdog releases a dropped handle's holding at once instead of renewing it",
+        "cacheguard/locks/watchdog.py",
+        "            if not entry.releasing and entry.abandoned:\n",
+        "            if False:\n",
+        ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
+    ),
+    Mutant(
+        "two-tier-reentered-read-joins",
+        "a holder re-entering a two-tier read lock joins its own shared hold even while a "
+        "remote writer waits (no wait for itself)",
+        "cacheguard/locks/two_tier.py",
+        "                joinable = reentry or self._gate.wait_for(\n",
+        "                joinable = self._gate.wait_for(\n",
+        (
+            "tests/test_ownership.py::"
+            "test_reentered_read_does_not_wait_behind_a_queued_remote_writer",
+        ),
+    ),
+    Mutant(
+        "aio-two-tier-reentered-read-joins",
+        "a task re-entering an asyncio two-tier read lock joins its own shared hold even while "
+        "a remote writer waits",
+        "cacheguard/aio/two_tier.py",
+        "            if self._readers and stale and not reentry:\n",
+        "            if self._readers and stale:\n",
+        (
+            "tests/test_ownership.py::"
+            "test_async_reentered_read_does_not_wait_behind_a_queued_remote_writer",
+        ),
     ),
     # -- the read-through cache (cache/scripts.py, flow.py, guard.py) ---------------------
     Mutant(
@@ -375,9 +508,55 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-releases-from-any-thread",
         "a write context exited in another thread than it entered releases its locks",
         "cacheguard/cache/write_path.py",
-        "                yield ReleaseWrites(tuple(held), holder)\n",
-        "                yield ReleaseWrites(tuple(held), None)\n",
+        "        errors = yield ReleaseWrites(tuple(held), holder)\n",
+        "        errors = yield ReleaseWrites(tuple(held), None)\n",
         ("tests/test_trust.py::test_a_write_exited_in_another_thread_releases_its_locks",),
+    ),
+    Mutant(
+        "write-lost-lock-raises",
+        "a write whose lock was lost during its body raises LockLostError when it exits, "
+        "after its closing invalidation",
+        "cacheguard/cache/write_path.py",
+        "            raise losses[0]\n",
+        "            pass\n",
+        (
+            "tests/test_lost_write_locks.py::"
+            "test_a_write_whose_lock_was_lost_raises_after_invalidating[sync]",
+            "tests/test_lost_write_locks.py::"
+            "test_a_write_whose_lock_was_lost_raises_after_invalidating[async]",
+        ),
+    ),
+    Mutant(
+        "write-lost-handle-counts",
+        "a write lock whose handle a renewal marked lost fails the write even when its "
+        "release goes through (locks from another store)",
+        "cacheguard/cache/write_path.py",
+        '            if isinstance(error, LockLostError) or getattr(handle, "lost", False):\n',
+        "            if isinstance(error, LockLostError):\n",
+        (
+            "tests/test_write_locks.py::"
+            "test_a_stores_lock_lost_during_a_write_fails_the_write[redis]",
+        ),
+    ),
+    Mutant(
+        "write-lost-lock-noted-on-body-error",
+        "a lock lost during a write whose body raised is attached to the body's error",
+        "cacheguard/cache/write_path.py",
+        '                    add_note(error, f"cacheguard: {lost}")\n',
+        "                    pass\n",
+        ("tests/test_lost_write_locks.py::test_the_bodys_error_wins_over_a_lost_lock[async]",),
+    ),
+    Mutant(
+        "sqlalchemy-lost-lock-fails-commit",
+        "a tracked transaction whose write lock was lost does not commit (LockLostError)",
+        "cacheguard/sqlalchemy/tracker.py",
+        '            if getattr(handle, "lost", False):\n',
+        "            if False:\n",
+        (
+            "tests/test_sqlalchemy.py::test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
+            "tests/test_sqlalchemy_async.py::"
+            "test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
+        ),
     ),
     Mutant(
         "write-body-error-wins",
@@ -818,10 +997,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "async-session-hooks-hold-the-keys",
         "an AsyncSession's flush write-locks and invalidates its keys until the commit",
         "cacheguard/sqlalchemy/guards.py",
-        "    def acquire_write(self, lock: Any, timeout: float | None) -> None:\n"
-        "        self._run(lock.acquire_write(timeout))\n",
-        "    def acquire_write(self, lock: Any, timeout: float | None) -> None:\n"
-        "        lock.acquire_write(timeout).close()\n",
+        "        return self._run(lock.acquire_write(timeout))  # for the calling task, the holder\n",
+        "        lock.acquire_write(timeout).close()  # type: ignore[union-attr]\n"
+        "        return None\n",
         (
             "tests/test_sqlalchemy_async.py::"
             "test_a_reader_waits_for_the_transaction_and_sees_the_commit",
@@ -1796,9 +1974,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "tracked sessions take their write locks from the guard's write_locks store",
         "cacheguard/sqlalchemy/guards.py",
         "        return self.guard.write_lock(name)\n\n    def acquire_write(self, lock: Any, "
-        "timeout: float | None) -> None:\n        lock.acquire_write(timeout)\n",
+        "timeout: float | None, holder: Any) -> Any:\n"
+        "        return lock.acquire_write(timeout, holder=holder)\n",
         "        return self.guard.rwlock(name)\n\n    def acquire_write(self, lock: Any, "
-        "timeout: float | None) -> None:\n        lock.acquire_write(timeout)\n",
+        "timeout: float | None, holder: Any) -> Any:\n"
+        "        return lock.acquire_write(timeout, holder=holder)\n",
         ("tests/test_write_locks.py::test_tracked_sessions_take_the_stores_lock[redis]",),
     ),
     Mutant(
@@ -2208,11 +2388,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "lock-holder-id-is-no-thread",
-        "a write hold taken for a holder id belongs to no thread: the acquiring thread does "
-        "not re-enter it and any thread releases it (dogpile's async creation runner)",
+        "a write hold taken for an explicit Holder belongs to it, not to the calling "
+        "context: the caller does not re-enter it and any thread releases it (dogpile's "
+        "async creation runner)",
         "cacheguard/locks/local.py",
-        "        me = threading.get_ident() if holder is None else holder\n",
-        "        me = threading.get_ident()\n",
+        "        me = enter_holder(holder)\n        try:\n            with self._cond:\n"
+        "                n = me.number\n                if self._writer == n:\n",
+        "        me = enter_holder()\n        try:\n            with self._cond:\n"
+        "                n = me.number\n                if self._writer == n:\n",
         (
             "tests/test_dogpile_backend.py::"
             "test_a_write_hold_for_a_holder_id_is_released_from_another_thread",
@@ -2230,8 +2413,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "dogpile-fence-counter-expires",
-        "a dogpile key's fencing counter expires after the release of its hold: creations "
-        "leave no key in Redis that never expires (the guard's own write locks keep theirs)",
+        "a dogpile key's fencing counter expires soon after the release of its hold "
+        "(max(lease, redis_expiration_time), not the lock layer's day)",
         "cacheguard/integrations/dogpile.py",
         "    \"redis.call('PEXPIRE', KEYS[#KEYS], ARGV[#ARGV])\\n\"\n",
         "",

@@ -224,7 +224,10 @@ class CacheGuard(WritePath):
 
         Takes the write locks of all ``names`` in one global order (two writers on
         overlapping keys cannot deadlock), invalidates them, runs the body,
-        invalidates again (also if the body raised) and releases.
+        invalidates again (also if the body raised) and releases. A lock lost
+        meanwhile (another writer may have run with the body) then raises
+        :class:`LockLostError`; if the body raised, its error wins, with the loss
+        as a note.
         """
         # The holds are this block's holder's (the context's, so nested calls in the
         # body re-enter), not the thread's: the exit may run in another thread.
@@ -334,12 +337,15 @@ class CacheGuard(WritePath):
         if isinstance(step, AcquireWrite):
             return step.lock.acquire_write(step.timeout, holder=step.holder)
         if isinstance(step, ReleaseWrites):
+            errors: list[Exception | None] = []
             for lock in reversed(step.locks):
                 try:
                     lock.release_write(holder=step.holder)
-                except Exception:
-                    log.exception("releasing the write lock of %r failed", lock.name)
-            return None
+                except Exception as exc:  # the flow tells a lost lock from a failure
+                    errors.append(exc)
+                else:
+                    errors.append(None)
+            return errors[::-1]
         raise TypeError(f"not a guard step: {step!r}")
 
     def _start_background(

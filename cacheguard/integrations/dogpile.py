@@ -35,11 +35,12 @@ per key on a cluster). A guard's codec and entry envelope would only wrap bytes
 that are already encoded, and would limit values to what the codec carries.
 
 Every write hold draws a fencing token from the key's counter
-(``<namespace>:{<key>}:fence``), which the lock layer never expires so that a
-lock's tokens only grow. The dogpile mutex shows no token, so the backend lets the
-counters of its keys expire: each release of a key's hold in Redis gives the
-counter ``max(lease, redis_expiration_time)`` seconds more, in the release's own
-round trip, and ``delete`` / ``delete_multi`` do the same (for a counter a holder
+(``<namespace>:{<key>}:fence``), which the lock layer keeps for a day after its
+last token (and starts again from the server clock, so a lock's tokens still only
+grow). The dogpile mutex shows no token, so the backend lets the counters of its
+keys go sooner: each release of a key's hold in Redis gives the counter
+``max(lease, redis_expiration_time)`` seconds more, in the release's own round
+trip, and ``delete`` / ``delete_multi`` do the same (for a counter a holder
 that died left behind). So keys that are no longer used leave nothing in Redis,
 as with dogpile.cache.redis. At least a lease: a release the watchdog still
 retries in the background (up to a lease after the hold's last renewal) never

@@ -41,7 +41,7 @@ class GuardIO(Protocol):
     def invalidate(self, *names: str) -> None: ...
     def invalidate_prefix(self, prefix: str) -> int: ...
     def rwlock(self, name: str) -> Any: ...  # the write path's lock of name
-    def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> None: ...
+    def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> Any: ...
     def release_write(self, lock: Any, holder: Any) -> None: ...
 
 
@@ -71,8 +71,8 @@ class _Blocking:
     def rwlock(self, name: str) -> Any:
         return self.guard.write_lock(name)
 
-    def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> None:
-        lock.acquire_write(timeout, holder=holder)
+    def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> Any:
+        return lock.acquire_write(timeout, holder=holder)
 
     def release_write(self, lock: Any, holder: Any) -> None:
         lock.release_write(holder=holder)
@@ -116,8 +116,8 @@ class _Awaiting:
     def rwlock(self, name: str) -> Any:
         return self.guard.write_lock(name)
 
-    def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> None:
-        self._run(lock.acquire_write(timeout))  # for the calling task, which is holder
+    def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> Any:
+        return self._run(lock.acquire_write(timeout))  # for the calling task, the holder
 
     def release_write(self, lock: Any, holder: Any) -> None:
         self._run(lock.release_write(holder=holder))
