@@ -997,7 +997,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "async-session-hooks-hold-the-keys",
         "an AsyncSession's flush write-locks and invalidates its keys until the commit",
         "cacheguard/sqlalchemy/guards.py",
-        "        return self._run(lock.acquire_write(timeout))  # for the calling task, the holder\n",
+        "        return self._run(lock.acquire_write(timeout))"
+        "  # for the calling task, the holder\n",
         "        lock.acquire_write(timeout).close()  # type: ignore[union-attr]\n"
         "        return None\n",
         (
