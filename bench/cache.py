@@ -62,6 +62,7 @@ from bench._common import (
 )
 from cacheguard import CacheGuard, CacheLoader, cached_with_lock
 from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader, async_notifier_for
+from cacheguard.cache.scripts import TIMED_GET
 from cacheguard.clients import parse_url, sync_client_from_url
 from cacheguard.deployments import OwnedRedisCluster
 from cacheguard.locks.notifier import notifier_for
@@ -277,6 +278,13 @@ class _InMemory:
     def get(self, key: str) -> bytes | None:
         return self._data.get(key)
 
+    def evalsha(self, sha: str, numkeys: int, key: str, *args: Any) -> list[Any]:
+        """TIMED_GET, the only script a hit sends (once a minute: it samples the
+        server's clock, see cacheguard/cache/server_clock.py), with this host's clock."""
+        assert sha == TIMED_GET.sha, "only TIMED_GET is answered from memory"
+        seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+        return [self._data.get(key), seconds, micros]
+
 
 def _menu_rows() -> list[dict[str, Any]]:
     return [
@@ -357,6 +365,9 @@ class _AsyncInMemory:
 
     async def get(self, key: str) -> bytes | None:
         return self._data.get(key)
+
+    async def evalsha(self, sha: str, numkeys: int, key: str, *args: Any) -> list[Any]:
+        return _InMemory.evalsha(self, sha, numkeys, key, *args)  # type: ignore[arg-type]
 
 
 def _async_hit_bodies(client: Any, guard: AsyncCacheGuard, raw_key: str) -> dict[str, Any]:

@@ -1,19 +1,69 @@
-"""Who is asking: a per-process id that changes across ``fork()``.
+"""Who is asking: a per-process id that changes across ``fork()``, and lock holders.
 
-Lock owners are ``"<process id>:<thread ident>"``. The process id is random
-rather than the pid, so two hosts (or a recycled pid) never share an owner, and
-it is regenerated in a forked child, which must not inherit its parent's locks.
+Holds belong to *holders*, not to threads. A :class:`Holder` is numbered and
+never reused, so a thread pool's next task, a thread that got a dead thread's
+ident, or a forked child can neither share nor inherit a hold.
+
+Re-entry is expressed through the context (:mod:`contextvars`): a ``with`` block
+or an acquisition that makes a new holder makes it the context's *ambient*
+holder until its holds end, and a nested acquisition in the same context (or in
+a copy of it: ``asyncio.to_thread``, AnyIO's worker threads, tasks created inside
+the block) is that holder's again, so it re-enters. A new thread starts with an
+empty context and so with no holder; a pool that copies the caller's context
+into each call (AnyIO, ``asyncio.to_thread``) gives each call its own. The
+process id is random rather than the pid, so two hosts (or a recycled pid) never
+share an owner, and it is regenerated in a forked child.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
+
+__all__ = [
+    "Holder",
+    "ambient_holder",
+    "enter_holder",
+    "leave_holder",
+    "on_fork_in_child",
+    "process_id",
+    "thread_owner",
+]
 
 _process_id = uuid.uuid4().hex[:16]
 _after_fork_hooks: list[Callable[[], None]] = []
+_holder_numbers = itertools.count(1)
+_uses_mutex = threading.Lock()
+
+
+class Holder:
+    """One holder of locks: numbered, never reused in this process.
+
+    ``uses`` counts the holds (and ``with`` blocks) in progress for it; a holder
+    with none is no context's ambient holder any more. Locks keep holders only
+    weakly: a holder that nothing references (its thread ended, its ``with``
+    block's frame is gone) has abandoned its holds."""
+
+    __slots__ = ("__weakref__", "number", "uses")
+
+    def __init__(self) -> None:
+        self.number = next(_holder_numbers)
+        self.uses = 0
+
+    @property
+    def owner(self) -> str:
+        """This holder's owner id in a distributed lock."""
+        return f"{_process_id}:h{self.number}"
+
+    def __repr__(self) -> str:
+        return f"<Holder {self.number} uses={self.uses}>"
+
+
+_ambient: ContextVar[Holder | None] = ContextVar("cacheguard_holder", default=None)
 
 
 def process_id() -> str:
@@ -21,9 +71,39 @@ def process_id() -> str:
     return _process_id
 
 
+def ambient_holder() -> Holder | None:
+    """The holder whose holds this context is inside of, if any."""
+    holder = _ambient.get()
+    return holder if holder is not None and holder.uses > 0 else None
+
+
+def enter_holder(holder: Holder | None = None) -> Holder:
+    """The holder for a hold about to be taken, its use counted: ``holder`` if
+    given, else the context's ambient holder, else a new one made ambient here."""
+    if holder is None:
+        holder = ambient_holder()
+        if holder is None:
+            holder = Holder()
+            _ambient.set(holder)
+    with _uses_mutex:
+        holder.uses += 1
+    return holder
+
+
+def leave_holder(holder: Holder) -> None:
+    """One use of ``holder`` ended (from any thread or context)."""
+    with _uses_mutex:
+        holder.uses -= 1
+        done = holder.uses <= 0
+    if done and _ambient.get() is holder:
+        _ambient.set(None)
+
+
 def thread_owner() -> str:
-    """The default lock owner: this process and the calling thread."""
-    return f"{_process_id}:{threading.get_ident()}"
+    """The default owner of a store's lock taken without ``owner=``: the ambient
+    holder's (re-entry within a context), else a new one, never reused."""
+    holder = ambient_holder()
+    return (holder or Holder()).owner
 
 
 def on_fork_in_child(hook: Callable[[], None]) -> None:

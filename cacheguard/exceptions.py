@@ -39,6 +39,7 @@ import redis
 from redis.exceptions import (
     ClusterError,
     NoPermissionError,
+    OutOfMemoryError,
     ReadOnlyError,
     SlotNotCoveredError,
     TryAgainError,
@@ -130,6 +131,9 @@ class LockLostError(LockError):
 
     Raised by ``release()`` when the handle had already lost its lock; the lock
     that may now be in Redis belongs to someone else and was left untouched.
+    Raised too when a ``guard.write`` block exits (after its closing
+    invalidation) and when a tracked session commits, if a write lock they held
+    was lost meanwhile: another writer may have run at the same time.
     """
 
 
@@ -173,13 +177,16 @@ def classify(error: BaseException) -> BaseException:
 # (CLUSTERDOWN, and MASTERDOWN: both ClusterError, as is redirects running out),
 # a slot that is moving (TRYAGAIN), no node known for a slot, a master demoted to
 # replica while we still talk to it (READONLY), a master cut off from its replicas
-# (NOREPLICAS, see classify). They pass once a failover ends.
+# (NOREPLICAS, see classify). They pass once a failover ends. And a master out of
+# memory under ``maxmemory-policy noeviction`` (OOM): it refuses writes until memory
+# is freed (docs/design.md#eviction).
 REDIS_REFUSING: Final = (
     ClusterError,
     TryAgainError,
     SlotNotCoveredError,
     ReadOnlyError,
     NoReplicasError,
+    OutOfMemoryError,
 )
 # Down for us: unreachable, refusing for now, or refusing our keys (an ACL user
 # without the namespace's key pattern). Every cacheguard policy treats them alike:

@@ -5,11 +5,11 @@ A resource (a cache key, a lock) named ``menu:list`` in namespace ``cg`` owns::
     cg:{menu:list}:v        the cached value (an envelope, see cache/entry.py)
     cg:{menu:list}:ver      the invalidation version of the cached value
     cg:{menu:list}:rw       the read-write lock hash
-    cg:{menu:list}:fence    the fencing counter (never expires)
+    cg:{menu:list}:fence    the fencing counter (a day after its last token)
     cg:{menu:list}:rel      the pub/sub channel announcing releases and fills
 
-A namespace also owns ``cg:wm``, its invalidation sequence (never expires; see
-cache/watermark.py), the channel ``cg:l1`` and, per invalidated prefix ``p``,
+A namespace also owns ``cg:wm``, its invalidation sequence (the one key that never
+expires; see cache/watermark.py), the channel ``cg:l1`` and, per invalidated prefix ``p``,
 ``cg:{p}:ps`` (the prefix's stamp). Keys outside a hash tag are the namespace,
 a colon and one colon-free word, and a namespace holds no braces: so two
 namespaces, even nested ones (``x`` and ``x:ps``), never share a key.

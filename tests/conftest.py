@@ -16,8 +16,19 @@ import pytest
 import redis
 import redis.asyncio
 
+from cacheguard._identity import _ambient
 from cacheguard.aio import async_notifier_for
 from cacheguard.testing import RedisEndpoint, redis_server, require_real_redis
+
+
+@pytest.fixture(autouse=True)
+def no_ambient_holder() -> Iterator[None]:
+    """Each test starts outside every lock holder's context: a hold an earlier test
+    left behind (a lost one never released, say) must not make this test's threads
+    and tasks, which copy the context, re-enter it (see cacheguard/_identity.py)."""
+    token = _ambient.set(None)
+    yield
+    _ambient.reset(token)
 
 
 @pytest.fixture(scope="session")

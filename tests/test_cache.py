@@ -566,6 +566,22 @@ def test_invalidation_during_fill_rejects_the_store(client: redis.Redis, namespa
     assert guard.stats().stores_rejected == 1
 
 
+def test_a_version_moved_without_the_fill_mark_rejects_the_store(
+    client: redis.Redis, namespace: str
+) -> None:
+    """The version check on its own: an invalidation that moves the version but leaves
+    the fill's ``fs`` mark (an older cacheguard's script, in a rolling upgrade)."""
+    guard = make_guard(client, namespace)
+    keys = guard.keys("k")
+    proceed, t = start_gated_fill(guard, "k", "loaded before the invalidation")
+    client.set(keys.version, 41, px=60_000)
+    assert client.hget(keys.lock, "fs") == b"1"
+    proceed.set()
+    t.join(5)
+    assert guard.peek("k") is MISSING
+    assert guard.stats().stores_rejected == 1
+
+
 def test_wait_timeout_policies(client: redis.Redis, namespace: str) -> None:
     blocker = make_guard(client, namespace)
     entered = threading.Event()

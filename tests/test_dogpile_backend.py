@@ -48,7 +48,8 @@ from cacheguard.integrations.dogpile import (
     CacheGuardMutex,
 )
 from cacheguard.keys import ResourceKeys, watermark_key
-from cacheguard.locks import LockFactory, RedisRWLock
+from cacheguard.locks import Holder, LockFactory, RedisRWLock
+from cacheguard.locks.scripts import FENCE_TTL_MS
 from tests.helpers import client_for, subscribers, wait_until
 from tests.procs import CTX, result_within, run_processes, start_process_reporting
 
@@ -443,8 +444,9 @@ def test_creations_leave_no_key_that_never_expires(
     """Keys created through a region, one of them by eight threads at once (the hold
     passed on between them), then deleted: the fencing counters their locks drew from
     expire with redis_expiration_time (dogpile.cache.redis leaves nothing behind
-    either). What the design keeps for ever is the guard's own: the counter of a key
-    its write path locked (``guard.write``) and the namespace's invalidation sequence."""
+    either). The counter of a key the guard's write path locked (``guard.write``)
+    expires a day after its last token (the lock layer's FENCE_TTL_MS); what the
+    design keeps for ever is the namespace's invalidation sequence alone."""
     region = region_on(redis_url, namespace, redis_expiration_time=120, lease=5)
     keys = [f"k{i}" for i in range(5)]
     for key in keys:
@@ -455,11 +457,9 @@ def test_creations_leave_no_key_that_never_expires(
     keys.append("busy")
     with region.backend.guard.write("written"):  # the guard's write path, on a key of its own
         pass
-    forever = {
-        ResourceKeys(namespace, "written").fence.encode(),
-        watermark_key(namespace).encode(),
-    }
+    forever = {watermark_key(namespace).encode()}
     left = ttls(client, namespace)
+    assert 120_000 < left[ResourceKeys(namespace, "written").fence.encode()] <= FENCE_TTL_MS
     for key in keys:
         assert 0 < left[ResourceKeys(namespace, key).fence.encode()] <= 120_000
         assert 0 < left[ResourceKeys(namespace, key).value.encode()] <= 120_000
@@ -481,7 +481,8 @@ def test_without_redis_expiration_time_a_counter_lives_a_lease_past_its_release(
     fence = ResourceKeys(namespace, "k").fence
     mutex = backend.get_mutex("k")
     assert mutex.acquire()
-    assert client.pttl(fence) == -1  # while held: the lock layer's counter, as it is
+    # While held: the lock layer's counter, with the lock layer's lifetime.
+    assert 1000 < client.pttl(fence) <= FENCE_TTL_MS
     backend.set_serialized("k", b"v")
     mutex.release()
     assert 0 < client.pttl(fence) <= 1000
@@ -498,13 +499,13 @@ def test_without_redis_expiration_time_a_counter_lives_a_lease_past_its_release(
 def test_delete_gives_a_dead_holders_counter_its_lifetime(
     make_backend: Any, client: redis.Redis, namespace: str
 ) -> None:
-    """A holder that died before its release left the key's counter without an
-    expiry (and a lock hash that ends with its lease): ``delete`` and
-    ``delete_multi`` give the counters theirs."""
+    """A holder that died before its release left the key's counter with the lock
+    layer's day-long lifetime (and a lock hash that ends with its lease): ``delete``
+    and ``delete_multi`` give the counters the backend's own, shorter one."""
     for key in ("a", "b", "c"):
         # What a holder killed mid-creation leaves: no watchdog, never released.
         RedisRWLock(client, key, namespace=namespace, lease=60, watchdog=False).acquire_write()
-        assert client.pttl(ResourceKeys(namespace, key).fence) == -1
+        assert 30_000 < client.pttl(ResourceKeys(namespace, key).fence) <= FENCE_TTL_MS
         assert 0 < client.pttl(ResourceKeys(namespace, key).lock) <= 60_000
     backend = make_backend(redis_expiration_time=30)
     backend.set_serialized_multi({"a": b"1", "b": b"2", "c": b"3"})
@@ -862,14 +863,15 @@ def test_a_write_hold_for_a_holder_id_is_released_from_another_thread(
 ) -> None:
     factory = LockFactory(client, namespace=namespace, lease=5, timeout=5)
     lock = factory.rwlock("k")
-    handle = lock.acquire_write(5, holder=-1)
+    h1 = Holder()
+    handle = lock.acquire_write(5, holder=h1)
     assert not lock.local.is_write_held_by_me()  # the hold is not this thread's
     with pytest.raises(LockTimeout):  # so this thread does not re-enter it
         lock.acquire_write(0.2)
     assert lock.try_acquire_write() is None
-    assert lock.try_acquire_write(holder=-1) is handle  # the holder id re-enters
-    lock.release_write(holder=-1)
-    released = threading.Thread(target=lambda: lock.release_write(holder=-1))
+    assert lock.try_acquire_write(holder=h1) is handle  # the holder id re-enters
+    lock.release_write(holder=h1)
+    released = threading.Thread(target=lambda: lock.release_write(holder=h1))
     released.start()
     released.join(10)
     assert lock.local.is_free()
@@ -881,24 +883,26 @@ def test_try_acquire_write_leaves_no_waiting_mark(
 ) -> None:
     here = LockFactory(client, namespace=namespace).rwlock("k")
     elsewhere = LockFactory(other_client, namespace=namespace).rwlock("k")
+    h2 = Holder()
     with elsewhere.write(5):
-        assert here.try_acquire_write(holder=-2) is None
+        assert here.try_acquire_write(holder=h2) is None
         assert waiting_marks(client, namespace, "k") == 0
         assert here.local.is_free()
-    handle = here.try_acquire_write(holder=-2)
+    handle = here.try_acquire_write(holder=h2)
     assert handle is not None
-    here.release_write(holder=-2)
+    here.release_write(holder=h2)
 
 
 def test_a_reading_thread_asking_for_a_holder_ids_write_is_refused(
     client: redis.Redis, namespace: str
 ) -> None:
     lock = LockFactory(client, namespace=namespace).rwlock("k")
+    h3 = Holder()
     with lock.read(5):
         with pytest.raises(LockUpgradeError):
-            lock.acquire_write(5, holder=-3)  # it would wait for this very thread
+            lock.acquire_write(5, holder=h3)  # it would wait for this very thread
         with pytest.raises(LockUpgradeError):
-            lock.try_acquire_write(holder=-3)
+            lock.try_acquire_write(holder=h3)
 
 
 # -- the deployments its URLs name ---------------------------------------------------------------

@@ -77,6 +77,7 @@ class Job:
         self.timer = timer or Clock()
         self.settings = GuardSettings(namespace="ns", **settings)
         self.stamp_keys: tuple[str, ...] = ()
+        self.floor = 0
         self.writing_here = False
 
     def make(self) -> FillJob:
@@ -88,7 +89,7 @@ class Job:
             ttl=60.0,
             none_ttl=MISSING,
             writing_here=self.writing_here,
-            stamp_keys=self.stamp_keys,
+            stamps=lambda: (self.stamp_keys, self.floor),
             timer=self.timer,
             clock=lambda: NOW,
             rng=lambda: 0.5,
@@ -433,7 +434,7 @@ def test_invalidate_calls_and_the_lift() -> None:
 
     invalidation = Invalidation("ns", 1000)
     (call,) = invalidation.calls(["a:b"], 7)
-    assert call[1] == ["ns:{a:b}:v", "ns:{a:b}:ver"]
+    assert call[1] == ["ns:{a:b}:v", "ns:{a:b}:ver", "ns:{a:b}:rw"]
     assert call[2] == [1000, "ns:l1", "a:b", 7, "", wire.POISON_FLOOR]
     assert invalidation.lift([7, 7], 7) is None
     lifted = invalidation.lift([7, 9], 7)

@@ -8,7 +8,7 @@ the fill-start check can refuse.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import functools
 import threading
 import time
@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
-from cacheguard import MISSING, LockHandle, RedisRWLock
+from cacheguard import MISSING, LockHandle, LockLostError, RedisRWLock
+from cacheguard.aio import AsyncCacheGuard
 from cacheguard.backoff import Backoff
 from cacheguard.cache.codec import MsgpackCodec
 from cacheguard.cache.entry import pack_entry
@@ -74,19 +76,23 @@ def test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end(
 ) -> None:
     """A writer paused past its lease loses its lock mid-body; a reader then fills
     the key from the database as it was before the commit. The invalidation that
-    closes the write path (also when the body raised) drops that value."""
+    closes the write path (also when the body raised) drops that value; then the
+    loss is raised (LockLostError), unless the body's own error is."""
     writer = make_guard(client, namespace)
     reader = make_guard(client, namespace)  # another owner of the same keys
 
     class BodyFailed(Exception):
         pass
 
-    with contextlib.suppress(BodyFailed), writer.write("k"):
+    def body() -> None:
         client.delete(writer.keys("k").lock)  # the lease ran out
         assert reader.get_or_load("k", lambda: "before the commit", ttl=60) == ("before the commit")
         assert reader.peek("k") == "before the commit"
         if body_raises:
             raise BodyFailed
+
+    with pytest.raises(BodyFailed if body_raises else LockLostError), writer.write("k"):
+        body()
     assert reader.peek("k") is MISSING
     assert reader.get_or_load("k", lambda: "after the commit", ttl=60) == "after the commit"
 
@@ -133,3 +139,132 @@ def test_a_dead_fillers_fill_ends_with_its_lease_while_others_keep_the_lock_aliv
         assert guard.peek("k") == "loaded"
     finally:
         held.release()
+
+
+# -- the hit path's flight seal, and how long a fill's version stays provable ------------
+
+
+def _joined_as_follower(guard: Any, name: str) -> bool:
+    """Has a caller joined ``name``'s flight after its leader's GET was sent?"""
+    flight = guard._flights._flights.get(name)
+    return flight is not None and flight.newest_follower >= 1
+
+
+def test_a_read_that_starts_after_a_write_never_shares_a_get_sent_before_it(
+    client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader's GET has been answered by Redis (the old value) but the reply is
+    held up; meanwhile ``guard.write`` runs and returns. A read that starts now joins
+    the leader's flight, yet must not take that reply: the flight was sealed for the
+    GET, so the late follower reads again and loads the new value."""
+    guard = make_guard(client, namespace)
+    db = {"k": "old"}
+    assert guard.get_or_load("k", lambda: db["k"], ttl=60) == "old"
+    got_reply, deliver = threading.Event(), threading.Event()
+    real_get = client.get
+
+    def held_get(key: Any) -> Any:
+        reply = real_get(key)
+        if threading.current_thread().name == "early reader":
+            got_reply.set()
+            assert deliver.wait(10)
+        return reply
+
+    monkeypatch.setattr(client, "get", held_get)
+    got: dict[str, Any] = {}
+
+    def read(who: str) -> None:
+        got[who] = guard.get_or_load("k", lambda: db["k"], ttl=60)
+
+    early = threading.Thread(target=read, args=("early reader",), name="early reader")
+    early.start()
+    assert got_reply.wait(5), "the early reader's GET was never answered"
+    with guard.write("k"):
+        db["k"] = "new"
+    late = threading.Thread(target=read, args=("late reader",), name="late reader")
+    late.start()
+    assert wait_until(lambda: _joined_as_follower(guard, "k"))
+    deliver.set()
+    early.join(10)
+    late.join(10)
+    assert got == {"early reader": "old", "late reader": "new"}
+
+
+async def test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it(
+    aclient: redis.asyncio.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asyncio guard's twin of the test above: the leader's GET reply is held
+    until a task that started after ``write`` returned has joined its flight."""
+    guard = AsyncCacheGuard(aclient, namespace=namespace, ttl_jitter=0)
+    db = {"k": "old"}
+    assert await guard.get_or_load("k", lambda: db["k"], ttl=60) == "old"
+    got_reply, deliver = asyncio.Event(), asyncio.Event()
+    real_get = aclient.get
+
+    async def held_get(key: Any) -> Any:
+        reply = await real_get(key)
+        task = asyncio.current_task()
+        if task is not None and task.get_name() == "early reader":
+            got_reply.set()
+            await asyncio.wait_for(deliver.wait(), 10)
+        return reply
+
+    monkeypatch.setattr(aclient, "get", held_get)
+
+    async def read() -> Any:
+        return await guard.get_or_load("k", lambda: db["k"], ttl=60)
+
+    early = asyncio.create_task(read(), name="early reader")
+    await asyncio.wait_for(got_reply.wait(), 5)
+    async with guard.write("k"):
+        db["k"] = "new"
+    late = asyncio.create_task(read(), name="late reader")
+    deadline = asyncio.get_running_loop().time() + 5
+    while not _joined_as_follower(guard, "k"):
+        assert asyncio.get_running_loop().time() < deadline, "the late reader never joined"
+        await asyncio.sleep(0)  # let the late task run up to its wait
+    deliver.set()
+    assert await asyncio.wait_for(early, 10) == "old"
+    assert await asyncio.wait_for(late, 10) == "new"
+    await guard.aclose()
+
+
+def _server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_a_fill_older_than_version_ttl_does_not_store(client: redis.Redis, namespace: str) -> None:
+    """An invalidation during a fill moves the key's version; that record lives for
+    ``version_ttl``. A fill still loading once it is gone would find no version, the
+    very "none" it began with, and store what it loaded before the invalidation:
+    a fill older than ``version_ttl`` cannot prove its version, so it stores nothing."""
+    guard = make_guard(client, namespace, version_ttl=1.0)
+    release, fill = start_gated_fill(guard, "k", "before the invalidation")
+    guard.invalidate("k")
+    version_key = guard.keys("k").version
+    assert client.exists(version_key)
+    assert wait_until(lambda: not client.exists(version_key), timeout=10)  # forgotten
+    release.set()
+    fill.join(10)
+    assert guard.peek("k") is MISSING
+    assert guard.get_or_load("k", lambda: "after", ttl=60) == "after"
+
+
+def test_a_fill_keeps_its_keys_version_alive_until_it_stores(
+    client: redis.Redis, namespace: str
+) -> None:
+    """The key's version was about to expire when a fill began. fill_begin renews
+    it for ``version_ttl``, so the store at the fill's end still finds the version
+    it began with (without the renewal it would be gone, and the store refused)."""
+    guard = make_guard(client, namespace, version_ttl=60.0)
+    guard.invalidate("k")
+    version_key = guard.keys("k").version
+    assert client.pexpire(version_key, 300)
+    ends = int(client.execute_command("PEXPIRETIME", version_key))
+    release, fill = start_gated_fill(guard, "k", "loaded")
+    # Past the moment the version would have expired, by the server's clock.
+    assert wait_until(lambda: _server_ms(client) > ends + 50, timeout=10)
+    release.set()
+    fill.join(10)
+    assert guard.peek("k") == "loaded"

@@ -122,6 +122,46 @@ async def test_invalidate_makes_the_next_read_load(make: Make) -> None:
     assert await guard.get_or_load("k", Loads("new"), ttl=60) == "new"
 
 
+@pytest.mark.parametrize("how", ["invalidate", "invalidate_prefix"])
+async def test_an_evicted_version_key_does_not_let_the_old_value_in(
+    make: Make, client: redis.Redis, how: str
+) -> None:
+    # A cold key: the fill begins at version '0'. The invalidation during the load
+    # writes a version, which eviction (here a DEL) takes away before the fill ends;
+    # the version alone would read "never invalidated". (Real eviction: test_eviction.py.)
+    guard = make()
+    keys = guard.keys("evicted:k")
+    gate = threading.Event()
+    loads = Loads("old", gate=gate)
+    filling = asyncio.ensure_future(guard.get_or_load("evicted:k", loads, ttl=60))
+    await started(loads)
+    if how == "invalidate":
+        await guard.invalidate("evicted:k")
+    else:
+        assert await guard.invalidate_prefix("evicted:") == 1  # found by its lock hash
+    assert client.exists(keys.version)
+    client.delete(keys.version)
+    assert client.hexists(keys.lock, "fill")  # the fill's hold is still there
+    gate.set()
+    assert await filling == "old"  # the caller gets what it loaded, the cache does not
+    assert await guard.peek("evicted:k") is MISSING
+    assert await guard.get_or_load("evicted:k", Loads("new"), ttl=60) == "new"
+
+
+async def test_an_evicted_lock_hash_takes_the_fill_with_it(make: Make, client: redis.Redis) -> None:
+    guard = make()
+    keys = guard.keys("k")
+    gate = threading.Event()
+    loads = Loads("old", gate=gate)
+    filling = asyncio.ensure_future(guard.get_or_load("k", loads, ttl=60))
+    await started(loads)
+    client.delete(keys.lock)  # evicted: the fill's hold (and its right to store) is gone
+    gate.set()
+    assert await filling == "old"
+    assert await guard.peek("k") is MISSING
+    assert await guard.get_or_load("k", Loads("new"), ttl=60) == "new"
+
+
 async def test_a_value_loaded_during_a_write_is_not_stored(make: Make, client: redis.Redis) -> None:
     guard, other = make(), make()
     async with guard.write("k"):

@@ -6,17 +6,21 @@ owner, upgrade refused with ``LockUpgradeError``, a holder that dies frees the l
 by itself; plus what a store offers on top (fencing tokens, writer preference,
 a frozen holder taken over). Stores: tests/lock_stores.py.
 
-Owners are threads (every store's default owner is the calling thread), so
-"another owner" is another thread here, or another process.
+Holds belong to holders, not threads (cacheguard/_identity.py): a store's default
+owner is the context's holder, so "another owner" is another thread here (a new
+thread starts with no holder), or another process; a hold handed between the
+threads of a pool stays one hold, and the pool's next caller is another owner.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -48,6 +52,31 @@ def _hold_in_child(
 
 
 # -- sharing and excluding ----------------------------------------------------------
+
+
+def test_a_hold_handed_between_pool_threads_stays_one_owners(store: Store, name: str) -> None:
+    """A ``with`` block entered on one pool worker and left on another (as ASGI
+    servers run a sync dependency, each call in a copy of the caller's context):
+    the worker that entered serves the next caller, who is another owner."""
+    enter_pool, exit_pool = ThreadPoolExecutor(max_workers=1), ThreadPoolExecutor(max_workers=1)
+
+    def on(pool: ThreadPoolExecutor, call: Callable[..., Any], *args: Any) -> Any:
+        return pool.submit(contextvars.copy_context().run, call, *args).result(timeout=30)
+
+    try:
+        block = store.make(name).write(timeout=5)
+        handle = on(enter_pool, block.__enter__)
+        for take in ("try_acquire_write", "try_acquire_read"):
+            # The same worker thread, the next request: no share of the hold.
+            assert on(enter_pool, getattr(store.make(name), take)) is None, take
+        on(exit_pool, block.__exit__, None, None, None)  # released from another thread
+        assert handle.released
+        again = on(enter_pool, store.make(name).try_acquire_write)
+        assert again is not None
+        on(exit_pool, again.release)
+    finally:
+        enter_pool.shutdown()
+        exit_pool.shutdown()
 
 
 def test_readers_share(store: Store, name: str) -> None:

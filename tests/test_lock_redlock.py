@@ -37,6 +37,7 @@ from cacheguard.exceptions import (
     LockUpgradeError,
 )
 from cacheguard.locks import RedlockRWLock, quorum
+from cacheguard.locks.scripts import FENCE_TTL_MS
 from cacheguard.testing import OwnedRedisServer
 from tests.lock_stores import REDLOCK_LEASE, redlock_lock, redlock_masters, redlock_writer_waiting
 from tests.procs import CTX, run_processes, start_process
@@ -390,6 +391,23 @@ def test_fencing_tokens_increase_across_different_majorities(
         for other in others:
             other.release()
     assert tokens == sorted(set(tokens)), tokens
+
+
+def test_fencing_counters_expire_and_tokens_still_increase(
+    masters: list[OwnedRedisServer], namespace: str, probes: list[redis.Redis]
+) -> None:
+    lock = make_lock(masters, namespace)
+    with lock.write(timeout=5) as first:
+        pass
+    # Every master's counter (raised to the token where it was lower) has a lifetime.
+    lifetimes = [probe.pttl(lock.keys.fence) for probe in probes]
+    assert all(0 < ttl <= FENCE_TTL_MS for ttl in lifetimes), lifetimes
+    assert {int(probe.get(lock.keys.fence) or 0) for probe in probes} == {first.token}
+    for probe in probes:
+        probe.delete(lock.keys.fence)  # a day without writes: every counter expired
+    with lock.write(timeout=5) as second:
+        pass
+    assert second.token > first.token
 
 
 # -- many owners at once ---------------------------------------------------------------------------

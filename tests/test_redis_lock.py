@@ -20,6 +20,7 @@ from cacheguard import (
     RedisRWLock,
     Watchdog,
 )
+from cacheguard.locks.scripts import FENCE_TTL_MS
 from cacheguard.testing import free_port
 from tests.helpers import wait_until
 
@@ -74,8 +75,8 @@ def test_write_lock_layout_and_release(client: redis.Redis, namespace: str) -> N
         assert 0 < client.pttl(lock.keys.lock) <= 30_000
         assert handle.token == int(client.get(lock.keys.fence))
     assert not client.exists(lock.keys.lock)
-    assert client.exists(lock.keys.fence)  # the fencing counter never expires
-    assert client.ttl(lock.keys.fence) == -1
+    # The fencing counter outlives the release: a day after its last token.
+    assert 0 < client.pttl(lock.keys.fence) <= FENCE_TTL_MS
 
 
 def test_reentrant_counts_downgrade_and_upgrade(client: redis.Redis, namespace: str) -> None:
@@ -178,6 +179,49 @@ def test_fencing_tokens_strictly_increase(client: redis.Redis, namespace: str) -
         with lock.write() as h:
             tokens.append(h.token)
     assert tokens == sorted(set(tokens))
+
+
+def server_us(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def test_fencing_tokens_increase_after_the_counter_expired(
+    client: redis.Redis, namespace: str
+) -> None:
+    lock = make(client, namespace)
+    before = server_us(client)
+    with lock.write() as first:
+        pass
+    assert first.token >= before  # a new counter starts from the server clock (µs)
+    with lock.write() as second:
+        pass
+    assert second.token == first.token + 1  # then counts up
+    ttl = client.pttl(lock.keys.fence)
+    assert 0 < ttl <= FENCE_TTL_MS
+    client.pexpire(lock.keys.fence, 1)  # the counter expires (unused for a day)
+    assert wait_until(lambda: not client.exists(lock.keys.fence), 5)
+    with lock.write() as third:
+        pass
+    assert third.token > second.token
+    with lock.write() as fourth:
+        pass
+    assert fourth.token == third.token + 1
+
+
+def test_a_counter_without_a_lifetime_gets_one_on_its_next_token(
+    client: redis.Redis, namespace: str
+) -> None:
+    """A counter left by an older version (no TTL, a small number) counts on, and
+    from then on expires; once it has, the clock takes over, far above it."""
+    lock = make(client, namespace)
+    client.set(lock.keys.fence, 57)
+    with lock.write() as handle:
+        assert handle.token == 58
+    assert 0 < client.pttl(lock.keys.fence) <= FENCE_TTL_MS
+    client.delete(lock.keys.fence)
+    with lock.write() as handle:
+        assert handle.token > 58
 
 
 def test_lock_timeout_within_deadline(client: redis.Redis, namespace: str) -> None:

@@ -14,7 +14,13 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from cacheguard import MISSING, BackendUnavailable, KeyTemplateError, LockTimeout
+from cacheguard import (
+    MISSING,
+    BackendUnavailable,
+    KeyTemplateError,
+    LockLostError,
+    LockTimeout,
+)
 from cacheguard.sqlalchemy import track_models
 from cacheguard.testing import free_port
 from tests import sa_support
@@ -54,6 +60,37 @@ def _lock_is_free(stack: Stack, name: str) -> bool:
 
 
 # -- commit, rollback, close -----------------------------------------------------------------------
+
+
+def test_a_write_lock_lost_before_the_commit_fails_it(
+    stack: Stack, redis_url: str, namespace: str
+) -> None:
+    other = make_guard(client_for(redis_url), namespace)  # another process's guard
+    try:
+        with stack.sessions() as session:
+            session.get(stack.menu, 2).name = "written after the loss"
+            session.flush()
+            handle = session.info[stack.tracker._info_key].handles["menu:2"]
+            # The lock's hash vanishes, another writer gets in and a reader stores a value.
+            assert stack.client.delete(stack.guard.keys("menu:2").lock) == 1
+            with other.write("menu:2", timeout=5):
+                pass
+            assert other.get_or_load("menu:2", lambda: "stale", ttl=60) == "stale"
+            assert not handle.renew()  # what the watchdog's next renewal finds
+            with pytest.raises(LockLostError) as lost:
+                session.commit()
+            assert (lost.value.name, lost.value.mode) == ("menu:2", "write")
+            assert "not committed" in str(lost.value)
+            with pytest.raises(LockLostError):
+                session.commit()  # nothing commits until the transaction is rolled back
+            session.rollback()
+            assert stack.tracker.held_keys(session) == frozenset()
+        assert other.peek("menu:2") is MISSING  # invalidated again at the rollback
+        assert all(_lock_is_free(stack, n) for n in ("menu:list", "menu:2", "menu:children:1"))
+        assert stack.name_of(2) == "menu 2"  # the change was not committed
+    finally:
+        other.close()
+        other.client.close()
 
 
 def test_update_through_a_session_is_seen_by_every_process(

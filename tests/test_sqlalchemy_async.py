@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
-from cacheguard import MISSING, CacheGuard
+from cacheguard import MISSING, CacheGuard, LockLostError
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.sqlalchemy import sqlite_async_engine, track_models
 from tests import sa_support
@@ -82,6 +82,40 @@ async def test_a_commit_invalidates_what_readers_see(stack: AsyncStack) -> None:
         assert await stack.guard.peek("menu:2") is MISSING
     assert await stack.name_of(2) == "Soups"
     assert stack.tracker.held_keys(session.sync_session) == frozenset()
+
+
+async def test_a_write_lock_lost_before_the_commit_fails_it(
+    stack: AsyncStack, client: redis.Redis, redis_url: str
+) -> None:
+    # Another process's guard: its own client and owner.
+    other = AsyncCacheGuard(
+        redis.asyncio.Redis.from_url(redis_url), namespace=stack.guard.namespace, wait_timeout=10
+    )
+    try:
+        async with stack.sessions() as session:
+            (await session.get(stack.menu, 2)).name = "written after the loss"
+            await session.flush()
+            handle = session.sync_session.info[stack.tracker._info_key].handles["menu:2"]
+            # The lock's hash vanishes, another writer gets in and a reader stores a value.
+            assert client.delete(stack.guard.keys("menu:2").lock) == 1
+            async with other.write("menu:2", timeout=5):
+                pass
+            assert await other.get_or_load("menu:2", lambda: "stale", ttl=60) == "stale"
+            assert not await handle.renew()  # what the watchdog's next renewal finds
+            with pytest.raises(LockLostError) as lost:
+                await session.commit()
+            assert (lost.value.name, lost.value.mode) == ("menu:2", "write")
+            with pytest.raises(LockLostError):
+                await session.commit()  # nothing commits until the transaction is rolled back
+            await session.rollback()
+            assert stack.tracker.held_keys(session.sync_session) == frozenset()
+        assert await other.peek("menu:2") is MISSING  # invalidated again at the rollback
+        for name in ("menu:list", "menu:2", "menu:children:1"):
+            assert not client.exists(stack.guard.keys(name).lock)
+        assert await stack.name_of(2) == "menu 2"  # the change was not committed
+    finally:
+        await other.aclose()
+        await other.client.aclose()
 
 
 async def test_a_reader_waits_for_the_transaction_and_sees_the_commit(

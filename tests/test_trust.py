@@ -26,6 +26,7 @@ from cacheguard import (
     CacheLoader,
     RecursiveLoadError,
 )
+from cacheguard.cache.entry import pack_entry
 from tests.helpers import make_guard, run_threads, start_gated_fill, wait_until
 
 
@@ -273,19 +274,24 @@ def test_max_load_time_is_validated(client: redis.Redis, namespace: str) -> None
 def test_on_timeout_stale_serves_the_last_value_after_a_wait_timeout(
     redis_url: str, namespace: str, guards: list[CacheGuard]
 ) -> None:
-    offset = [0.0]
-
-    def clock() -> float:
-        return time.time() + offset[0]
-
-    settings: dict[str, Any] = {"on_timeout": "stale", "wait_timeout": 0.3, "clock": clock}
+    settings: dict[str, Any] = {"on_timeout": "stale", "wait_timeout": 0.3}
     reader = make_guard(redis.Redis.from_url(redis_url), namespace, **settings)
     filler = make_guard(redis.Redis.from_url(redis_url), namespace, **settings)
     guards += [reader, filler]
     assert reader.get_or_load("k", lambda: "v1", ttl=30) == "v1"
     # Kept in Redis past its expiry (stale_ttl is 0): one more TTL, for timeouts only.
-    assert reader.client.pttl(reader.keys("k").value) > 30_000
-    offset[0] = 45.0  # logically expired now, still stored
+    value_key = reader.keys("k").value
+    kept_ms = reader.client.pttl(value_key)
+    assert kept_ms > 30_000
+    # Loaded 45 s ago by the server's clock (which judges ages): logically expired
+    # now, still stored.
+    stored = reader.peek_entry("k")
+    assert stored is not None
+    seconds, micros = reader.client.time()
+    aged = stored._replace(created=seconds + micros / 1e6 - 45)
+    reader.client.set(value_key, pack_entry(reader.settings.codec, aged.value, created=aged.created,
+                      ttl=aged.ttl, version=aged.version, load_duration=aged.load_duration),
+                      px=kept_ms)  # fmt: skip
     assert reader.peek("k") is MISSING  # an expired value is not a hit
     release, thread = start_gated_fill(filler, "k", "v2")  # a slow reload is under way
     try:

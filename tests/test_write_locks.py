@@ -18,7 +18,14 @@ import redis.asyncio
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from cacheguard import MISSING, CacheGuard, LockFactory, LockTimeout, RedisRWLock
+from cacheguard import (
+    MISSING,
+    CacheGuard,
+    LockFactory,
+    LockLostError,
+    LockTimeout,
+    RedisRWLock,
+)
 from cacheguard.aio import AsyncCacheGuard, AsyncRedisRWLock
 from cacheguard.sqlalchemy import sqlite_engine, track_models
 from tests.lock_stores import STORES, Store, held_briefly, in_thread
@@ -145,6 +152,42 @@ def test_a_lock_factory_needs_a_client_or_a_store(client: redis.Redis) -> None:
 def _read_and_release(lock: Any) -> str:
     with lock.read(timeout=5):
         return "read"
+
+
+def test_a_stores_lock_lost_during_a_write_fails_the_write(
+    store: Store, client: redis.Redis, namespace: str
+) -> None:
+    handles: list[Any] = []
+
+    def recording(name: str) -> Any:  # the store's lock, its write handles noted
+        lock = store.make(name)
+        acquire = lock.acquire_write
+
+        def acquire_write(timeout: float | None = None, **kwargs: Any) -> Any:
+            handles.append(acquire(timeout, **kwargs))
+            return handles[-1]
+
+        lock.acquire_write = acquire_write
+        return lock
+
+    guard = CacheGuard(client, namespace=namespace, write_locks=recording, wait_timeout=5)
+    try:
+
+        def body() -> None:
+            # What the store's renewal does when it finds the holding gone.
+            handles[-1]._mark_lost("the test took it away")
+            guard.get_or_load("menu:7", lambda: "during", ttl=60)
+
+        with pytest.raises(LockLostError) as lost, guard.write("menu:7"):
+            body()
+        assert lost.value.name == "menu:7"
+        assert "the test took it away" in str(lost.value)
+        assert guard.peek("menu:7") is guard_missing()  # invalidated again first
+        # (The holding itself was never taken away here, so what a store's release
+        # does with it is the store's business: tests/test_lost_write_locks.py loses
+        # a Redis lock for real and checks that nothing stays held.)
+    finally:
+        guard.close()
 
 
 def test_write_locks_must_make_locks(client: redis.Redis, namespace: str) -> None:

@@ -152,6 +152,22 @@ def test_on_one_server_the_sequence_failing_is_the_invalidation_failing(failure:
         play(flows._invalidate_flow(["a"]), [(Pipelined, failure)])
 
 
+def test_a_full_redis_poisons_even_on_one_server() -> None:
+    # noeviction, memory full: the sequence's INCR is refused, but the invalidation's
+    # own script is not (it deletes first): poisoning goes through and is no failure.
+    full = redis.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+    flows = guard(cluster=False)
+    _, steps = play(
+        flows._invalidate_flow(["a"]), [(Pipelined, [full]), (Pipelined, replies(POISONED))]
+    )
+    assert scripts(steps[1]) == [INVALIDATE]
+    assert stamps(steps[1]) == [("", "")]
+    assert flows.stats().backend_errors == 0
+    # A prefix stamp needs a number: refused, that is Redis down for the caller.
+    with pytest.raises(BackendUnavailable):
+        play(guard(cluster=False)._invalidate_prefix_flow("menu:"), [(Pipelined, [full])])
+
+
 def test_versions_found_poisoned_are_healed_with_a_number_taken_afterwards() -> None:
     flows = guard()
     _, steps = play(
@@ -165,7 +181,7 @@ def test_versions_found_poisoned_are_healed_with_a_number_taken_afterwards() -> 
     )
     assert scripts(steps[2]) == [NEXT_STAMP]
     assert scripts(steps[3]) == [INVALIDATE]
-    assert steps[3].calls[0][1] == ["ns:{a}:v", "ns:{a}:ver"]
+    assert steps[3].calls[0][1] == ["ns:{a}:v", "ns:{a}:ver", "ns:{a}:rw"]
     assert stamps(steps[3]) == [(9, POISONED + 1)]  # only if still the version it wrote
 
 

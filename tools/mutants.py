@@ -87,9 +87,50 @@ MUTANTS: tuple[Mutant, ...] = (
         "lock-fencing-tokens",
         "every fresh write holding takes a new, higher fencing token",
         "cacheguard/locks/scripts.py",
-        "s.g[owner] = tostring(redis.call('INCR', fence))",
-        "s.g[owner] = tostring(redis.call('GET', fence) or '1')",
+        "    redis.call('INCR', fence)\n",
+        "",
         ("tests/test_redis_lock.py::test_fencing_tokens_strictly_increase",),
+    ),
+    Mutant(
+        "lock-fencing-after-expiry",
+        "fencing tokens still increase after the lock's counter expired: a new counter "
+        "starts from the server clock (µs), above every token handed out before",
+        "cacheguard/locks/scripts.py",
+        "  local token = time_epoch()\n",
+        "  local token = '1'\n",
+        ("tests/test_redis_lock.py::test_fencing_tokens_increase_after_the_counter_expired",),
+    ),
+    Mutant(
+        "lock-fence-counter-expires",
+        "a lock's fencing counter expires (a day after its last token): every key cacheguard "
+        "writes has a TTL but the namespace's invalidation sequence",
+        "cacheguard/locks/scripts.py",
+        "  redis.call('SET', fence, token, 'PX', FENCE_TTL_MS)\n",
+        "  redis.call('SET', fence, token)\n",
+        (
+            "tests/test_key_lifetimes.py::test_the_lock_alone_leaves_nothing_without_a_ttl",
+            "tests/test_key_lifetimes.py::"
+            "test_a_guards_workload_leaves_only_the_sequence_without_a_ttl[sync]",
+            "tests/test_key_lifetimes.py::"
+            "test_a_guards_workload_leaves_only_the_sequence_without_a_ttl[async]",
+        ),
+    ),
+    Mutant(
+        "lock-fence-counter-lifetime-renewed",
+        "each token taken from a fencing counter renews its lifetime (also a counter an "
+        "older version left without one)",
+        "cacheguard/locks/scripts.py",
+        "    redis.call('PEXPIRE', fence, FENCE_TTL_MS)\n",
+        "",
+        ("tests/test_redis_lock.py::test_a_counter_without_a_lifetime_gets_one_on_its_next_token",),
+    ),
+    Mutant(
+        "redlock-raised-fence-expires",
+        "a Redlock token written back to a master's fencing counter keeps the counter expiring",
+        "cacheguard/locks/quorum.py",
+        "  redis.call('SET', KEYS[1], ARGV[1], 'PX', FENCE_TTL_MS)\n",
+        "  redis.call('SET', KEYS[1], ARGV[1])\n",
+        ("tests/test_lock_redlock.py::test_fencing_counters_expire_and_tokens_still_increase",),
     ),
     Mutant(
         "lock-expired-holders-swept",
@@ -133,6 +174,98 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         ("tests/test_notifier.py::test_subscription_is_confirmed_and_woken",),
     ),
+    # -- ownership follows the holder (cacheguard/_identity.py, locks/; issue #23) ----------------
+    Mutant(
+        "holder-not-thread",
+        "a hold belongs to its holder, not to the thread: the next request on a pool thread "
+        "does not re-enter a hold another request entered there",
+        "cacheguard/_identity.py",
+        "            holder = Holder()\n            _ambient.set(holder)\n",
+        "            holder = globals().setdefault('_by_thread', {}).setdefault(\n"
+        "                threading.get_ident(), Holder()\n            )\n",
+        (
+            "tests/test_ownership.py::test_guard_write_excludes_requests_sharing_pool_threads",
+            "tests/test_ownership.py::test_two_tier_write_excludes_requests_sharing_pool_threads",
+        ),
+    ),
+    Mutant(
+        "holder-owner-never-reused",
+        "a store's default owner is its holder's, never a thread's: a pool's next caller and "
+        "a thread with a reused ident are other owners",
+        "cacheguard/_identity.py",
+        '        return f"{_process_id}:h{self.number}"\n',
+        '        return f"{_process_id}:{threading.get_ident()}"\n',
+        (
+            "tests/test_lock_contract.py::"
+            "test_a_hold_handed_between_pool_threads_stays_one_owners[redis]",
+            "tests/test_ownership.py::test_ident_reuse_does_not_inherit_a_store_hold",
+        ),
+    ),
+    Mutant(
+        "holder-context-reentry",
+        "nested acquisitions in one context, and in copies of it, re-enter the context's hold",
+        "cacheguard/_identity.py",
+        "    if holder is None:\n        holder = ambient_holder()\n        if holder is None:\n",
+        "    if holder is None:\n        holder = None\n        if holder is None:\n",
+        ("tests/test_ownership.py::test_nested_blocks_in_one_context_reenter_and_copies_carry_it",),
+    ),
+    Mutant(
+        "holder-abandoned-holds-end",
+        "a holder collected while holding (its thread ended) has its local holds ended",
+        "cacheguard/locks/local.py",
+        "            self._holders[n] = weakref.ref(holder, lambda _ref: self._collected(n))\n",
+        "            self._holders[n] = weakref.ref(holder)\n",
+        ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
+    ),
+    Mutant(
+        "holder-abandoned-distributed-hold-released",
+        "an abandoned two-tier write hold is given back in Redis too, not renewed for ever",
+        "cacheguard/locks/two_tier.py",
+        "                if self._write_handle is not None:\n"
+        "                    released.append(self._write_handle)\n",
+        "",
+        ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
+    ),
+    Mutant(
+        "watchdog-weak-store-handles",
+        "a RedisRWLock handle dropped unreleased (its thread ended) is no longer renewed",
+        "cacheguard/locks/redis_rwlock.py",
+        "            self._watchdog.watch(handle, renew_for=renew_for, weak=True)\n",
+        "            self._watchdog.watch(handle, renew_for=renew_for)\n",
+        ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
+    ),
+    Mutant(
+        "watchdog-releases-dropped-handles",
+        "the watchdog releases a dropped handle's holding at once instead of renewing it",
+        "cacheguard/locks/watchdog.py",
+        "            if not entry.releasing and entry.abandoned:\n",
+        "            if False:\n",
+        ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
+    ),
+    Mutant(
+        "two-tier-reentered-read-joins",
+        "a holder re-entering a two-tier read lock joins its own shared hold even while a "
+        "remote writer waits (no wait for itself)",
+        "cacheguard/locks/two_tier.py",
+        "                joinable = reentry or self._gate.wait_for(\n",
+        "                joinable = self._gate.wait_for(\n",
+        (
+            "tests/test_ownership.py::"
+            "test_reentered_read_does_not_wait_behind_a_queued_remote_writer",
+        ),
+    ),
+    Mutant(
+        "aio-two-tier-reentered-read-joins",
+        "a task re-entering an asyncio two-tier read lock joins its own shared hold even while "
+        "a remote writer waits",
+        "cacheguard/aio/two_tier.py",
+        "            if self._readers and stale and not reentry:\n",
+        "            if self._readers and stale:\n",
+        (
+            "tests/test_ownership.py::"
+            "test_async_reentered_read_does_not_wait_behind_a_queued_remote_writer",
+        ),
+    ),
     # -- the read-through cache (cache/scripts.py, flow.py, guard.py) ---------------------
     Mutant(
         "fill-store-checks-version",
@@ -140,7 +273,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "cacheguard/cache/scripts.py",
         "if fresh and (redis.call('GET', verkey) or '0') == seen then",
         "if fresh then",
-        ("tests/test_cache.py::test_invalidation_during_fill_rejects_the_store",),
+        ("tests/test_cache.py::test_a_version_moved_without_the_fill_mark_rejects_the_store",),
     ),
     Mutant(
         "fill-store-checks-watermark",
@@ -149,6 +282,68 @@ MUTANTS: tuple[Mutant, ...] = (
         "local fresh = watermark == nil or tonumber(seen) <= watermark",
         "local fresh = true",
         ("tests/test_sqlalchemy.py::test_a_reader_with_an_old_snapshot_cannot_fill_a_stale_row",),
+    ),
+    Mutant(
+        "fill-store-needs-its-mark",
+        "a fill stores only while its lock hash still says no invalidation came since it "
+        "began, so an evicted version key cannot pass it off as never invalidated",
+        "cacheguard/cache/scripts.py",
+        "if ours and may_store and entry ~= '' and now - begun < verttl then",
+        "if ours and entry ~= '' and now - begun < verttl then",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_an_evicted_version_key_does_not_let_the_old_value_in",
+            "tests/test_eviction.py::test_an_evicted_version_key_never_lets_an_old_value_in",
+        ),
+    ),
+    Mutant(
+        "invalidate-fails-fills-in-flight",
+        "an invalidation fails the fill in flight in the fill's own lock hash, whatever "
+        "happens to the version key (eviction, or a version write refused out of memory)",
+        "cacheguard/cache/scripts.py",
+        "redis.call('HDEL', KEYS[3], 'fs')\n",
+        "",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_an_evicted_version_key_does_not_let_the_old_value_in",
+            "tests/test_eviction.py::test_an_evicted_version_key_never_lets_an_old_value_in",
+            "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
+        ),
+    ),
+    Mutant(
+        "invalidate-deletes-before-it-writes",
+        "an invalidation's first writes are deletes, which Redis runs even out of memory "
+        "(noeviction): the value goes and the fill in flight fails even when memory is full",
+        "cacheguard/cache/scripts.py",
+        "redis.call('DEL', KEYS[1])\nredis.call('HDEL', KEYS[3], 'fs')\n"
+        "local raw = redis.call('GET', KEYS[2])\n",
+        "local raw = redis.call('GET', KEYS[2])\nredis.call('SET', KEYS[2], raw or '0')\n"
+        "redis.call('DEL', KEYS[1])\nredis.call('HDEL', KEYS[3], 'fs')\n",
+        ("tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",),
+    ),
+    Mutant(
+        "full-redis-poisons-on-one-server",
+        "an invalidation whose sequence number Redis refuses out of memory still goes "
+        "through (poisoned), also on one server",
+        "cacheguard/cache/write_path.py",
+        "        if isinstance(result, OutOfMemoryError) and not required:\n",
+        "        if False:\n",
+        (
+            "tests/test_write_path_scripted.py::test_a_full_redis_poisons_even_on_one_server",
+            "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
+        ),
+    ),
+    Mutant(
+        "out-of-memory-is-redis-refusing",
+        "Redis refusing writes out of memory is Redis down for every policy: never a raw "
+        "redis-py error past on_backend_error",
+        "cacheguard/exceptions.py",
+        "    NoReplicasError,\n    OutOfMemoryError,\n)",
+        "    NoReplicasError,\n)",
+        (
+            "tests/test_write_path_scripted.py::test_a_full_redis_poisons_even_on_one_server",
+            "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
+        ),
     ),
     Mutant(
         "fill-takes-read-hold",
@@ -208,6 +403,54 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_sqlalchemy.py::test_prefix_invalidation_refuses_fills_from_older_snapshots",),
     ),
     Mutant(
+        "fill-store-younger-than-version-ttl",
+        "a fill older than version_ttl stores nothing (the version it began with may have "
+        "expired after an invalidation, and look unchanged)",
+        "cacheguard/cache/scripts.py",
+        "now - begun < verttl",
+        "true",
+        ("tests/test_guarantees.py::test_a_fill_older_than_version_ttl_does_not_store",),
+    ),
+    Mutant(
+        "fill-begin-renews-version",
+        "fill_begin renews the key's version for version_ttl, so the fill's store can "
+        "still compare against it",
+        "cacheguard/cache/scripts.py",
+        "if version then redis.call('PEXPIRE', verkey, verttl) else version = '0' end",
+        "if not version then version = '0' end",
+        ("tests/test_guarantees.py::test_a_fill_keeps_its_keys_version_alive_until_it_stores",),
+    ),
+    Mutant(
+        "prefix-bookkeeping-bounded",
+        "a process keeps at most RECENT_PREFIXES of the prefixes it invalidated, however "
+        "many distinct ones it used",
+        "cacheguard/cache/invalidation.py",
+        "if ends > now and len(recent) <= self.capacity:",
+        "if ends > now:",
+        ("tests/test_prefix_bookkeeping.py::test_many_prefixes_keep_the_bookkeeping_bounded",),
+    ),
+    Mutant(
+        "prefix-forgotten-raises-floor",
+        "a prefix forgotten before its stamp expired still refuses fills from snapshots "
+        "older than its invalidation (its stamp raises the floor)",
+        "cacheguard/cache/invalidation.py",
+        "                    self.floor = max(self.floor, old_stamp)\n",
+        "                    pass\n",
+        (
+            "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
+        ),
+    ),
+    Mutant(
+        "prefix-floor-refuses-older-snapshots",
+        "a fill from a snapshot older than the floor of forgotten prefixes does not store",
+        "cacheguard/cache/flow.py",
+        "    if floor > snapshot:\n        return -1",
+        "    if False:\n        return -1",
+        (
+            "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
+        ),
+    ),
+    Mutant(
         "session-end-invalidates-again",
         "the end of a tracked transaction invalidates its keys again before releasing them",
         "cacheguard/sqlalchemy/tracker.py",
@@ -265,9 +508,55 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-releases-from-any-thread",
         "a write context exited in another thread than it entered releases its locks",
         "cacheguard/cache/write_path.py",
-        "                yield ReleaseWrites(tuple(held), holder)\n",
-        "                yield ReleaseWrites(tuple(held), None)\n",
+        "        errors = yield ReleaseWrites(tuple(held), holder)\n",
+        "        errors = yield ReleaseWrites(tuple(held), None)\n",
         ("tests/test_trust.py::test_a_write_exited_in_another_thread_releases_its_locks",),
+    ),
+    Mutant(
+        "write-lost-lock-raises",
+        "a write whose lock was lost during its body raises LockLostError when it exits, "
+        "after its closing invalidation",
+        "cacheguard/cache/write_path.py",
+        "            raise losses[0]\n",
+        "            pass\n",
+        (
+            "tests/test_lost_write_locks.py::"
+            "test_a_write_whose_lock_was_lost_raises_after_invalidating[sync]",
+            "tests/test_lost_write_locks.py::"
+            "test_a_write_whose_lock_was_lost_raises_after_invalidating[async]",
+        ),
+    ),
+    Mutant(
+        "write-lost-handle-counts",
+        "a write lock whose handle a renewal marked lost fails the write even when its "
+        "release goes through (locks from another store)",
+        "cacheguard/cache/write_path.py",
+        '            if isinstance(error, LockLostError) or getattr(handle, "lost", False):\n',
+        "            if isinstance(error, LockLostError):\n",
+        (
+            "tests/test_write_locks.py::"
+            "test_a_stores_lock_lost_during_a_write_fails_the_write[redis]",
+        ),
+    ),
+    Mutant(
+        "write-lost-lock-noted-on-body-error",
+        "a lock lost during a write whose body raised is attached to the body's error",
+        "cacheguard/cache/write_path.py",
+        '                    add_note(error, f"cacheguard: {lost}")\n',
+        "                    pass\n",
+        ("tests/test_lost_write_locks.py::test_the_bodys_error_wins_over_a_lost_lock[async]",),
+    ),
+    Mutant(
+        "sqlalchemy-lost-lock-fails-commit",
+        "a tracked transaction whose write lock was lost does not commit (LockLostError)",
+        "cacheguard/sqlalchemy/tracker.py",
+        '            if getattr(handle, "lost", False):\n',
+        "            if False:\n",
+        (
+            "tests/test_sqlalchemy.py::test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
+            "tests/test_sqlalchemy_async.py::"
+            "test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
+        ),
     ),
     Mutant(
         "write-body-error-wins",
@@ -373,8 +662,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "corrupt-counted-once",
         "a corrupt entry is counted once per read",
         "cacheguard/cache/flow.py",
-        "                job.decode_quiet,\n",
-        "                job.decode,\n",
+        "parse_fill_begin(reply, job.decode_quiet, job.clock())",
+        "parse_fill_begin(reply, job.decode, job.clock())",
         ("tests/test_trust.py::test_a_corrupt_entry_is_counted_once_per_read",),
     ),
     # -- key names (cache/templates.py, tests/test_key_names.py) ------------------------------
@@ -465,6 +754,76 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if verdict <= REFRESH:\n",
         "        if verdict <= REFRESH and False:\n",
         ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
+    ),
+    Mutant(
+        "hit-get-seals-the-flight",
+        "a read that starts after guard.write returned never takes the answer of a GET "
+        "sent before it (the flight is sealed for the leader's GET)",
+        "cacheguard/cache/read_path.py",
+        "sealed = flight.generation  # flights are born sealed",
+        "sealed = flight.generation + 1  # flights are born sealed",
+        (
+            "tests/test_guarantees.py::"
+            "test_a_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
+            "tests/test_guarantees.py::"
+            "test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
+        ),
+    ),
+    Mutant(
+        "hit-judged-by-server-clock",
+        "an entry's age is judged by the Redis server's clock: a host whose clock is off "
+        "loads nothing again",
+        "cacheguard/cache/core.py",
+        "        now = self._server_clock.now()\n        verdict = judge(",
+        "        now = self._clock()\n        verdict = judge(",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min fast]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
+        ),
+    ),
+    Mutant(
+        "read-samples-server-clock",
+        "a read samples the server's clock in its GET's round trip when its last sample "
+        "is old (or there is none), before it judges an entry",
+        "cacheguard/cache/read_path.py",
+        "if self._timer() < self._server_clock.resample_at:",
+        "if True:",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min fast]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
+        ),
+    ),
+    Mutant(
+        "entries-stamped-by-server-clock",
+        "a fill stamps its entry (and judges what fill_begin returns) by the server's clock, "
+        "so entries a skewed host writes are fresh to the others",
+        "cacheguard/cache/core.py",
+        "            clock=self._server_clock.now,\n",
+        "            clock=self._clock,\n",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min slow]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
+        ),
+    ),
+    Mutant(
+        "fill-samples-server-clock",
+        "a fill takes the server's clock from fill_begin's reply (a refresh stamps its entry "
+        "by it with no read before)",
+        "cacheguard/cache/flow.py",
+        "                job.saw_server_clock(begin.begun_ms / 1000, (sent + timer()) / 2)\n",
+        "                pass\n",
+        (
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min slow]",
+            "tests/test_clock_skew.py::"
+            "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
+        ),
     ),
     Mutant(
         "l1-hit-sends-nothing",
@@ -638,10 +997,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "async-session-hooks-hold-the-keys",
         "an AsyncSession's flush write-locks and invalidates its keys until the commit",
         "cacheguard/sqlalchemy/guards.py",
-        "    def acquire_write(self, lock: Any, timeout: float | None) -> None:\n"
-        "        self._run(lock.acquire_write(timeout))\n",
-        "    def acquire_write(self, lock: Any, timeout: float | None) -> None:\n"
-        "        lock.acquire_write(timeout).close()\n",
+        "        return self._run(lock.acquire_write(timeout))"
+        "  # for the calling task, the holder\n",
+        "        lock.acquire_write(timeout).close()  # type: ignore[union-attr]\n"
+        "        return None\n",
         (
             "tests/test_sqlalchemy_async.py::"
             "test_a_reader_waits_for_the_transaction_and_sees_the_commit",
@@ -1616,9 +1975,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "tracked sessions take their write locks from the guard's write_locks store",
         "cacheguard/sqlalchemy/guards.py",
         "        return self.guard.write_lock(name)\n\n    def acquire_write(self, lock: Any, "
-        "timeout: float | None) -> None:\n        lock.acquire_write(timeout)\n",
+        "timeout: float | None, holder: Any) -> Any:\n"
+        "        return lock.acquire_write(timeout, holder=holder)\n",
         "        return self.guard.rwlock(name)\n\n    def acquire_write(self, lock: Any, "
-        "timeout: float | None) -> None:\n        lock.acquire_write(timeout)\n",
+        "timeout: float | None, holder: Any) -> Any:\n"
+        "        return lock.acquire_write(timeout, holder=holder)\n",
         ("tests/test_write_locks.py::test_tracked_sessions_take_the_stores_lock[redis]",),
     ),
     Mutant(
@@ -2028,11 +2389,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "lock-holder-id-is-no-thread",
-        "a write hold taken for a holder id belongs to no thread: the acquiring thread does "
-        "not re-enter it and any thread releases it (dogpile's async creation runner)",
+        "a write hold taken for an explicit Holder belongs to it, not to the calling "
+        "context: the caller does not re-enter it and any thread releases it (dogpile's "
+        "async creation runner)",
         "cacheguard/locks/local.py",
-        "        me = threading.get_ident() if holder is None else holder\n",
-        "        me = threading.get_ident()\n",
+        "        me = enter_holder(holder)\n        try:\n            with self._cond:\n"
+        "                n = me.number\n                if self._writer == n:\n",
+        "        me = enter_holder()\n        try:\n            with self._cond:\n"
+        "                n = me.number\n                if self._writer == n:\n",
         (
             "tests/test_dogpile_backend.py::"
             "test_a_write_hold_for_a_holder_id_is_released_from_another_thread",
@@ -2050,8 +2414,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "dogpile-fence-counter-expires",
-        "a dogpile key's fencing counter expires after the release of its hold: creations "
-        "leave no key in Redis that never expires (the guard's own write locks keep theirs)",
+        "a dogpile key's fencing counter expires soon after the release of its hold "
+        "(max(lease, redis_expiration_time), not the lock layer's day)",
         "cacheguard/integrations/dogpile.py",
         "    \"redis.call('PEXPIRE', KEYS[#KEYS], ARGV[#ARGV])\\n\"\n",
         "",

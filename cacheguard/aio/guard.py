@@ -238,7 +238,8 @@ class AsyncCacheGuard(WritePath):
     async def write(self, *names: str, timeout: float | None = None) -> AsyncIterator[None]:
         """The write path around a database update and commit: write locks in one
         global order, invalidate, the body, invalidate again (also if the body
-        raised or was cancelled), release."""
+        raised or was cancelled), release; then :class:`LockLostError` if a lock
+        was lost meanwhile (see :meth:`CacheGuard.write`)."""
         self._binding.check()
         names = self._names(names)
         flow = self._write_flow(names, timeout, current_task())  # the exit may run elsewhere
@@ -369,12 +370,15 @@ class AsyncCacheGuard(WritePath):
         if isinstance(step, AcquireWrite):
             return await step.lock.acquire_write(step.timeout)
         if isinstance(step, ReleaseWrites):
+            errors: list[Exception | None] = []
             for lock in reversed(step.locks):
                 try:
                     await lock.release_write(holder=step.holder)
-                except Exception:
-                    log.exception("releasing the write lock of %r failed", lock.name)
-            return None
+                except Exception as exc:  # the flow tells a lost lock from a failure
+                    errors.append(exc)
+                else:
+                    errors.append(None)
+            return errors[::-1]
         raise TypeError(f"not a guard step: {step!r}")
 
     def _start_background(

@@ -536,7 +536,7 @@ class AsyncRedlockWatchdog(RedlockBook[AsyncRedlockHandle], LoopTask[_RedlockWor
         self._poke(self._timer())
 
     def _add(self, entry: _Entry[AsyncRedlockHandle]) -> None:
-        self._entries[id(entry.handle)] = entry
+        self._entries[entry.key] = entry
         self._poke(entry.due)
 
     def unwatch(self, handle: AsyncRedlockHandle) -> float | None:

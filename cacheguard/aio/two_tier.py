@@ -77,9 +77,12 @@ class AsyncTwoTierRWLock:
         limit = self.remote.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
         await self._local.acquire_read(limit)
+        # A task already inside (a reader, or the writer downgrading) re-enters:
+        # waiting for the shared hold's readers to leave would wait for itself.
+        reentry = self._local.read_depth_of_me() > 1 or self._local.is_write_held_by_me()
         try:
             handle = await asyncio.wait_for(
-                self._join_read(start + limit), max(limit - (self._timer() - start), 0.0)
+                self._join_read(start + limit, reentry), max(limit - (self._timer() - start), 0.0)
             )
         except asyncio.TimeoutError:
             self._local.release_read()
@@ -90,10 +93,11 @@ class AsyncTwoTierRWLock:
         self._count_hold(+1)
         return handle
 
-    async def _join_read(self, deadline: float) -> AsyncLockHandle:
+    async def _join_read(self, deadline: float, reentry: bool) -> AsyncLockHandle:
         async with self._gate:
             handle = self._read_handle
-            if self._readers and handle is not None and (handle.lost or handle.writer_waiting):
+            stale = handle is not None and (handle.lost or handle.writer_waiting)
+            if self._readers and stale and not reentry:
                 # Do not join a shared hold that is lost, or that a remote writer
                 # waits behind: wait for its readers to leave, then take a fresh one.
                 while self._readers:

@@ -138,7 +138,7 @@ class AsyncWatchdog(LeaseBook["AsyncLockHandle"], LoopTask[list[_Entry["AsyncLoc
 
     def _add(self, entry: _Entry[AsyncLockHandle]) -> None:
         self._binding.check()
-        self._entries[id(entry.handle)] = entry
+        self._entries[entry.key] = entry
         self._poke(entry.due)
 
     def _task_name(self) -> str:

@@ -15,7 +15,8 @@ Layout:
 * ``codec``        -- msgpack (default), JSON, signed pickle
 * ``templates``    -- key names from templates and arguments
 * ``singleflight`` -- one caller per key per process (threads or tasks)
-* ``invalidation`` -- invalidation calls, prefix stamps
+* ``invalidation`` -- invalidation calls, prefix stamps (bounded bookkeeping)
+* ``server_clock`` -- the Redis server's clock, by which entries' ages are judged
 * ``loading``      -- loaders counted, timed, recursion refused
 * ``l1``           -- the in-process tier and its invalidation feed
 * ``breaker``      -- circuit breaker for a dead Redis

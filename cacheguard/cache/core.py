@@ -32,6 +32,7 @@ from cacheguard.cache.flow import (
 from cacheguard.cache.invalidation import Invalidation
 from cacheguard.cache.l1 import L1Feed
 from cacheguard.cache.loading import Loads
+from cacheguard.cache.server_clock import ServerClock
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.cache.stats import EventHook, Stats, StatsRecorder
@@ -79,6 +80,7 @@ class GuardCore:
         self.namespace = settings.namespace
         self._timer = timer
         self._clock = clock
+        self._server_clock = ServerClock(timer, clock)  # entries' ages are judged by it
         self._rng = rng
         self._flights = SingleFlight(flight_event)
         self._refreshes = SingleFlight(flight_event)
@@ -91,7 +93,7 @@ class GuardCore:
         )
         self._replicas = replicas  # how many the deployment has, for confirm_replicas=None
         self._loads = Loads(self._stats, timer)
-        self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms)
+        self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms, timer=timer)
         self._l1: L1Feed | None = None
         self._closed = False
         self._owns_client = False  # from_url made the client: close() closes it
@@ -119,8 +121,9 @@ class GuardCore:
 
     def watch_prefix(self, prefix: str) -> None:
         """Make fills of keys under ``prefix`` honour its prefix invalidations (see
-        ``invalidate_prefix``) in this process. The SQLAlchemy hooks watch their
-        templates' prefixes; ``invalidate_prefix`` watches its own."""
+        ``invalidate_prefix``) in this process, for good. The SQLAlchemy hooks watch
+        their templates' prefixes; ``invalidate_prefix`` makes its process honour its
+        own stamp for as long as the stamp lives (``version_ttl``)."""
         self._invalidation.watch(prefix)
 
     # -- what every call checks first, before Redis is touched -------------------------------
@@ -188,7 +191,7 @@ class GuardCore:
         entry = self._decode(name, raw, template=template)
         if entry is None:
             return False, None
-        now = self._clock()
+        now = self._server_clock.now()
         verdict = judge(entry, now, self.settings, self._rng)
         if verdict <= REFRESH:
             self._stats.count("l2_hits", name, 0.0, None, template)
@@ -210,14 +213,14 @@ class GuardCore:
         if l1_seen is None or outcome.source not in ("l2", "loaded", "peer"):
             return
         if outcome.entry is not None:
-            lifetime = outcome.entry.expires_at - self._clock()
+            lifetime = outcome.entry.expires_at - self._server_clock.now()
         else:  # our own store: its TTL was jittered, never below this floor
             lifetime = ttl * (1 - self.settings.ttl_jitter)
         if lifetime > 0:
             self._l1.keep(name, outcome.value, lifetime, l1_seen)  # type: ignore[union-attr]
 
     def _peeked(self, entry: Entry | None) -> Any:
-        if entry is None or self._clock() >= entry.expires_at:
+        if entry is None or self._server_clock.now() >= entry.expires_at:
             return MISSING
         return entry.value
 
@@ -347,9 +350,10 @@ class GuardCore:
             ttl=ttl,
             none_ttl=none_ttl,
             writing_here=lock.local.is_write_held_by_me(),
-            stamp_keys=self._invalidation.stamp_keys_for(name),
+            stamps=functools.partial(self._invalidation.stamps_for, name),
             timer=self._timer,
-            clock=self._clock,
+            clock=self._server_clock.now,
+            saw_server_clock=self._server_clock.sample,
             rng=self._rng,
             count=functools.partial(self._stats.count, template=template),
             decode=functools.partial(self._decode, name, template=template),

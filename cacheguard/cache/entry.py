@@ -4,7 +4,8 @@ Layout: a fixed 35-byte header, then the codec's payload::
 
     magic  b"\\xcb\\x01"   2 bytes   format version 1
     codec  uint8          1         which codec wrote the payload
-    created  float64      8         wall-clock seconds when the value was loaded
+    created  float64      8         when the value was loaded: seconds by the Redis
+                                    server's clock (see cache/server_clock.py)
     ttl      float64      8         logical lifetime in seconds
     version  int64        8         the key's invalidation version at fill time
     load     float64      8         how long the load took (seconds)

@@ -104,7 +104,8 @@ FRESH, REFRESH, STALE, MISS = 0, 1, 2, 3
 
 
 def judge(entry: Entry, now: float, settings: GuardSettings, rng: Callable[[], float]) -> int:
-    """What to do with ``entry`` read at wall-clock ``now``: :data:`FRESH` (serve),
+    """What to do with ``entry`` read at ``now`` (the server's clock, as the entry's
+    ``created``): :data:`FRESH` (serve),
     :data:`REFRESH` (serve, refresh in the background), :data:`STALE` (serve within
     the stale window, reload in the background) or :data:`MISS`."""
     left = entry.created + entry.ttl - now
@@ -240,15 +241,19 @@ class FillJob:
     ttl: float
     none_ttl: float | Missing | None
     writing_here: bool  # this caller holds the key's write lock (its load may be uncommitted)
-    stamp_keys: tuple[str, ...]  # prefix stamps of the watched prefixes covering the name
+    # Asked only when a load's snapshot is known: the stamp keys of the prefixes this
+    # process checks that cover the name, and their floor (see invalidation.Prefixes).
+    stamps: Callable[[], tuple[tuple[str, ...], int]]
     timer: Callable[[], float]
-    clock: Callable[[], float]
+    clock: Callable[[], float]  # the server's clock (see cache/server_clock.py)
     rng: Callable[[], float]
     count: Count
     decode: Decode  # counts what does not decode
     decode_quiet: Decode  # bytes already counted by the GET before
     backend_failed: Callable[[str, BaseException], None]
     backoff: Callable[[], Backoff] = WAIT_BACKOFF  # the timer behind announcements
+    # (server seconds, timer then): fill_begin read the server's clock
+    saw_server_clock: Callable[[float, float], None] = lambda server, at: None
 
 
 def fill_flow(
@@ -290,21 +295,19 @@ def fill_flow(
             yield SEAL
             if waited_from is not None:
                 yield DRAIN  # announcements before this begin are moot
-            begin = parse_fill_begin(
-                (
-                    yield Call(
-                        fill_begin_call(
-                            job.keys,
-                            owner=job.owner,
-                            lease_ms=settings.lease_ms,
-                            refresh=force,
-                            version_ttl_ms=settings.version_ttl_ms,
-                        )
-                    )
-                ),
-                job.decode_quiet,
-                job.clock(),
+            sent = timer()
+            reply = yield Call(
+                fill_begin_call(
+                    job.keys,
+                    owner=job.owner,
+                    lease_ms=settings.lease_ms,
+                    refresh=force,
+                    version_ttl_ms=settings.version_ttl_ms,
+                )
             )
+            begin = parse_fill_begin(reply, job.decode_quiet, job.clock())
+            if begin.kind == "fill":  # its reply carries the server's clock
+                job.saw_server_clock(begin.begun_ms / 1000, (sent + timer()) / 2)
             if begin.kind == "hit":
                 assert begin.entry is not None
                 return Outcome(begin.entry.value, "l2", begin.entry)
@@ -385,11 +388,17 @@ def _fill(job: FillJob, begin: Begin) -> Generator[Step, Any, Outcome]:
 
 def _oldest_allowed(job: FillJob, snapshot: int | None) -> Generator[Step, Any, int | None]:
     """``snapshot``, or -1 (refuse the store) when a prefix invalidation covering
-    the key is newer than the snapshot, or the stamps cannot be read."""
-    if snapshot is None or snapshot < 0 or not job.stamp_keys:
+    the key is newer than the snapshot, or the stamps cannot be read, or a prefix
+    invalidation newer than the snapshot is no longer remembered (the floor)."""
+    if snapshot is None or snapshot < 0:
+        return snapshot
+    stamp_keys, floor = job.stamps()
+    if floor > snapshot:
+        return -1  # a prefix invalidation newer than the snapshot was forgotten here
+    if not stamp_keys:
         return snapshot
     try:
-        raw = yield ReadStamps(job.stamp_keys)
+        raw = yield ReadStamps(stamp_keys)
         stamps = [int(r) for r in raw if r is not None]
     except Exception as exc:  # the load is done and its value returned: just do not store
         log.info("prefix stamps of %r unreadable, its fill will not store: %s", job.name, exc)

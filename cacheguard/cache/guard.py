@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from cacheguard._identity import on_fork_in_child
+from cacheguard._identity import enter_holder, leave_holder, on_fork_in_child
 from cacheguard.cache.core import value_key
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader
 from cacheguard.cache.entry import MISSING, Entry, Missing
@@ -240,17 +240,26 @@ class CacheGuard(WritePath):
 
         Takes the write locks of all ``names`` in one global order (two writers on
         overlapping keys cannot deadlock), invalidates them, runs the body,
-        invalidates again (also if the body raised) and releases.
+        invalidates again (also if the body raised) and releases. A lock lost
+        meanwhile (another writer may have run with the body) then raises
+        :class:`LockLostError`; if the body raised, its error wins, with the loss
+        as a note.
         """
         names = self._names(names)
-        flow = self._write_flow(names, timeout, threading.get_ident())
-        self._run(flow, "the write")  # up to the body; raising, it holds nothing
+        # The holds are this block's holder's (the context's, so nested calls in the
+        # body re-enter), not the thread's: the exit may run in another thread.
+        holder = enter_holder()
         try:
-            yield
-        except BaseException as body_error:
-            self._run(flow, "the write", error=body_error)  # re-raises it
-            raise
-        self._run(flow, "the write")
+            flow = self._write_flow(names, timeout, holder)
+            self._run(flow, "the write")  # up to the body; raising, it holds nothing
+            try:
+                yield
+            except BaseException as body_error:
+                self._run(flow, "the write", error=body_error)  # re-raises it
+                raise
+            self._run(flow, "the write")
+        finally:
+            leave_holder(holder)
 
     def close(self) -> None:
         """Stop background work (L1 listener, refresh threads) and close what the
@@ -359,14 +368,17 @@ class CacheGuard(WritePath):
         if isinstance(step, Scan):
             return list(client.scan_iter(match=step.pattern, count=1000))
         if isinstance(step, AcquireWrite):
-            return step.lock.acquire_write(step.timeout)
+            return step.lock.acquire_write(step.timeout, holder=step.holder)
         if isinstance(step, ReleaseWrites):
+            errors: list[Exception | None] = []
             for lock in reversed(step.locks):
                 try:
                     lock.release_write(holder=step.holder)
-                except Exception:
-                    log.exception("releasing the write lock of %r failed", lock.name)
-            return None
+                except Exception as exc:  # the flow tells a lost lock from a failure
+                    errors.append(exc)
+                else:
+                    errors.append(None)
+            return errors[::-1]
         raise TypeError(f"not a guard step: {step!r}")
 
     def _start_background(

@@ -13,12 +13,18 @@ never depend on the sequence's node. A prefix invalidation also stores its numbe
 the prefix's stamp key; fills of keys under a watched prefix refuse to store a
 value loaded from an older database snapshot. The drivers send what this
 module builds.
+
+Which prefixes a fill checks is :class:`Prefixes`: bounded however many distinct
+prefixes a process ever invalidates (see its docstring).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Final
 
 from cacheguard.cache.wire import (
     POISON_FLOOR,
@@ -37,21 +43,34 @@ from cacheguard.keys import (
 )
 from cacheguard.locks.scripts import ScriptCall
 
-__all__ = ["Invalidation"]
+__all__ = ["Invalidation", "Prefixes"]
 
 SCAN_BATCH = 500  # names invalidated per pipelined round trip by invalidate_prefix
+# The most prefixes of its own invalidate_prefix calls a process keeps checking (see
+# Prefixes): past it the oldest is forgotten and its stamp raises the floor.
+RECENT_PREFIXES: Final = 1024
 
 
 class Invalidation:
     """One namespace's invalidation layout and watched prefixes."""
 
-    def __init__(self, namespace: str, version_ttl_ms: int) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        version_ttl_ms: int,
+        *,
+        timer: Callable[[], float] = time.monotonic,
+        recent_prefixes: int | None = None,
+    ) -> None:
         self.namespace = namespace
         self.version_ttl_ms = version_ttl_ms
         self.l1_channel = invalidation_channel(namespace)
         self.watermark_key = watermark_key(namespace)
-        self._watched: tuple[str, ...] = ()
-        self._mutex = threading.Lock()
+        self.prefixes = Prefixes(
+            version_ttl_ms / 1000,
+            timer,
+            RECENT_PREFIXES if recent_prefixes is None else recent_prefixes,
+        )
 
     def next_stamp(self) -> ScriptCall:
         return next_stamp_call(self.watermark_key)
@@ -99,16 +118,23 @@ class Invalidation:
     # -- prefixes ---------------------------------------------------------------------
 
     def watch(self, prefix: str) -> None:
-        with self._mutex:
-            if prefix not in self._watched:
-                self._watched = (*self._watched, prefix)
+        """Fills of keys under ``prefix`` check its stamp from now on, for good."""
+        self.prefixes.watch(prefix)
+
+    def remember(self, prefix: str, stamp: int) -> None:
+        """This process stamped ``prefix`` with ``stamp`` (now, for ``version_ttl``):
+        its fills check that stamp for as long as it may live in Redis."""
+        self.prefixes.remember(prefix, stamp)
 
     def stamp_key(self, prefix: str) -> str:
         return prefix_stamp_key(self.namespace, prefix)
 
-    def stamp_keys_for(self, name: str) -> tuple[str, ...]:
-        """The stamp keys of the watched prefixes that cover ``name``."""
-        return tuple(self.stamp_key(p) for p in self._watched if name.startswith(p))
+    def stamps_for(self, name: str) -> tuple[tuple[str, ...], int]:
+        """What a fill of ``name`` from a known snapshot checks: the stamp keys of the
+        prefixes covering it, and the floor (a snapshot older than it must not store:
+        a prefix whose stamp is above it was forgotten, and may cover ``name``)."""
+        covering, floor = self.prefixes.covering(name)
+        return tuple(self.stamp_key(p) for p in covering), floor
 
     def scan_pattern(self, prefix: str) -> str:
         """A SCAN MATCH pattern for every key of a name starting with ``prefix``."""
@@ -122,6 +148,106 @@ class Invalidation:
             if key.startswith(head) and key.endswith(suffix):
                 return name_from_tag(key[len(head) : -len(suffix)])
         return None
+
+    def reset_after_fork(self) -> None:
+        self.prefixes.reset_after_fork()
+
+
+class Prefixes:
+    """The prefixes whose stamps a process's fills check, in bounded memory and with
+    a bounded cost per fill, however many distinct prefixes it ever invalidates.
+
+    *Watched* prefixes (``watch_prefix``: the SQLAlchemy hooks' templates, a
+    service's own) are kept for good: there are as many as the code names.
+    *Recent* prefixes, those of the process's own ``invalidate_prefix`` calls, may
+    be made of data (one per tenant, per user). Each is kept only while its stamp
+    can still be in Redis (``lifetime``, the stamp's ``version_ttl``, from the
+    call; timed by ``timer``) and at most ``capacity`` of them: past that the
+    oldest is forgotten early and its stamp raises :attr:`floor`. A fill whose
+    snapshot is older than the floor does not store, whatever its key (it may be
+    under the forgotten prefix): forgetting costs at most some stores of fills
+    from old snapshots, never a stale value.
+
+    Registering is O(1) amortised (an ordered dict, oldest first). A fill looks
+    up the prefixes of its own name, one per distinct prefix length in use (at
+    most ``max_key_length + 1``), not every prefix kept.
+    """
+
+    def __init__(self, lifetime: float, timer: Callable[[], float], capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, not {capacity!r}")
+        self.lifetime = lifetime
+        self.capacity = capacity
+        self.floor = 0  # the newest stamp of a recent prefix forgotten before its end
+        self._timer = timer
+        self._watched: set[str] = set()
+        self._recent: OrderedDict[str, tuple[int, float]] = OrderedDict()  # (stamp, ends)
+        self._lengths: dict[int, int] = {}  # prefix length -> prefixes kept of that length
+        self._mutex = threading.Lock()
+
+    def __len__(self) -> int:
+        """How many prefixes are kept (watched and recent)."""
+        return len(self._watched) + len(self._recent)
+
+    @property
+    def lengths(self) -> int:
+        """How many distinct prefix lengths a fill looks up."""
+        return len(self._lengths)
+
+    def watch(self, prefix: str) -> None:
+        with self._mutex:
+            if prefix in self._watched:
+                return
+            self._watched.add(prefix)
+            if self._recent.pop(prefix, None) is None:
+                self._count(prefix, 1)
+
+    def remember(self, prefix: str, stamp: int) -> None:
+        now = self._timer()
+        with self._mutex:
+            if prefix in self._watched:
+                return  # checked for good already
+            kept = self._recent.pop(prefix, None)
+            if kept is None:
+                self._count(prefix, 1)
+            else:
+                stamp = max(stamp, kept[0])
+            self._recent[prefix] = (stamp, now + self.lifetime)  # the newest: last
+            recent = self._recent
+            while recent:
+                oldest = next(iter(recent))
+                old_stamp, ends = recent[oldest]
+                if ends > now and len(recent) <= self.capacity:
+                    break
+                del recent[oldest]
+                self._count(oldest, -1)
+                if ends > now:  # its stamp may still be in Redis: fills must not miss it
+                    self.floor = max(self.floor, old_stamp)
+
+    def covering(self, name: str) -> tuple[list[str], int]:
+        """The kept prefixes that ``name`` starts with, and the floor."""
+        now = self._timer()
+        found: list[str] = []
+        with self._mutex:
+            for length in self._lengths:
+                if length > len(name):
+                    continue
+                prefix = name[:length]
+                if prefix in self._watched:
+                    found.append(prefix)
+                else:
+                    kept = self._recent.get(prefix)
+                    if kept is not None and kept[1] > now:
+                        found.append(prefix)
+            return found, self.floor
+
+    def _count(self, prefix: str, change: int) -> None:
+        length = len(prefix)
+        left = self._lengths.get(length, 0) + change
+        if left:
+            self._lengths[length] = left
+        else:
+            del self._lengths[length]
 
     def reset_after_fork(self) -> None:
         self._mutex = threading.Lock()

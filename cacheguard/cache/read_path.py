@@ -34,6 +34,7 @@ from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flow import (
     LOAD_UNLOCKED,
     LOOKUP,
+    Call,
     LoadUnlocked,
     Lookup,
     Outcome,
@@ -42,6 +43,7 @@ from cacheguard.cache.flow import (
 )
 from cacheguard.cache.l1 import ABSENT
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
+from cacheguard.cache.wire import parse_timed_get, timed_get_call
 from cacheguard.exceptions import BackendUnavailable, GuardClosed
 
 __all__ = ["ReadPath", "ReadStep", "RunFill", "WaitFlight", "client_error", "valid_for_all"]
@@ -71,7 +73,7 @@ class RunFill:
     seal: Callable[[], int]
 
 
-ReadStep = Lookup | LoadUnlocked | WaitFlight | RunFill
+ReadStep = Lookup | Call | LoadUnlocked | WaitFlight | RunFill
 
 
 def client_error(exc: BackendUnavailable) -> BaseException:
@@ -138,7 +140,10 @@ class ReadPath(GuardCore):
                 l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
                 sealed = flight.generation  # flights are born sealed for this first GET
                 try:
-                    raw = yield LOOKUP
+                    if self._timer() < self._server_clock.resample_at:
+                        raw = yield LOOKUP
+                    else:  # the same round trip also samples the server's clock
+                        raw = yield from self._timed_lookup(name)
                 except BackendUnavailable as exc:
                     value, valid_below = yield from self._bypassed(
                         name, flight, exc.__cause__, template
@@ -202,6 +207,14 @@ class ReadPath(GuardCore):
         self._keep_filled(name, outcome, l1_seen, ttl)
         return outcome.value, valid_below
 
+    def _timed_lookup(self, name: str) -> Generator[ReadStep, Any, Any]:
+        """The GET of ``name``'s value with the server's clock, sampled for judging
+        entries' ages (see :mod:`cacheguard.cache.server_clock`): one round trip."""
+        sent = self._timer()
+        raw, server = parse_timed_get((yield Call(timed_get_call(self.keys(name)))))
+        self._server_clock.sample(server, (sent + self._timer()) / 2)
+        return raw
+
     def _bypassed(
         self, name: str, flight: Flight, exc: BaseException | None, template: str | None
     ) -> Generator[ReadStep, Any, tuple[Any, int]]:
@@ -219,7 +232,7 @@ class ReadPath(GuardCore):
                 entry = self._decode(name, (yield LOOKUP), template=template)
             except BackendUnavailable:
                 break
-            if entry is None or self._clock() >= entry.expires_at:
+            if entry is None or self._server_clock.now() >= entry.expires_at:
                 break  # invalidated again: late followers must load it themselves
             value, valid_below = entry.value, sealed
             if not flight.has_followers_from(sealed):
@@ -269,7 +282,12 @@ class ReadPath(GuardCore):
                 raise closed
             return MISSING
         try:
-            entry = self._decode(name, (yield LOOKUP), template=template)
+            raw = (
+                (yield LOOKUP)
+                if not self._server_clock.due()
+                else (yield from self._timed_lookup(name))
+            )
+            entry = self._decode(name, raw, template=template)
         except BackendUnavailable as exc:
             self._backend_failed(name, client_error(exc), template=template)
             if raising:

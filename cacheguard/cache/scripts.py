@@ -5,6 +5,13 @@ Lua helpers as the lock), plus the ``fill`` field naming the one owner that
 loads; so fills and writes exclude each other in the same script call that
 decides who loads. The store is a compare-and-set against the key's
 invalidation version, and only succeeds while the filler still holds its lease.
+
+Eviction: a version key that an evicting ``maxmemory-policy`` dropped reads as
+"never invalidated", so the version compare alone cannot fail a fill in flight.
+The fill's fate therefore also lives in its own lock hash: fill_begin writes the
+``fs`` ("fill may store") field next to the fill's hold, every invalidate deletes
+it (HDEL, which Redis runs even when out of memory), and fill_end stores only
+while it is still there. An evicted lock hash takes the hold with it: no store.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ __all__ = [
     "NEXT_STAMP",
     "RAISE_WATERMARK",
     "READ_WATERMARK",
+    "TIMED_GET",
 ]
 
 FILL_BEGIN_CONTRACT = """\
@@ -71,6 +79,8 @@ s.fill, s.fb, s.fv = owner, begun, version
 put(s, 'fill', owner)
 put(s, 'fb', begun)
 put(s, 'fv', version)
+-- Until an invalidation deletes it (it does even when the version key is evicted).
+put(s, 'fs', '1')
 settle(key, s, now)
 return {1, version, epoch, now, begun}
 """
@@ -93,6 +103,8 @@ FILL_END_CONTRACT = """\
 -- ARGV[11] watermark of the oldest database snapshot the load read, or '' if unknown:
 --          a version above it means the snapshot predates the last invalidation
 -- ARGV[12] when the fill began (server µs, from fill_begin)
+-- Stores only while the lock hash still holds the fill's hold and its 'fs' field: an
+-- invalidate since fill_begin deleted 'fs', even if the version key was evicted since.
 -- Publishes 'V' .. begun µs .. ':' .. entry (stored, small), 'S' (stored, read it),
 -- 'N' (loaded but not stored: not cacheable or invalidated) or 'A' (the load failed).
 -- Returns 1 when stored; 0 when not (lease lost, version moved, nothing to store).
@@ -105,10 +117,11 @@ local verttl, entry, px, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
 local limit, failed, watermark = tonumber(ARGV[9]), ARGV[10] == '1', tonumber(ARGV[11])
 local begun_us = ARGV[12]
 local now = now_ms()
+local may_store = redis.call('HEXISTS', key, 'fs') == 1
 local s = load(key, now)
 local ours = s.fill == owner and s.g[owner] == epoch and (s.r[owner] or 0) > 0
 local stored = 0
-if ours and entry ~= '' and now - begun < verttl then
+if ours and may_store and entry ~= '' and now - begun < verttl then
   local fresh = watermark == nil or tonumber(seen) <= watermark
   if fresh and (redis.call('GET', verkey) or '0') == seen then
     redis.call('SET', vkey, entry, 'PX', px)
@@ -117,6 +130,7 @@ if ours and entry ~= '' and now - begun < verttl then
 end
 if ours then
   end_fill(s)
+  forget(s, 'fs')
   drop(s, owner, 'r')
 end
 settle(key, s, now)
@@ -137,6 +151,8 @@ INVALIDATE = LuaScript("""\
 -- fill in flight and every fill from an older snapshot), drop the value.
 -- KEYS[1]  value key         <ns>:{<name>}:v
 -- KEYS[2]  version key       <ns>:{<name>}:ver
+-- KEYS[3]  lock hash         <ns>:{<name>}:rw: its 'fs' field (a fill in flight may
+--          store) is deleted, so that fill fails even if the version key is evicted
 -- ARGV[1]  version key lifetime in ms
 -- ARGV[2]  L1 invalidation channel ('' for none): namespace-wide, so a plain PUBLISH,
 --          which a cluster broadcasts to every node
@@ -156,6 +172,11 @@ INVALIDATE = LuaScript("""\
 -- increments in a failover, or a poisoned version, which only a heal brings back
 -- to a real one); the caller then lifts the counter to a real version that ran
 -- ahead of it (see RAISE_WATERMARK), or heals a poisoned one.
+-- The deletes come first: out of memory (noeviction) Redis refuses a script's first
+-- write if it may grow memory (the SET below), never a delete, and does not stop a
+-- script that has written; so the value and the fill in flight go even then.
+redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[3], 'fs')
 local raw = redis.call('GET', KEYS[2])
 local version = tonumber(raw or '0')
 local stamp, floor = tonumber(ARGV[4]), tonumber(ARGV[6])
@@ -169,7 +190,6 @@ else
   version = version + 1
 end
 redis.call('SET', KEYS[2], string.format('%d', version), 'PX', ARGV[1])
-redis.call('DEL', KEYS[1])
 if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return version
 """)
@@ -207,3 +227,13 @@ return current
 
 FILL_BEGIN = LuaScript(FILL_BEGIN_CONTRACT + LOCK_PRELUDE + _FILL_BEGIN_BODY)
 FILL_END = LuaScript(FILL_END_CONTRACT + LOCK_PRELUDE + _FILL_END_BODY)
+
+TIMED_GET = LuaScript("""\
+-- timed_get: the value and the server's clock in one round trip (a process judges
+-- entries' ages by the server's clock, see cache/server_clock.py).
+-- KEYS[1]  value key         <ns>:{<name>}:v
+-- Returns {value (nil if none; the error if the key is of another type), seconds, µs}
+local value = redis.pcall('GET', KEYS[1])
+local now = redis.call('TIME')
+return {value, now[1], now[2]}
+""")

@@ -21,6 +21,7 @@ from cacheguard.cache.scripts import (
     NEXT_STAMP,
     RAISE_WATERMARK,
     READ_WATERMARK,
+    TIMED_GET,
 )
 from cacheguard.keys import ResourceKeys
 from cacheguard.locks.scripts import ScriptCall
@@ -36,8 +37,10 @@ __all__ = [
     "next_stamp_call",
     "parse_fill_begin",
     "parse_message",
+    "parse_timed_get",
     "raise_watermark_call",
     "read_watermark_call",
+    "timed_get_call",
 ]
 
 # Versions at or above this are poisoned (see INVALIDATE): 2**52, far above what a
@@ -89,8 +92,19 @@ def fill_begin_call(
     )
 
 
+def timed_get_call(keys: ResourceKeys) -> ScriptCall:
+    return (TIMED_GET, [keys.value], [])
+
+
+def parse_timed_get(reply: Sequence[Any]) -> tuple[Any, float]:
+    """The value's raw reply (bytes, None, or the error a GET of another type of key
+    gave) and the server's clock in seconds."""
+    return reply[0], int(reply[1]) + int(reply[2]) / 1e6
+
+
 def parse_fill_begin(reply: Sequence[Any], decode: Decode, now: float) -> Begin:
-    """``now``: wall-clock seconds, to tell a live value from one kept past expiry."""
+    """``now``: the server's clock (seconds), to tell a live value from one kept
+    past expiry."""
     status = int(reply[0])
     if status == 0:
         entry = decode(reply[1])
@@ -177,7 +191,7 @@ def invalidate_call(
     poisoned version this caller wrote, which ``stamp`` replaces if still there."""
     return (
         INVALIDATE,
-        [keys.value, keys.version],
+        [keys.value, keys.version, keys.lock],
         [
             version_ttl_ms,
             l1_channel,

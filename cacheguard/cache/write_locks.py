@@ -17,7 +17,8 @@ the old rows. What fills no longer do is wait for a write in progress: they load
 from the database as it is (see docs/design.md, "Write locks from another store").
 
 The adapters give a store's lock the two calls the write path makes
-(``acquire_write(timeout)`` in the entering thread or task, ``release_write(holder=)``
+(``acquire_write(timeout, holder=)`` in the entering thread or task, returning the
+store's handle, whose ``lost`` the write path checks; ``release_write(holder=)``
 possibly from another one), keeping the store's handles per holder.
 """
 
@@ -28,6 +29,8 @@ import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from cacheguard._identity import ambient_holder
 
 __all__ = ["AsyncStoreWriteLock", "StoreWriteLock", "WriteLockStore", "checked_store"]
 
@@ -45,10 +48,11 @@ class StoreWriteLock:
         self._handles: dict[Any, list[Any]] = {}
         self._mutex = threading.Lock()
 
-    def acquire_write(self, timeout: float | None = None, *, holder: Any = None) -> None:
+    def acquire_write(self, timeout: float | None = None, *, holder: Any = None) -> Any:
         handle = self.lock.acquire_write(timeout)
         with self._mutex:
             self._handles.setdefault(_holder(holder), []).append(handle)
+        return handle
 
     def release_write(self, *, holder: Any = None) -> None:
         with self._mutex:
@@ -69,7 +73,7 @@ class AsyncStoreWriteLock:
         self.name: str = lock.name
         self._handles: dict[Any, list[Any]] = {}
 
-    async def acquire_write(self, timeout: float | None = None, *, holder: Any = None) -> None:
+    async def acquire_write(self, timeout: float | None = None, *, holder: Any = None) -> Any:
         pending = self.lock.acquire_write(timeout)
         if not inspect.isawaitable(pending):
             pending.release()  # a sync store's hold (it blocked the loop once): give it back
@@ -79,6 +83,7 @@ class AsyncStoreWriteLock:
             )
         handle = await pending
         self._handles.setdefault(holder or asyncio.current_task(), []).append(handle)
+        return handle
 
     async def release_write(self, *, holder: Any = None) -> None:
         key = holder or asyncio.current_task()
@@ -102,4 +107,4 @@ def checked_store(store: WriteLockStore | None) -> WriteLockStore | None:
 
 
 def _holder(holder: Any) -> Any:
-    return threading.get_ident() if holder is None else holder
+    return ambient_holder() if holder is None else holder

@@ -10,7 +10,10 @@ block's error thrown in, if any.
 ``write``: the keys' write locks in one global order (two writers on
 overlapping keys cannot deadlock), invalidate, the body, invalidate again
 (also when the body raised; a failing closing invalidation is attached to the
-body's error, not raised in its place), release (always).
+body's error, not raised in its place), release (always); then a lock lost
+meanwhile (its handle marked lost by a renewal, or its release finding the
+holding gone) raises :class:`LockLostError`, or is attached to the error
+already on its way out.
 
 ``invalidate``: one number from the namespace's sequence for the whole call,
 taken first (the keys' scripts then run in their own slots), then every key is
@@ -26,6 +29,8 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from redis.exceptions import OutOfMemoryError
+
 from cacheguard.cache.core import add_note, closing_failed_note
 from cacheguard.cache.flow import Call
 from cacheguard.cache.invalidation import SCAN_BATCH
@@ -33,6 +38,7 @@ from cacheguard.cache.read_path import ReadPath, client_error
 from cacheguard.exceptions import (
     REDIS_DOWN,
     BackendUnavailable,
+    LockLostError,
     WriteNotConfirmed,
     backend_down,
 )
@@ -48,6 +54,7 @@ __all__ = [
     "Scan",
     "WritePath",
     "WriteStep",
+    "write_lock_lost",
 ]
 
 log = logging.getLogger("cacheguard")
@@ -80,17 +87,21 @@ class Scan:
 @dataclass(frozen=True, slots=True)
 class AcquireWrite:
     """Step: take ``lock`` for writing within ``timeout`` s (None: the lock's own).
-    Answer: None, or :class:`LockTimeout` thrown in."""
+    Answer: what ``acquire_write`` returned (the hold's handle, when the lock gives
+    one), or :class:`LockTimeout` thrown in."""
 
     lock: Any
     timeout: float | None
+    holder: Any = None  # whom the hold is for (sync: a Holder; asyncio: the task's)
 
 
 @dataclass(frozen=True, slots=True)
 class ReleaseWrites:
-    """Step: release ``locks``' write holds taken by ``holder`` (the thread or task
-    that entered), last first, each even if another fails. Runs to its end even
-    when the caller is cancelled meanwhile. Answer: None."""
+    """Step: release ``locks``' write holds taken by ``holder`` (the sync guard's
+    :class:`~cacheguard._identity.Holder`, or the task that entered), last first,
+    each even if another fails. Runs to its end even when the caller is cancelled
+    meanwhile. Answer: for each of ``locks`` (in their order), the exception its
+    release raised, or None."""
 
     locks: tuple[Any, ...]
     holder: Any
@@ -112,8 +123,9 @@ class WritePath(ReadPath):
     def _write_flow(
         self, names: Iterable[str], timeout: float | None, holder: Any
     ) -> Generator[WriteStep, Any, None]:
-        """``write``: ``holder`` is the thread or task entering (the exit may run in
-        another one: ASGI servers run a sync dependency's enter and exit in two)."""
+        """``write``: ``holder`` is whom the holds are for (the exit may run in another
+        thread than the enter: ASGI servers run a sync dependency's enter and exit in
+        two worker threads, so the holds are the holder's, not a thread's)."""
         ordered = sorted(set(names))
         if not ordered:
             raise ValueError("write() needs at least one key name")
@@ -123,15 +135,17 @@ class WritePath(ReadPath):
         if closed is not None:
             raise closed
         held: list[Any] = []
+        handles: list[Any] = []  # what each acquisition returned (a handle, or None)
         try:
             for name in ordered:
                 lock = self.write_lock(name)
                 try:
-                    yield AcquireWrite(lock, timeout)
+                    handle = yield AcquireWrite(lock, timeout, holder)
                 except BackendUnavailable as exc:  # the lock layer's: count it here too
                     self._backend_failed(name, client_error(exc))
                     raise
                 held.append(lock)
+                handles.append(handle)
             yield from self._invalidate_flow(ordered, checked=True)
             try:
                 yield BODY
@@ -144,9 +158,33 @@ class WritePath(ReadPath):
                     add_note(body_error, closing_failed_note(ordered, closing_error))
                 raise
             yield from self._invalidate_flow(ordered, checked=True)
-        finally:
-            if held:
-                yield ReleaseWrites(tuple(held), holder)
+        except BaseException as error:
+            if held:  # the error wins; a lost lock is attached to it
+                for lost in (yield from self._release_writes(held, handles, holder)):
+                    add_note(error, f"cacheguard: {lost}")
+                    log.warning("%s (while the write raised %r)", lost, error)
+            raise
+        # The closing invalidation ran: a lock lost meanwhile is the caller's error now
+        # (another writer may have run between the invalidations, its body with ours).
+        losses = yield from self._release_writes(held, handles, holder)
+        if losses:
+            for other in losses[1:]:
+                add_note(losses[0], f"cacheguard: also {other}")
+            raise losses[0]
+
+    def _release_writes(
+        self, held: list[Any], handles: list[Any], holder: Any
+    ) -> Generator[WriteStep, Any, list[LockLostError]]:
+        """Release ``held`` (last first); the losses: locks whose release found the
+        holding gone, or whose handle a renewal had marked lost."""
+        errors = yield ReleaseWrites(tuple(held), holder)
+        losses: list[LockLostError] = []
+        for lock, handle, error in zip(held, handles, errors or [None] * len(held), strict=True):
+            if error is not None and not isinstance(error, LockLostError):
+                log.error("releasing the write lock of %r failed", lock.name, exc_info=error)
+            if isinstance(error, LockLostError) or getattr(handle, "lost", False):
+                losses.append(write_lock_lost(lock.name, handle, error))
+        return losses
 
     def _invalidate_flow(
         self,
@@ -227,6 +265,12 @@ class WritePath(ReadPath):
             (result,) = yield Pipelined((invalidation.next_stamp(),), self._confirm())
         except BackendUnavailable as exc:
             result = exc
+        if isinstance(result, OutOfMemoryError) and not required:
+            # Full under noeviction: the INCR is refused, the invalidation's deletes are
+            # not (see INVALIDATE), so poison (also on one server) rather than leave the
+            # value and the fills in flight be. The node answered: no breaker failure.
+            log.warning("%s: Redis is out of memory (%s), poisoning", what, result)
+            return None
         if isinstance(result, REDIS_DOWN):
             result = backend_down(sequence, result)
         if not isinstance(result, BackendUnavailable):
@@ -289,7 +333,6 @@ class WritePath(ReadPath):
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
         invalidation = self._invalidation
-        invalidation.watch(prefix)
         names: set[str] = set()
         what = f"scanning {prefix!r}*"
         # Stamped first: a fill of a key the SCAN cannot see (no value, no fill yet)
@@ -297,10 +340,14 @@ class WritePath(ReadPath):
         # number: a prefix stamp cannot be poisoned.
         stamp = yield from self._stamp_flow(what, (), required=True)
         assert stamp is not None
+        # This process's fills check the stamp from before it is stored until it
+        # expires (remembered again once stored: its version_ttl starts then).
+        invalidation.remember(prefix, stamp)
         try:
             yield Command(
                 ("SET", invalidation.stamp_key(prefix), stamp, "PX", self.settings.version_ttl_ms)
             )
+            invalidation.remember(prefix, stamp)
             for raw in (yield Scan(invalidation.scan_pattern(prefix))):
                 name = invalidation.name_of(raw.decode("utf-8", "surrogateescape"))
                 if name is not None:
@@ -350,3 +397,26 @@ class WritePath(ReadPath):
         cause = client_error(exc)
         self._backend_failed(name, cause, key=key, template=template)
         return BackendUnavailable(f"Redis unreachable {what}: {cause}")
+
+
+def write_lock_lost(
+    name: str,
+    handle: Any,
+    release_error: BaseException | None,
+    then: str = "its keys were invalidated again after the block",
+) -> LockLostError:
+    """The error of a write lock lost while held: ``handle`` (what its acquisition
+    returned, may be None) and the error its release raised, if any, say how;
+    ``then``: what was done about it."""
+    reason = getattr(handle, "lost_reason", "") or (
+        str(release_error) if release_error is not None else "its holding was gone"
+    )
+    error = LockLostError(
+        f"the write lock {name!r} was lost while it was held ({reason}): another writer "
+        f"may have run at the same time; {then}",
+        name=name,
+        owner=getattr(handle, "owner", None) or getattr(release_error, "owner", None),
+        mode="write",
+    )
+    error.__cause__ = release_error
+    return error

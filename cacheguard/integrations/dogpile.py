@@ -35,11 +35,12 @@ per key on a cluster). A guard's codec and entry envelope would only wrap bytes
 that are already encoded, and would limit values to what the codec carries.
 
 Every write hold draws a fencing token from the key's counter
-(``<namespace>:{<key>}:fence``), which the lock layer never expires so that a
-lock's tokens only grow. The dogpile mutex shows no token, so the backend lets the
-counters of its keys expire: each release of a key's hold in Redis gives the
-counter ``max(lease, redis_expiration_time)`` seconds more, in the release's own
-round trip, and ``delete`` / ``delete_multi`` do the same (for a counter a holder
+(``<namespace>:{<key>}:fence``), which the lock layer keeps for a day after its
+last token (and starts again from the server clock, so a lock's tokens still only
+grow). The dogpile mutex shows no token, so the backend lets the counters of its
+keys go sooner: each release of a key's hold in Redis gives the counter
+``max(lease, redis_expiration_time)`` seconds more, in the release's own round
+trip, and ``delete`` / ``delete_multi`` do the same (for a counter a holder
 that died left behind). So keys that are no longer used leave nothing in Redis,
 as with dogpile.cache.redis. At least a lease: a release the watchdog still
 retries in the background (up to a lease after the hold's last renewal) never
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import logging
 import threading
 import time
@@ -72,7 +72,7 @@ from dogpile.cache.api import (
 )
 from dogpile.cache.exception import ValidationError
 
-from cacheguard._identity import on_fork_in_child
+from cacheguard._identity import Holder, on_fork_in_child
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.settings import client_options
 from cacheguard.checks import MAX_SECONDS, check_positive
@@ -349,7 +349,6 @@ class CacheGuardMutex(CacheMutex):
         return f"<CacheGuardMutex {self._gate.lock.name!r}>"
 
 
-_holder_ids = itertools.count(1)
 _gates: weakref.WeakSet[_KeyGate] = weakref.WeakSet()
 
 
@@ -382,7 +381,7 @@ class _KeyGate:
         self.lock = lock
         self.client = client
         self.fence_ms = fence_ms
-        self.holder_id = -next(_holder_ids)  # negative: never a thread's ident
+        self.holder_id = Holder()  # the gate's, never a thread's or a context's
         self._reset()
         _gates.add(self)
 

@@ -6,7 +6,8 @@ Layout (each module small, each with one job; the asyncio twins are in
 
 * ``shape``       -- the methods and handle state every store shares (acquire, try,
   ``read()``/``write()``, on_lost); a store writes only ``_acquire`` and ``_try_once``
-* ``local``       -- :class:`LocalRWLock`, threads of one process
+* ``local``       -- :class:`LocalRWLock`, the holders of one process (``Holder``:
+  ``cacheguard/_identity.py``)
 * ``registry``    -- :class:`WeakRegistry`, per-name objects held weakly
 * ``protocol``    -- the acquire algorithm, sans I/O (shared by sync and async drivers)
 * ``scripts``     -- the Lua scripts and their KEYS/ARGV contracts
@@ -25,6 +26,7 @@ Layout (each module small, each with one job; the asyncio twins are in
   znodes (import it from there: it needs the ``zookeeper`` extra, kazoo)
 """
 
+from cacheguard._identity import Holder
 from cacheguard.locks.local import LocalRWLock
 from cacheguard.locks.notifier import Notifier
 from cacheguard.locks.redis_rwlock import LockHandle, RedisRWLock
@@ -34,6 +36,7 @@ from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 from cacheguard.locks.watchdog import Watchdog
 
 __all__ = [
+    "Holder",
     "LocalRWLock",
     "LockFactory",
     "LockHandle",

@@ -1,4 +1,4 @@
-"""An in-process read-write lock for threads.
+"""An in-process read-write lock for the threads (and contexts) of one process.
 
 Rules, chosen so the lock can sit in front of the distributed one:
 
@@ -12,28 +12,38 @@ Rules, chosen so the lock can sit in front of the distributed one:
   :class:`LockUpgradeError` at once instead of deadlocking itself;
 * every acquisition can time out (:class:`LockTimeout`).
 
-Holds belong to threads, so a thread releases what it acquired; a write hold
-may instead belong to an explicit ``holder`` id, for work handed between threads.
+Holds belong to :class:`~cacheguard._identity.Holder` objects, not threads (see
+``cacheguard/_identity.py``): an acquisition without ``holder=`` is the context's
+ambient holder's (so nested calls re-enter) or a new holder's; it returns the
+holder, and any thread may release with ``holder=`` it. A holder that is
+garbage-collected while it holds (its thread ended, nothing else referenced it)
+has abandoned its holds: they end, and waiters go on.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from cacheguard._identity import Holder, ambient_holder, enter_holder, leave_holder
 from cacheguard.exceptions import LockNotHeldError, LockTimeout, LockUpgradeError
 
 __all__ = ["LocalRWLock"]
 
+AbandonHook = Callable[[int], None]
+
 
 class LocalRWLock:
-    """Writer-preferring, reentrant read-write lock for the threads of one process."""
+    """Writer-preferring, reentrant read-write lock for the holders of one process."""
 
     __slots__ = (
         "__weakref__",
         "_cond",
+        "_holders",
+        "_on_abandoned",
         "_readers",
         "_timer",
         "_waiting_writers",
@@ -42,131 +52,222 @@ class LocalRWLock:
         "name",
     )
 
-    def __init__(self, name: str = "", *, timer: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str = "",
+        *,
+        timer: Callable[[], float] = time.monotonic,
+        on_abandoned: AbandonHook | None = None,
+    ) -> None:
         self.name = name
         self._timer = timer
         self._cond = threading.Condition(threading.Lock())
-        self._writer: int | None = None
+        self._writer: int | None = None  # holder numbers, never the holders themselves
         self._write_depth = 0
         self._readers: dict[int, int] = {}
         self._waiting_writers = 0
+        # Holders with a hold here, weakly: a collected one abandoned its holds.
+        self._holders: dict[int, weakref.ref[Holder]] = {}
+        self._on_abandoned = on_abandoned
 
     # -- reading ---------------------------------------------------------------
 
-    def acquire_read(self, timeout: float | None = None) -> None:
-        """Take the read lock; ``timeout=None`` waits without a deadline."""
-        me = threading.get_ident()
-        with self._cond:
-            if self._writer == me or me in self._readers:
-                self._readers[me] = self._readers.get(me, 0) + 1
-                return
-            self._wait_for(
-                lambda: self._writer is None and self._waiting_writers == 0,
-                timeout,
-                "read",
-            )
-            self._readers[me] = 1
+    def acquire_read(self, timeout: float | None = None, *, holder: Holder | None = None) -> Holder:
+        """Take the read lock; ``timeout=None`` waits without a deadline. Returns
+        the holder the hold belongs to."""
+        me = enter_holder(holder)
+        try:
+            with self._cond:
+                n = me.number
+                if self._writer == n or n in self._readers:
+                    self._readers[n] = self._readers.get(n, 0) + 1
+                    return me
+                self._wait_for(
+                    lambda: self._writer is None and self._waiting_writers == 0,
+                    timeout,
+                    "read",
+                )
+                self._readers[n] = 1
+                self._track(me)
+                return me
+        except BaseException:
+            leave_holder(me)
+            raise
 
-    def release_read(self) -> None:
-        me = threading.get_ident()
+    def release_read(self, *, holder: Holder | None = None) -> None:
+        """Release one read hold of ``holder`` (default: the context's)."""
+        me = holder if holder is not None else ambient_holder()
         with self._cond:
-            count = self._readers.get(me)
-            if not count:
+            count = self._readers.get(me.number) if me is not None else None
+            if not count or me is None:
                 raise LockNotHeldError(
-                    f"this thread does not hold the read lock {self.name!r}",
+                    f"this holder does not hold the read lock {self.name!r}",
                     name=self.name,
                     mode="read",
                 )
             if count == 1:
-                del self._readers[me]
+                del self._readers[me.number]
+                if self._writer != me.number:
+                    self._untrack(me.number)
                 if not self._readers:
                     self._cond.notify_all()
             else:
-                self._readers[me] = count - 1
+                self._readers[me.number] = count - 1
+        leave_holder(me)
 
     # -- writing ---------------------------------------------------------------
 
-    def acquire_write(self, timeout: float | None = None, *, holder: int | None = None) -> None:
+    def acquire_write(
+        self, timeout: float | None = None, *, holder: Holder | None = None
+    ) -> Holder:
         """Take the write lock; a read holder gets :class:`LockUpgradeError`.
 
-        ``holder`` (a negative int, so no thread ident can equal it) takes the lock
-        for work that is not a thread's, such as a hold handed from thread to
-        thread: it re-enters only its own hold, never the calling thread's, and is
-        released with ``release_write(holder=...)``. A calling thread that holds
-        the read lock is refused either way (it would wait for itself)."""
-        me = threading.get_ident() if holder is None else holder
-        with self._cond:
-            if self._writer == me:
-                self._write_depth += 1
-                return
-            if me in self._readers or threading.get_ident() in self._readers:
-                raise LockUpgradeError(name=self.name)
-            self._waiting_writers += 1
-            try:
-                self._wait_for(
-                    lambda: self._writer is None and not self._readers,
-                    timeout,
-                    "write",
-                )
-            finally:
-                self._waiting_writers -= 1
-                if self._writer is None and self._waiting_writers == 0:
-                    # We gave up: readers held off for our sake may go now.
-                    self._cond.notify_all()
-            self._writer = me
-            self._write_depth = 1
+        Returns the holder the hold belongs to: ``holder`` if given (a hold handed
+        between threads, released with ``release_write(holder=...)``), else the
+        context's ambient holder (re-entry) or a new one."""
+        me = enter_holder(holder)
+        try:
+            with self._cond:
+                n = me.number
+                if self._writer == n:
+                    self._write_depth += 1
+                    return me
+                ambient = ambient_holder()
+                if n in self._readers or (ambient is not None and ambient.number in self._readers):
+                    # It would wait for a read hold of its own context.
+                    raise LockUpgradeError(name=self.name)
+                self._waiting_writers += 1
+                try:
+                    self._wait_for(
+                        lambda: self._writer is None and not self._readers,
+                        timeout,
+                        "write",
+                    )
+                finally:
+                    self._waiting_writers -= 1
+                    if self._writer is None and self._waiting_writers == 0:
+                        # We gave up: readers held off for our sake may go now.
+                        self._cond.notify_all()
+                self._writer = n
+                self._write_depth = 1
+                self._track(me)
+                return me
+        except BaseException:
+            leave_holder(me)
+            raise
 
-    def release_write(self, *, holder: int | None = None) -> None:
-        """Release one write hold of this thread, or of thread ``holder`` (a thread
-        ident): for work that ends elsewhere, e.g. a database session committed
-        from another thread than the one that flushed it."""
+    def try_acquire_write(self, *, holder: Holder | None = None) -> Holder | None:
+        """:meth:`acquire_write` without waiting: the holder, or None if busy."""
+        try:
+            return self.acquire_write(0.0, holder=holder)
+        except LockTimeout:
+            return None
+
+    def release_write(self, *, holder: Holder | None = None) -> None:
+        """Release one write hold of ``holder`` (default: the context's), from any
+        thread: e.g. a database session committed from another thread than the one
+        that flushed it."""
+        me = holder if holder is not None else ambient_holder()
         with self._cond:
-            if self._writer != (threading.get_ident() if holder is None else holder):
+            if me is None or self._writer != me.number:
                 raise LockNotHeldError(
-                    f"this thread does not hold the write lock {self.name!r}",
+                    f"this holder does not hold the write lock {self.name!r}",
                     name=self.name,
                     mode="write",
                 )
             self._write_depth -= 1
             if self._write_depth == 0:
                 self._writer = None
+                if me.number not in self._readers:
+                    self._untrack(me.number)
                 self._cond.notify_all()
+        leave_holder(me)
 
     # -- introspection -----------------------------------------------------------
 
     @property
     def writer(self) -> int | None:
-        """The ident of the thread holding the write lock, if any."""
+        """The number of the holder holding the write lock, if any."""
         return self._writer
 
+    @property
+    def write_depth(self) -> int:
+        return self._write_depth
+
+    def holds_write(self, holder: Holder | None) -> bool:
+        return holder is not None and self._writer == holder.number
+
+    def read_depth(self, holder: Holder | None) -> int:
+        return 0 if holder is None else self._readers.get(holder.number, 0)
+
     def is_write_held_by_me(self) -> bool:
-        return self._writer == threading.get_ident()
+        """The context's ambient holder holds the write lock."""
+        return self.holds_write(ambient_holder())
 
     def read_depth_of_me(self) -> int:
-        return self._readers.get(threading.get_ident(), 0)
+        return self.read_depth(ambient_holder())
 
     def is_free(self) -> bool:
         """No holder and no waiting writer (used by registries and tests)."""
         with self._cond:
             return self._writer is None and not self._readers and not self._waiting_writers
 
+    # -- abandoned holds -----------------------------------------------------------
+
+    def _track(self, holder: Holder) -> None:
+        n = holder.number
+        if n not in self._holders:
+            self._holders[n] = weakref.ref(holder, lambda _ref: self._collected(n))
+
+    def _untrack(self, number: int) -> None:
+        self._holders.pop(number, None)
+
+    def _collected(self, number: int) -> None:
+        # A weakref callback runs wherever the collection happened, maybe inside
+        # this lock's own critical section: end the holds from a thread of its own.
+        hook = self._on_abandoned or self.abandon
+        threading.Thread(
+            target=hook, args=(number,), name="cacheguard-abandoned", daemon=True
+        ).start()
+
+    def take_abandoned(self, number: int) -> tuple[int, int]:
+        """End every hold of the (collected) holder ``number`` without waking anyone;
+        returns its (write depth, read count). The caller then calls :meth:`wake`."""
+        with self._cond:
+            if self._holders.get(number) is not None and self._holders[number]() is not None:
+                return (0, 0)  # the number is alive again: not abandoned
+            self._holders.pop(number, None)
+            depth = 0
+            if self._writer == number:
+                depth, self._writer, self._write_depth = self._write_depth, None, 0
+            return depth, self._readers.pop(number, 0)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def abandon(self, number: int) -> None:
+        """End the holds of a holder that was collected while holding, wake waiters."""
+        self.take_abandoned(number)
+        self.wake()
+
     # -- context managers --------------------------------------------------------
 
     @contextmanager
-    def read(self, timeout: float | None = None) -> Iterator[None]:
-        self.acquire_read(timeout)
+    def read(self, timeout: float | None = None) -> Iterator[Holder]:
+        holder = self.acquire_read(timeout)
         try:
-            yield
+            yield holder
         finally:
-            self.release_read()
+            self.release_read(holder=holder)
 
     @contextmanager
-    def write(self, timeout: float | None = None) -> Iterator[None]:
-        self.acquire_write(timeout)
+    def write(self, timeout: float | None = None) -> Iterator[Holder]:
+        holder = self.acquire_write(timeout)
         try:
-            yield
+            yield holder
         finally:
-            self.release_write()
+            self.release_write(holder=holder)
 
     # -- internals -------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from cacheguard.keys import ResourceKeys
 from cacheguard.locks import wire
 from cacheguard.locks.protocol import Attempt, Mode
 from cacheguard.locks.redis_rwlock import lock_settings
-from cacheguard.locks.scripts import LuaScript, ScriptCall
+from cacheguard.locks.scripts import FENCE_TTL_MS, LuaScript, ScriptCall
 from cacheguard.locks.shape import HandleState
 from cacheguard.locks.watchdog import LeaseBook, _Entry
 
@@ -76,20 +76,22 @@ RETRY_AFTER_ERROR: Final = 0.5  # s before a failed renewal, release or tidy-up 
 RAISE_FENCE_CONTRACT = """\
 -- raise_fence: lift a lock's fencing counter to at least a token; never lowers it.
 -- (Redlock: a write holding's token is written back to the masters that granted it,
--- so a later writer's INCR on any of them passes it.)
--- KEYS[1]  fencing counter   <ns>:{<name>}:fence (never expires)
+-- so a later writer's INCR on any of them passes it.) The counter lives FENCE_TTL_MS
+-- more either way, as after a grant (see next_token in cacheguard/locks/scripts.py).
+-- KEYS[1]  fencing counter   <ns>:{<name>}:fence
 -- ARGV[1]  the token (a decimal integer)
--- Returns the counter afterwards.
+-- Returns the counter afterwards (a decimal string).
 """
 
-_RAISE_FENCE_BODY = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-local token = tonumber(ARGV[1])
-if current < token then
-  redis.call('SET', KEYS[1], ARGV[1])
+_RAISE_FENCE_BODY = f"""
+local FENCE_TTL_MS = {FENCE_TTL_MS}
+local raw = redis.call('GET', KEYS[1])
+if not raw or tonumber(raw) < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', FENCE_TTL_MS)
   return ARGV[1]
 end
-return tostring(current)
+redis.call('PEXPIRE', KEYS[1], FENCE_TTL_MS)
+return raw
 """
 
 RAISE_FENCE = LuaScript(RAISE_FENCE_CONTRACT + _RAISE_FENCE_BODY)

@@ -254,7 +254,9 @@ class RedisRWLock(RWLockShape[LockHandle]):
     ) -> LockHandle:
         handle = LockHandle(self, mode, owner, token, self._on_lost)
         if self._watchdog is not None:
-            self._watchdog.watch(handle, renew_for=renew_for)
+            # Weakly: a handle dropped unreleased (its thread ended holding it) is
+            # given back at its next renewal, not renewed for the life of the process.
+            self._watchdog.watch(handle, renew_for=renew_for, weak=True)
         return handle
 
     def adopt(

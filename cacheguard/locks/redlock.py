@@ -37,9 +37,11 @@ Fencing tokens
     counts, that token is written back to every granting master's counter
     (raised, never lowered), on a majority at least. A later write holding's
     majority shares a master with that one, whose counter then already passed
-    the token: tokens strictly increase across write holdings while no master
-    loses its ``fence`` key (a restart without persistence, FLUSHALL,
-    eviction) and the masters' clocks keep the drift allowance.
+    the token: tokens strictly increase across write holdings while the
+    masters' clocks keep the drift allowance and agree with each other to within
+    the time since the last token (a master's ``fence`` key expires a day after
+    its last use, and a master that finds it gone, expired or lost, starts it
+    again from its own clock in microseconds; see :mod:`cacheguard.locks.scripts`).
 
 Renewal and release
     The Redlock watchdog (:class:`RedlockWatchdog`, one thread per process, the
@@ -606,7 +608,7 @@ class RedlockWatchdog(RedlockBook[RedlockHandle]):
 
     def _add(self, entry: _Entry[RedlockHandle]) -> None:
         with self._cond:
-            self._entries[id(entry.handle)] = entry
+            self._entries[entry.key] = entry
             self._start_locked()
             if entry.due < self._wake_at:
                 self._cond.notify()

@@ -22,6 +22,8 @@ field              meaning
                    ends with that owner's lease
 ``fb``, ``fv``     when that fill began (server µs) and the key's version then;
                    waiters check announcements against both
+``fs``             present while that fill may store: every cache invalidation
+                   deletes it (see cacheguard/cache/scripts.py)
 ``q:<owner>``      a waiting writer's mark, valid until this server ms
 ``n:<owner>``      that writer's ticket; the lowest ticket goes in first
 ``seq``            ticket counter
@@ -30,6 +32,16 @@ field              meaning
 Every script first sweeps out owners and marks whose time ran out, so a
 crashed reader stops counting when its own lease ends even while other readers
 keep the hash alive. The hash's own TTL is the latest lease or mark in it.
+
+The fencing counter ``<ns>:{<name>}:fence`` expires :data:`FENCE_TTL_MS` after the
+last write holding took a token from it. A missing counter starts again from the
+server's clock in microseconds (``TIME``), which is above every token handed out
+before it expired: a counter is seeded from the clock and then grows by one per
+write holding, one script run each, and no Redis runs a script per microsecond, so
+a counter never passes the clock; it expired a whole ``FENCE_TTL_MS`` after its
+last token. The assumption is the server's clock: it does not go back by more
+than that (a clock stepped back a day, or a failover to a server whose clock is a
+day behind, could hand out a token again).
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import weakref
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import redis
 import redis.asyncio
@@ -51,6 +63,7 @@ from cacheguard.exceptions import REDIS_DOWN, REDIS_UNREACHABLE, WriteNotConfirm
 
 __all__ = [
     "ACQUIRE",
+    "FENCE_TTL_MS",
     "LOCK_PRELUDE",
     "RELEASE",
     "RENEW",
@@ -63,11 +76,17 @@ __all__ = [
     "run_pipelined",
 ]
 
+#: How long a lock's fencing counter outlives the last token taken from it (ms): a
+#: day, far longer than the clock steps the restart from the clock must survive.
+FENCE_TTL_MS: Final = 24 * 3600 * 1000
+
 # Shared helpers, pasted after each script's contract comment. A script reads
 # the hash once (load), changes the state in memory (grant, drop, put, forget)
 # and writes it back once (settle): at most one HDEL, one HSET and one PEXPIRE,
 # or a single DEL when nothing in the hash is alive any more.
-LOCK_PRELUDE = """
+LOCK_PRELUDE = (
+    f"\nlocal FENCE_TTL_MS = {FENCE_TTL_MS}  -- the fencing counter's lifetime after use"
+    + """
 local unpack = unpack or table.unpack  -- Lua 5.1 (Redis) or 5.4 (fakeredis)
 local clock = redis.call('TIME')
 local function now_ms()
@@ -77,6 +96,21 @@ end
 -- decimal string (a Lua number would print it rounded).
 local function time_epoch()
   return clock[1] .. string.format('%06d', tonumber(clock[2]))
+end
+
+-- A fresh write holding's fencing token, as an exact decimal string: the counter's
+-- next value, or, when the counter expired (or never existed), the server time in
+-- microseconds, above every token the expired counter gave. Either way the counter
+-- lives FENCE_TTL_MS more.
+local function next_token(fence)
+  if redis.call('EXISTS', fence) == 1 then
+    redis.call('INCR', fence)
+    redis.call('PEXPIRE', fence, FENCE_TTL_MS)
+    return redis.call('GET', fence)
+  end
+  local token = time_epoch()
+  redis.call('SET', fence, token, 'PX', FENCE_TTL_MS)
+  return token
 end
 
 local function put(s, field, value)
@@ -153,7 +187,7 @@ end
 local function grant(fence, s, owner, kind, lease, now)
   if not s.g[owner] then
     if kind == 'w' then
-      s.g[owner] = tostring(redis.call('INCR', fence))
+      s.g[owner] = next_token(fence)
     else
       s.g[owner] = time_epoch()
     end
@@ -252,6 +286,7 @@ local function may_read(s, owner, mode)
   return true
 end
 """
+)
 
 _ACQUIRE_BODY = """
 local key, fence, owner, want = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
@@ -358,7 +393,8 @@ return 1
 ACQUIRE_CONTRACT = """\
 -- acquire: take the read or write lock for an owner, or queue a waiting writer.
 -- KEYS[1]  lock hash         <ns>:{<name>}:rw
--- KEYS[2]  fencing counter   <ns>:{<name>}:fence (never expires)
+-- KEYS[2]  fencing counter   <ns>:{<name>}:fence (a write grant gives it FENCE_TTL_MS
+--          more; missing, it starts again from the server clock in µs: see next_token)
 -- ARGV[1]  owner id
 -- ARGV[2]  'read' or 'write'
 -- ARGV[3]  lease in ms

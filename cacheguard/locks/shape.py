@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, TypeVar
 
+from cacheguard._identity import Holder, enter_holder, leave_holder
 from cacheguard.exceptions import LockLostError
 from cacheguard.locks.protocol import Mode
 
@@ -37,6 +38,7 @@ class HandleState:
     __slots__ = (
         "__weakref__",
         "_on_lost",
+        "holder",
         "lock",
         "lost",
         "lost_reason",
@@ -65,6 +67,14 @@ class HandleState:
         self.released = False
         self.writer_waiting = False  # set by renewals: another owner's writer is queued
         self._on_lost = on_lost
+        # The holder whose owner id this hold took (acquired without owner=): its use
+        # ends with the release, wherever that happens.
+        self.holder: Holder | None = None
+
+    def _leave_holder(self) -> None:
+        holder, self.holder = self.holder, None
+        if holder is not None:
+            leave_holder(holder)
 
     @property
     def lock_name(self) -> str:
@@ -127,7 +137,10 @@ class ThreadedHandle(HandleState):
     __slots__ = ()
 
     def release(self) -> None:
-        self.lock.release(self)
+        try:
+            self.lock.release(self)
+        finally:
+            self._leave_holder()
 
     def _start_on_lost(self) -> None:
         threading.Thread(target=self._run_on_lost, name="cacheguard-on-lost", daemon=True).start()
@@ -148,19 +161,19 @@ class RWLockShape(Generic[H]):
 
     def acquire_read(self, timeout: float | None = None, *, owner: str | None = None) -> H:
         """Block until the read lock is ours (or :class:`LockTimeout`)."""
-        return self._acquire("read", timeout, owner)
+        return self._held("read", timeout, owner, wait=True)  # type: ignore[return-value]
 
     def acquire_write(self, timeout: float | None = None, *, owner: str | None = None) -> H:
         """Block until the write lock is ours; a read holder gets :class:`LockUpgradeError`."""
-        return self._acquire("write", timeout, owner)
+        return self._held("write", timeout, owner, wait=True)  # type: ignore[return-value]
 
     def try_acquire_read(self, *, owner: str | None = None) -> H | None:
         """One attempt, no waiting: the handle, or ``None`` if the lock is busy."""
-        return self._try_once("read", owner)
+        return self._held("read", None, owner, wait=False)
 
     def try_acquire_write(self, *, owner: str | None = None) -> H | None:
         """One attempt, no waiting: the handle, or ``None`` if the lock is busy."""
-        return self._try_once("write", owner)
+        return self._held("write", None, owner, wait=False)
 
     @contextmanager
     def read(self, timeout: float | None = None, *, owner: str | None = None) -> Iterator[H]:
@@ -175,6 +188,28 @@ class RWLockShape(Generic[H]):
         handle = self.acquire_write(timeout, owner=owner)
         with release_on_exit(handle.release):
             yield handle
+
+    def _held(
+        self, mode: Mode, timeout: float | None, owner: str | None, *, wait: bool
+    ) -> H | None:
+        """Acquire for ``owner``, or without one for the context's holder (a nested
+        acquisition re-enters; see ``cacheguard/_identity.py``)."""
+        if owner is not None:
+            return self._acquire(mode, timeout, owner) if wait else self._try_once(mode, owner)
+        holder = enter_holder()
+        try:
+            if wait:
+                handle: H | None = self._acquire(mode, timeout, holder.owner)
+            else:
+                handle = self._try_once(mode, holder.owner)
+        except BaseException:
+            leave_holder(holder)
+            raise
+        if handle is None:
+            leave_holder(holder)
+        else:
+            handle.holder = holder
+        return handle
 
     def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> H:
         raise NotImplementedError

@@ -15,8 +15,10 @@ process cannot starve remote writers.
 
 All distributed holds of one :class:`TwoTierRWLock` use one owner id per
 process, so a write holder taking the read lock (a downgrade) re-enters its own
-distributed holding. Holds are per thread: release from the acquiring thread,
-or take a write hold for an explicit ``holder`` id that any thread may release.
+distributed holding. Holds belong to holders, not threads (``cacheguard/_identity.py``):
+a nested acquisition in the same context re-enters, any thread may release a hold
+given its ``holder=``, and a holder collected while holding (a thread that ended
+holding) has its holds ended, local and distributed, so waiters go on.
 Get instances from :class:`LockFactory` so every thread of a process shares the
 one instance per name; the factory keeps a lock alive while anyone holds it.
 After ``fork()`` a child starts with every two-tier lock free.
@@ -29,6 +31,7 @@ that shape, made by ``store(name)``), with the same local tier in front.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 import weakref
@@ -36,7 +39,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cacheguard._identity import on_fork_in_child, process_id
+from cacheguard._identity import (
+    Holder,
+    ambient_holder,
+    enter_holder,
+    leave_holder,
+    on_fork_in_child,
+    process_id,
+)
 from cacheguard.clients import SyncClient
 from cacheguard.exceptions import LockNotHeldError, LockTimeout
 from cacheguard.locks.local import LocalRWLock
@@ -51,6 +61,8 @@ from cacheguard.locks.registry import WeakRegistry
 from cacheguard.locks.watchdog import Watchdog
 
 __all__ = ["LockFactory", "TwoTierRWLock"]
+
+log = logging.getLogger("cacheguard.lock")
 
 _instance_ids = itertools.count(1)
 _all_locks: weakref.WeakSet[TwoTierRWLock] = weakref.WeakSet()
@@ -77,12 +89,12 @@ class TwoTierRWLock:
         _all_locks.add(self)
 
     def _reset(self) -> None:
-        self._local = LocalRWLock(self.remote.name, timer=self._timer)
+        self._local = LocalRWLock(self.remote.name, timer=self._timer, on_abandoned=self._abandoned)
         # Serialises the first-reader-in / last-reader-out transitions.
         self._gate = threading.Condition(threading.Lock())
         self._readers = 0
         self._read_handle: LockHandle | None = None
-        # Touched only by the thread holding the local write lock.
+        # Touched only by the holder of the local write lock.
         self._write_depth = 0
         self._write_handle: LockHandle | None = None
         self._holds = 0  # all holds of this process, for pinning
@@ -93,8 +105,8 @@ class TwoTierRWLock:
             return
         with self._holds_mutex:
             self._holds += delta
-            if (delta > 0 and self._holds == 1) or (delta < 0 and self._holds == 0):
-                self._on_pin(self, self._holds == 1)
+            if (delta > 0 and self._holds == delta) or (delta < 0 and self._holds == 0):
+                self._on_pin(self, self._holds > 0)
 
     @property
     def local(self) -> LocalRWLock:
@@ -108,10 +120,17 @@ class TwoTierRWLock:
 
     # -- reading -----------------------------------------------------------------------
 
-    def acquire_read(self, timeout: float | None = None) -> LockHandle:
+    def acquire_read(
+        self, timeout: float | None = None, *, holder: Holder | None = None
+    ) -> LockHandle:
+        """Take the read lock for ``holder`` (default: the context's; see
+        :meth:`LocalRWLock.acquire_read`)."""
         limit = self.remote.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
-        self._local.acquire_read(limit)
+        me = self._local.acquire_read(limit, holder=holder)
+        # A holder already inside (a reader, or the writer downgrading) re-enters:
+        # waiting for the shared hold's readers to leave would wait for itself.
+        reentry = self._local.read_depth(me) > 1 or self._local.holds_write(me)
         try:
             remaining = limit - (self._timer() - start)
             if remaining <= 0 or not self._gate.acquire(timeout=remaining):
@@ -119,7 +138,7 @@ class TwoTierRWLock:
             try:
                 # Do not join a shared hold that is lost, or that a remote writer
                 # waits behind: wait for its readers to leave, then take a fresh one.
-                joinable = self._gate.wait_for(
+                joinable = reentry or self._gate.wait_for(
                     lambda: self._readers == 0 or self._shared_hold_is_joinable(),
                     max(limit - (self._timer() - start), 0.0),
                 )
@@ -135,7 +154,7 @@ class TwoTierRWLock:
             finally:
                 self._gate.release()
         except BaseException:
-            self._local.release_read()
+            self._local.release_read(holder=me)
             raise
         self._count_hold(+1)
         return handle
@@ -147,66 +166,71 @@ class TwoTierRWLock:
             handle is not None and not handle.lost and not getattr(handle, "writer_waiting", False)
         )
 
-    def release_read(self) -> None:
-        if not self._local.read_depth_of_me():
+    def release_read(self, *, holder: Holder | None = None) -> None:
+        """Release one read hold of ``holder`` (default: the context's), from any thread."""
+        me = holder if holder is not None else ambient_holder()
+        if not self._local.read_depth(me):
             raise LockNotHeldError(
-                f"this thread does not hold the read lock {self.name!r}",
+                f"this holder does not hold the read lock {self.name!r}",
                 name=self.name,
                 mode="read",
             )
         try:
             with self._gate:
-                self._readers -= 1
-                if self._readers == 0:
-                    handle, self._read_handle = self._read_handle, None
-                    self._gate.notify_all()  # readers waiting for a fresh hold
-                    if handle is not None:
-                        handle.release()
+                self._drop_readers(1)
         finally:
             # Local last: a local writer must not get in while our distributed
             # read hold (same owner) still exists, or it would be an upgrade.
-            self._local.release_read()
+            self._local.release_read(holder=me)
             self._count_hold(-1)
+
+    def _drop_readers(self, count: int) -> None:
+        """``count`` local read holds ended (caller holds the gate)."""
+        self._readers -= count
+        if self._readers == 0:
+            handle, self._read_handle = self._read_handle, None
+            self._gate.notify_all()  # readers waiting for a fresh hold
+            if handle is not None:
+                handle.release()
 
     # -- writing -----------------------------------------------------------------------
 
     def acquire_write(
-        self, timeout: float | None = None, *, holder: int | None = None
+        self, timeout: float | None = None, *, holder: Holder | None = None
     ) -> LockHandle:
-        """Take the write lock for this thread, or for ``holder`` (a negative int: a
-        hold that any thread may release with ``release_write(holder=...)``, never
-        re-entered by a thread; see :meth:`LocalRWLock.acquire_write`)."""
+        """Take the write lock for ``holder`` (default: the context's, re-entering its
+        own hold; see :meth:`LocalRWLock.acquire_write`). Any thread may release it
+        with ``release_write(holder=...)``."""
         limit = self.remote.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
-        self._local.acquire_write(limit, holder=holder)
+        me = self._local.acquire_write(limit, holder=holder)
         if self._write_depth == 0:
             try:
                 self._write_handle = self.remote.acquire_write(
                     max(limit - (self._timer() - start), 1e-3), owner=self.owner
                 )
             except BaseException:
-                self._local.release_write(holder=holder)
+                self._local.release_write(holder=me)
                 raise
         self._write_depth += 1
         assert self._write_handle is not None
         self._count_hold(+1)
         return self._write_handle
 
-    def try_acquire_write(self, *, holder: int | None = None) -> LockHandle | None:
+    def try_acquire_write(self, *, holder: Holder | None = None) -> LockHandle | None:
         """:meth:`acquire_write` without waiting, here or in Redis (where a busy lock
         is left no waiting writer's mark): the handle, or None if the lock is busy."""
-        try:
-            self._local.acquire_write(0.0, holder=holder)
-        except LockTimeout:
+        me = self._local.try_acquire_write(holder=holder)
+        if me is None:
             return None
         if self._write_depth == 0:
             try:
                 handle = self.remote.try_acquire_write(owner=self.owner)
             except BaseException:
-                self._local.release_write(holder=holder)
+                self._local.release_write(holder=me)
                 raise
             if handle is None:
-                self._local.release_write(holder=holder)
+                self._local.release_write(holder=me)
                 return None
             self._write_handle = handle
         self._write_depth += 1
@@ -214,13 +238,12 @@ class TwoTierRWLock:
         self._count_hold(+1)
         return self._write_handle
 
-    def release_write(self, *, holder: int | None = None) -> None:
-        """Release one write hold of this thread, or of ``holder`` (a thread ident, or
-        the holder id the hold was taken for)."""
-        held = self._local.is_write_held_by_me() if holder is None else self._local.writer == holder
-        if not held:
+    def release_write(self, *, holder: Holder | None = None) -> None:
+        """Release one write hold of ``holder`` (default: the context's), from any thread."""
+        me = holder if holder is not None else ambient_holder()
+        if not self._local.holds_write(me):
             raise LockNotHeldError(
-                f"this thread does not hold the write lock {self.name!r}",
+                f"this holder does not hold the write lock {self.name!r}",
                 name=self.name,
                 mode="write",
             )
@@ -231,22 +254,65 @@ class TwoTierRWLock:
                 if handle is not None:
                     handle.release()
         finally:
-            self._local.release_write(holder=holder)
+            self._local.release_write(holder=me)
             self._count_hold(-1)
+
+    # -- holds whose holder is gone -------------------------------------------------------
+
+    def _abandoned(self, number: int) -> None:
+        """A holder was collected while holding here (its thread ended holding, say):
+        end its local holds and the distributed holds only it kept, then wake the
+        waiters (on a thread of its own, see :meth:`LocalRWLock._collected`)."""
+        released: list[LockHandle] = []
+        with self._gate:
+            depth, reads = self._local.take_abandoned(number)
+            if depth:
+                self._write_depth = 0
+                if self._write_handle is not None:
+                    released.append(self._write_handle)
+                self._write_handle = None
+            if reads:
+                self._readers -= reads
+                if self._readers == 0 and self._read_handle is not None:
+                    released.append(self._read_handle)
+                    self._read_handle = None
+                self._gate.notify_all()
+        for handle in released:
+            try:
+                handle.release()
+            except Exception as exc:  # lost already, or Redis away: its lease ends it
+                log.warning("releasing an abandoned hold of %r failed: %s", self.name, exc)
+        self._local.wake()
+        if depth or reads:
+            log.warning(
+                "a holder of lock %r was gone while holding it (%d write, %d read holds ended)",
+                self.name,
+                depth,
+                reads,
+            )
+            self._count_hold(-(depth + reads))
 
     # -- context managers -----------------------------------------------------------------
 
     @contextmanager
     def read(self, timeout: float | None = None) -> Iterator[LockHandle]:
-        handle = self.acquire_read(timeout)
-        with release_on_exit(self.release_read):
-            yield handle
+        holder = enter_holder()
+        try:
+            handle = self.acquire_read(timeout, holder=holder)
+            with release_on_exit(lambda: self.release_read(holder=holder)):
+                yield handle
+        finally:
+            leave_holder(holder)
 
     @contextmanager
     def write(self, timeout: float | None = None) -> Iterator[LockHandle]:
-        handle = self.acquire_write(timeout)
-        with release_on_exit(self.release_write):
-            yield handle
+        holder = enter_holder()
+        try:
+            handle = self.acquire_write(timeout, holder=holder)
+            with release_on_exit(lambda: self.release_write(holder=holder)):
+                yield handle
+        finally:
+            leave_holder(holder)
 
     def __repr__(self) -> str:
         return f"<TwoTierRWLock {self.name!r} readers={self._readers} writer={self._write_depth}>"

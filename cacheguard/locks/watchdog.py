@@ -75,8 +75,37 @@ class WatchedHandle(Protocol):
 H = TypeVar("H", bound=WatchedHandle)
 
 
+class _Remains:
+    """What a watchdog still needs of a handle that was collected while held: enough
+    to release its holding (the handle itself is gone, so nothing to mark lost)."""
+
+    __slots__ = ("client", "keys", "lease", "lease_ms", "mode", "owner", "token", "writer_waiting")
+
+    def __init__(self, handle: WatchedHandle) -> None:
+        self.client = handle.client
+        self.keys = handle.keys
+        self.lease = handle.lease
+        self.lease_ms = handle.lease_ms
+        self.mode = handle.mode
+        self.owner = handle.owner
+        self.token = handle.token
+        self.writer_waiting = False
+
+    def _mark_lost(self, why: str) -> None:
+        pass  # nobody holds the handle any more: nobody to tell
+
+
 class _Entry(Generic[H]):
-    __slots__ = ("due", "handle", "last_renewed", "releasing", "renew_until")
+    __slots__ = (
+        "_ref",
+        "_remains",
+        "_strong",
+        "due",
+        "key",
+        "last_renewed",
+        "releasing",
+        "renew_until",
+    )
 
     def __init__(
         self,
@@ -85,12 +114,31 @@ class _Entry(Generic[H]):
         *,
         releasing: bool = False,
         renew_until: float | None = None,
+        weak: bool = False,
     ) -> None:
-        self.handle = handle
+        self.key = id(handle)
+        # A weakly watched handle is renewed while someone references it: one that
+        # was dropped unreleased (its thread ended holding it) is released instead.
+        self._strong: H | None = None if weak else handle
+        self._ref = weakref.ref(handle) if weak else None
+        self._remains = _Remains(handle) if weak else None
         self.last_renewed = now
         self.releasing = releasing
         self.renew_until = renew_until
         self.due = now + (_RETRY_AFTER_ERROR if releasing else handle.lease / 3)
+
+    @property
+    def handle(self) -> H:
+        if self._strong is not None:
+            return self._strong
+        assert self._ref is not None
+        alive = self._ref()
+        return alive if alive is not None else self._remains  # type: ignore[return-value]
+
+    @property
+    def abandoned(self) -> bool:
+        """The handle was collected while its holding stood (weakly watched only)."""
+        return self._ref is not None and self._ref() is None
 
     def call(self) -> ScriptCall:
         """This entry's script call: finish the release, or renew."""
@@ -115,11 +163,14 @@ class LeaseBook(Generic[H]):
         self._entries: dict[int, _Entry[H]] = {}
         self.renewals = 0  # successful renewals, for tests and stats
 
-    def watch(self, handle: H, *, renew_for: float | None = None) -> None:
+    def watch(self, handle: H, *, renew_for: float | None = None, weak: bool = False) -> None:
         """Renew ``handle`` until released; with ``renew_for``, only for that many
-        seconds: then the holding is left to expire and the handle is marked lost."""
+        seconds: then the holding is left to expire and the handle is marked lost.
+        ``weak``: renew only while something else references the handle; one that
+        is collected unreleased is released at its next renewal instead."""
         now = self._timer()
-        self._add(_Entry(handle, now, renew_until=None if renew_for is None else now + renew_for))
+        until = None if renew_for is None else now + renew_for
+        self._add(_Entry(handle, now, renew_until=until, weak=weak))
 
     def retry_release(self, handle: H, last_renewed: float | None = None) -> None:
         """Keep trying to release ``handle`` (its release failed: Redis unreachable)."""
@@ -164,6 +215,15 @@ class LeaseBook(Generic[H]):
         now = self._timer()
         by_client: dict[int, list[_Entry[H]]] = {}
         for entry in due:
+            if not entry.releasing and entry.abandoned:
+                # Dropped unreleased (the thread that held it ended): give it back.
+                log.warning(
+                    "a %s hold of %r was dropped unreleased (owner %s): releasing it",
+                    entry.handle.mode,
+                    entry.handle.keys.lock,
+                    entry.handle.owner,
+                )
+                entry.releasing = True
             if not entry.releasing and entry.renew_until is not None and now >= entry.renew_until:
                 # A cache fill whose loader overran max_load_time: stop renewing, so
                 # its hold ends with its lease and writers of the key get in.
@@ -208,15 +268,15 @@ class LeaseBook(Generic[H]):
 
     def _forget(self, entry: _Entry[H]) -> None:
         with self._guard:
-            if self._entries.get(id(entry.handle)) is entry:
-                del self._entries[id(entry.handle)]
+            if self._entries.get(entry.key) is entry:
+                del self._entries[entry.key]
 
     def _lose(self, entry: _Entry[H], why: str) -> None:
         with self._guard:
             # Released meanwhile? Then "gone" is expected, not a loss.
-            if self._entries.get(id(entry.handle)) is not entry:
+            if self._entries.get(entry.key) is not entry:
                 return
-            del self._entries[id(entry.handle)]
+            del self._entries[entry.key]
         entry.handle._mark_lost(why)
 
 
@@ -239,7 +299,7 @@ class Watchdog(LeaseBook["LockHandle"]):
 
     def _add(self, entry: _Entry[LockHandle]) -> None:
         with self._cond:
-            self._entries[id(entry.handle)] = entry
+            self._entries[entry.key] = entry
             if self._thread is None:  # the loop never exits; a fork resets this object
                 self._thread = threading.Thread(
                     target=self._run, name="cacheguard-watchdog", daemon=True

@@ -13,7 +13,6 @@ coroutine is sent to the guard's event loop.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
@@ -22,6 +21,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.util import await_only
 from sqlalchemy.util.concurrency import in_greenlet
 
+from cacheguard._identity import enter_holder, leave_holder
 from cacheguard.aio.guard import AsyncCacheGuard
 from cacheguard.aio.local import current_task
 from cacheguard.cache.guard import CacheGuard
@@ -35,24 +35,29 @@ _FROM_ANOTHER_THREAD_TIMEOUT = 30.0  # s: a release sent to the guard's loop
 class GuardIO(Protocol):
     settings: GuardSettings
 
-    def holder(self) -> Any: ...
+    def enter_holder(self) -> Any: ...
+    def leave_holder(self, holder: Any) -> None: ...
     def watermark(self) -> int: ...
     def invalidate(self, *names: str) -> None: ...
     def invalidate_prefix(self, prefix: str) -> int: ...
     def rwlock(self, name: str) -> Any: ...  # the write path's lock of name
-    def acquire_write(self, lock: Any, timeout: float | None) -> None: ...
+    def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> Any: ...
     def release_write(self, lock: Any, holder: Any) -> None: ...
 
 
 class _Blocking:
-    """A sync guard, called directly; holds belong to threads."""
+    """A sync guard, called directly; holds belong to a holder per session (the
+    context's, made ambient: reads in the transaction see the session's writes)."""
 
     def __init__(self, guard: CacheGuard) -> None:
         self.guard = guard
         self.settings = guard.settings
 
-    def holder(self) -> Any:
-        return threading.get_ident()
+    def enter_holder(self) -> Any:
+        return enter_holder()
+
+    def leave_holder(self, holder: Any) -> None:
+        leave_holder(holder)
 
     def watermark(self) -> int:
         return self.guard.watermark()
@@ -66,8 +71,8 @@ class _Blocking:
     def rwlock(self, name: str) -> Any:
         return self.guard.write_lock(name)
 
-    def acquire_write(self, lock: Any, timeout: float | None) -> None:
-        lock.acquire_write(timeout)
+    def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> Any:
+        return lock.acquire_write(timeout, holder=holder)
 
     def release_write(self, lock: Any, holder: Any) -> None:
         lock.release_write(holder=holder)
@@ -93,8 +98,11 @@ class _Awaiting:
         future = asyncio.run_coroutine_threadsafe(call, loop)
         return future.result(_FROM_ANOTHER_THREAD_TIMEOUT)
 
-    def holder(self) -> Any:
+    def enter_holder(self) -> Any:
         return current_task()
+
+    def leave_holder(self, holder: Any) -> None:
+        pass  # a task's holds end with the task's releases
 
     def watermark(self) -> int:
         return int(self._run(self.guard.watermark()))
@@ -108,8 +116,8 @@ class _Awaiting:
     def rwlock(self, name: str) -> Any:
         return self.guard.write_lock(name)
 
-    def acquire_write(self, lock: Any, timeout: float | None) -> None:
-        self._run(lock.acquire_write(timeout))
+    def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> Any:
+        return self._run(lock.acquire_write(timeout))  # for the calling task, the holder
 
     def release_write(self, lock: Any, holder: Any) -> None:
         self._run(lock.release_write(holder=holder))

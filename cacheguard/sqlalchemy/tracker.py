@@ -16,7 +16,12 @@ One transaction of a tracked session, from begin to end:
    selected, invalidate every key of the model's templates by prefix.
 4. end of a savepoint: committed, its keys move to the enclosing transaction;
    rolled back, the keys only it touched are invalidated and released.
-5. end of the outermost transaction (commit, rollback or close): invalidate
+5. ``before_commit``: a write lock the transaction holds that was lost (a
+   renewal found its holding gone: another writer may have got in) fails the
+   commit with :class:`~cacheguard.exceptions.LockLostError`; nothing is
+   committed, and every later commit of the transaction fails too, until it is
+   rolled back (``with session.begin()`` does, as does closing the session).
+6. end of the outermost transaction (commit, rollback or close): invalidate
    every key again (after a commit this removes anything filled from the old
    rows; after a rollback it is harmless), then release the locks.
 
@@ -47,12 +52,18 @@ from sqlalchemy.orm import Mapper, ORMExecuteState, Session, SessionTransaction
 from cacheguard._identity import on_fork_in_child
 from cacheguard.cache.templates import render_key, template_fields
 from cacheguard.cache.watermark import note_snapshot, snapshot_opened
+from cacheguard.cache.write_path import write_lock_lost
 from cacheguard.exceptions import BackendUnavailable, KeyTemplateError
 from cacheguard.sqlalchemy.guards import GuardIO, guard_io, session_class_of
 
 __all__ = ["CACHE_KEYS_ATTRIBUTE", "ModelTracker", "track_models"]
 
 log = logging.getLogger("cacheguard.sqlalchemy")
+
+_NOT_COMMITTED = (
+    "the transaction was not committed: roll it back (its keys are then invalidated "
+    "again and its locks released)"
+)
 
 CACHE_KEYS_ATTRIBUTE = "__cache_keys__"
 """A model may declare its key templates as a class attribute of this name."""
@@ -61,6 +72,7 @@ _SESSION_EVENTS = (
     "after_begin",
     "before_flush",
     "after_flush",
+    "before_commit",
     "after_commit",
     "after_transaction_end",
     "do_orm_execute",
@@ -88,12 +100,14 @@ class _TransactionLocks:
 
     snapshot_watermark: int | None = None
     locks: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (lock, holder)
+    handles: dict[str, Any] = field(default_factory=dict)  # name -> its hold's handle
     # Keyed by id(): holding the transactions would keep the session alive, and a
     # dropped session must be collected to release its locks. Entries end with them.
     by_transaction: dict[int, set[str]] = field(default_factory=dict)
     committed: set[int] = field(default_factory=set)
     prefixes: set[str] = field(default_factory=set)  # invalidated by prefix at the end
     finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
+    holder: Any = None  # whom the locks are for, until the outermost transaction ends
 
     def __hash__(self) -> int:  # held in a WeakSet (see cache/watermark.py)
         return id(self)
@@ -355,14 +369,28 @@ class ModelTracker:
             # background thread: the collector may run inside any lock of ours).
             _start_orphan_thread()
             state.finalizer = weakref.finalize(session, _release_later, self._io, state)
-        me = self._io.holder()
+        if state.holder is None:
+            state.holder = self._io.enter_holder()
+        me = state.holder
         for name in fresh:  # one global order within each batch
             lock = self._io.rwlock(name)
-            self._io.acquire_write(lock, self.lock_timeout)
+            handle = self._io.acquire_write(lock, self.lock_timeout, me)
             state.locks[name] = (lock, me)
+            state.handles[name] = handle
         self._io.invalidate(*fresh)
 
     # -- transaction end -----------------------------------------------------------------------
+
+    def _on_before_commit(self, session: Session) -> None:
+        """A lost write lock fails the commit (raised here, SQLAlchemy commits nothing);
+        the lock stays listed, lost, so a commit tried again fails again."""
+        state = session.info.get(self._info_key)
+        if state is None:
+            return
+        for name in state.locks:
+            handle = state.handles.get(name)
+            if getattr(handle, "lost", False):
+                raise write_lock_lost(name, handle, None, then=_NOT_COMMITTED)
 
     def _on_after_commit(self, session: Session) -> None:
         state = session.info.get(self._info_key)
@@ -565,6 +593,7 @@ def _release(guard: GuardIO, state: _TransactionLocks, names: list[str]) -> None
         log.exception("invalidating %d keys at the end of a transaction failed", len(names))
     for name in reversed(names):
         held = state.locks.pop(name, None)
+        state.handles.pop(name, None)
         if held is None:
             continue
         lock, holder = held
@@ -588,6 +617,9 @@ def _release_all(guard: GuardIO, state: _TransactionLocks) -> None:
     state.by_transaction.clear()
     state.committed.clear()
     state.snapshot_watermark = None  # no longer open (see cache/watermark.py)
+    if state.holder is not None:
+        holder, state.holder = state.holder, None
+        guard.leave_holder(holder)
     if state.finalizer is not None:
         state.finalizer.detach()
         state.finalizer = None
