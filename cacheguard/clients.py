@@ -41,9 +41,11 @@ __all__ = [
     "AsyncClient",
     "SyncClient",
     "Target",
+    "aclose_async_client",
     "async_client_from_url",
     "check_async_client",
     "check_sync_client",
+    "close_sync_client",
     "is_cluster",
     "node_namer",
     "parse_url",
@@ -231,7 +233,7 @@ def async_client_from_url(
             timeout=options["socket_timeout"],
             **options,
         )
-        return redis.asyncio.Redis(connection_pool=pool)
+        return redis.asyncio.Redis.from_pool(pool)  # its aclose() closes the pool too
     if target.kind == "cluster":
         return redis.asyncio.cluster.RedisCluster(
             startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.nodes],
@@ -251,3 +253,36 @@ def async_client_from_url(
 def _sentinel_options(target: Target, options: Mapping[str, Any]) -> dict[str, Any]:
     # The sentinels' own connections: the same timeouts and TLS, no credentials.
     return {**options, "ssl": target.options.get("ssl", False)}
+
+
+# -- closing what from_url made ------------------------------------------------------------
+
+
+def _sentinel_clients(client: object) -> list[Any]:
+    """The clients of the sentinels behind a Sentinel master client (none otherwise)."""
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    return list(getattr(manager, "sentinels", ()))
+
+
+def close_sync_client(client: SyncClient) -> None:
+    """Close a client :func:`sync_client_from_url` made: its connections and pool
+    (every node's, on a cluster) and, behind a Sentinel master, the sentinels'."""
+    sentinels = _sentinel_clients(client)
+    if isinstance(client, redis.cluster.RedisCluster):
+        client.close()
+    else:
+        client.close()
+        client.connection_pool.disconnect()
+    for sentinel in sentinels:
+        sentinel.close()
+
+
+async def aclose_async_client(client: AsyncClient) -> None:
+    """:func:`close_sync_client` for a client :func:`async_client_from_url` made."""
+    sentinels = _sentinel_clients(client)
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        await client.aclose()
+    else:
+        await client.aclose(close_connection_pool=True)
+    for sentinel in sentinels:
+        await sentinel.aclose()

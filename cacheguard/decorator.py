@@ -57,7 +57,9 @@ def cached_with_lock(
     without it, the key is the function's qualified name and its arguments.
     The result keeps the signature and adds ``.invalidate``, ``.refresh`` and
     ``.peek`` taking the same arguments. With an ``AsyncCacheGuard``, decorate an
-    ``async def``: calls and those methods are awaited.
+    ``async def``: calls and those methods are awaited. A ``CacheGuard`` refuses an
+    ``async def`` here, at decoration (``TypeError``). The result pickles by
+    reference, as the function it replaces (see :mod:`cacheguard.cache.loader`).
     """
     if isinstance(guard, CacheGuard):
         sync_guard = guard

@@ -18,13 +18,17 @@ catch the whole family at once::
     ├── RecursiveLoadError        a loader asked for the very key it is loading
     ├── WrongEventLoop            an asyncio object used from a second event loop
     │                             (also a RuntimeError)
+    ├── GuardClosed               a call on a guard after its close()/aclose()
+    │                             (also a RuntimeError)
     └── BackendArgumentError      a dogpile.cache backend argument is wrong (defined in
                                   cacheguard.integrations.dogpile; also dogpile's
                                   ValidationError and a ValueError)
 
 Bad arguments given at construction (an empty name, a lease or timeout <= 0)
 raise :class:`ValueError` or :class:`TypeError` as usual in Python; they are
-programming errors, not runtime conditions.
+programming errors, not runtime conditions. So do bad key names given to a
+guard's calls (not a str: ``TypeError``; empty or not encodable as UTF-8, such
+as a lone surrogate: ``ValueError``), before Redis is touched.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "BackendUnavailable",
     "CacheGuardError",
     "FillFailed",
+    "GuardClosed",
     "KeyTemplateError",
     "LockError",
     "LockLostError",
@@ -248,4 +253,14 @@ class WrongEventLoop(CacheGuardError, RuntimeError):
 
     A ``redis.asyncio`` client and everything built on it belong to one loop:
     create one client (and its locks and guards) per event loop.
+    """
+
+
+class GuardClosed(CacheGuardError, RuntimeError):
+    """A guard was used after its ``close()`` (or ``aclose()``).
+
+    Raised before Redis is touched, by every call that would talk to Redis
+    (reads, loads, invalidations, writes, the watermark, ``rwlock`` and
+    ``write_lock``). A client the guard made (``from_url``) is closed with it; to
+    go on, make a new guard.
     """

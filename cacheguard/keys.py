@@ -18,14 +18,22 @@ The ``{...}`` hash tag makes Redis Cluster place a resource's keys in one slot, 
 Lua script may touch them all. Braces and ``%`` inside a name are
 percent-encoded so the tag always ends where we put it: otherwise a name such
 as ``}x`` would end the tag early and scatter one resource over several slots.
+
+A name given to a guard's calls is checked by :func:`check_name` before Redis is
+touched: a str (``TypeError`` otherwise), not empty and encodable as UTF-8 (a
+lone surrogate is not; ``ValueError``), and shortened like a key template's
+names when longer than the guard's ``max_key_length``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cacheguard.cache.templates import shorten
+
 __all__ = [
     "ResourceKeys",
+    "check_name",
     "check_namespace",
     "hash_tag",
     "invalidation_channel",
@@ -56,6 +64,26 @@ def check_namespace(namespace: str) -> str:
     if "{" in namespace or "}" in namespace:
         raise ValueError(f"namespace must not contain braces: {namespace!r}")
     return namespace
+
+
+def check_name(name: object, max_length: int, what: str = "a key name") -> str:
+    """``name`` as a guard uses it: refused unless it is a non-empty str that encodes
+    as UTF-8, shortened (prefix and digest, as :func:`~cacheguard.cache.templates.shorten`
+    does for template names) when longer than ``max_length``."""
+    if not isinstance(name, str):
+        hint = " (decode bytes first)" if isinstance(name, (bytes, bytearray)) else ""
+        raise TypeError(f"{what} must be a str, not {type(name).__name__}{hint}")
+    if not name:
+        raise ValueError(f"{what} must not be empty")
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"{what} must be encodable as UTF-8: {name!r} has "
+                f"{exc.reason} at position {exc.start}"
+            ) from None
+    return shorten(name, max_length)
 
 
 @dataclass(frozen=True, slots=True)

@@ -373,3 +373,32 @@ def test_a_waiter_in_another_process_on_a_cluster_is_woken_by_the_announcement(
             if child.is_alive():
                 child.kill()
             filler.client.close()
+
+
+def cluster_connections(cluster: OwnedRedisCluster) -> int:
+    """Client connections on every node, besides the one asking."""
+    total = 0
+    for node in cluster.nodes:
+        with redis.Redis(port=node.port, socket_timeout=2) as direct:
+            total += len(direct.client_list()) - 1
+    return total
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_closing_a_from_url_guard_closes_its_connections_on_every_node(
+    kind: str, redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    """The cluster client from_url made, every node's pool and the sharded
+    notifiers' connections: all closed by close()/aclose() (issue #23)."""
+    before = cluster_connections(redis_cluster)
+    guard = Guard(kind, guard_from_url(kind, cluster_url(redis_cluster), namespace=cluster_ns))
+    names = names_on_every_master(redis_cluster, cluster_ns)
+    assert [await guard.get_or_load(n, lambda: 1, ttl=60) for n in names] == [1] * len(names)
+    async with guard.write(*names):
+        pass
+    assert cluster_connections(redis_cluster) > before
+    if isinstance(guard.guard, CacheGuard):
+        guard.guard.close()
+    else:
+        await guard.guard.aclose()
+    assert wait_until(lambda: cluster_connections(redis_cluster) <= before)

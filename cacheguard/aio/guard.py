@@ -38,7 +38,7 @@ import redis.asyncio
 from cacheguard.aio._loop import LoopBinding
 from cacheguard.aio.driver import Deferral, arun_load, drive_fill_async
 from cacheguard.aio.local import current_task
-from cacheguard.aio.notifier import async_notifier_for
+from cacheguard.aio.notifier import aclose_notifiers_of, async_notifier_for
 from cacheguard.aio.two_tier import AsyncLockFactory, AsyncTwoTierRWLock
 from cacheguard.cache.core import value_key
 from cacheguard.cache.driver import backend_down, is_loader
@@ -60,13 +60,14 @@ from cacheguard.cache.write_path import (
 from cacheguard.checks import check_int
 from cacheguard.clients import (
     AsyncClient,
+    aclose_async_client,
     async_client_from_url,
     check_async_client,
     node_namer,
     replicas_expected,
 )
 from cacheguard.exceptions import REDIS_DOWN, classify
-from cacheguard.locks.scripts import arun_pipelined
+from cacheguard.locks.scripts import aclose_node_clients, arun_pipelined
 
 __all__ = ["AsyncCacheGuard"]
 
@@ -142,23 +143,29 @@ class AsyncCacheGuard(WritePath):
         (default 64) and makes a task wait for a free one (up to ``socket_timeout``)
         rather than fail: hundreds of tasks may call at once, and a refused
         connection would count as Redis being down. redis-py's cluster client does
-        not queue tasks: there the limit is per node and defaults to 1,024."""
+        not queue tasks: there the limit is per node and defaults to 1,024.
+
+        The guard owns the client: :meth:`aclose` closes it (every connection, pool
+        and sentinel client it made)."""
         if max_connections is not None:
             check_int("max_connections", max_connections, minimum=1)
         client = async_client_from_url(
             url, client_options(connect_timeout, socket_timeout), max_connections
         )
-        return cls(client, **settings)
+        guard = cls(client, **settings)  # (refused: the client never connected, holds nothing)
+        guard._owns_client = True
+        return guard
 
     # -- public API -----------------------------------------------------------------
 
     def rwlock(self, name: str) -> AsyncTwoTierRWLock:
         """The two-tier read-write lock of resource ``name`` (shared in this loop)."""
-        return self._locks.rwlock(name)
+        return self._locks.rwlock(self._name(name))
 
     def write_lock(self, name: str) -> AsyncTwoTierRWLock | AsyncStoreWriteLock:
         """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
         lock, or the ``write_locks`` store's (an asyncio store: its calls are awaited)."""
+        name = self._name(name)
         if self._write_locks is None:
             return self._locks.rwlock(name)
         return AsyncStoreWriteLock(self._write_locks(name))
@@ -175,17 +182,20 @@ class AsyncCacheGuard(WritePath):
         """The cached value of ``name``, loaded by ``load()`` once if missing."""
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
+        name = self._name(name)
         flow = self._read_flow(name, load, ttl, none_ttl, template)
         return await self._run(flow, name, load, template)
 
     async def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
         self._binding.check()
+        name = self._name(name)
         return await self._drive(self._peek_flow(name, template), name)
 
     async def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
         self._binding.check()
+        name = self._name(name)
         return await self._drive(self._peek_entry_flow(name), name)  # type: ignore[no-any-return]
 
     async def refresh(
@@ -200,24 +210,28 @@ class AsyncCacheGuard(WritePath):
         """Load ``name`` now (under its locks, once across processes) and store it;
         ``on_backend_error`` applies as for reads."""
         self._binding.check()
+        name = self._name(name)
         flow = self._refresh_flow(name, ttl, none_ttl, template)
         return await self._drive(flow, name, load, template)
 
     async def watermark(self) -> int:
         """The namespace's invalidation sequence now (see :meth:`CacheGuard.watermark`)."""
         self._binding.check()
+        self._check_open()
         return await self._drive(self._watermark_flow(), "the watermark")  # type: ignore[no-any-return]
 
     async def invalidate(self, *names: str, template: str | None = None) -> None:
         """Stamp ``names`` with the next invalidation number and delete them, without
         taking locks (see :meth:`CacheGuard.invalidate`)."""
         self._binding.check()
+        names = self._names(names)
         await self._drive(self._invalidate_flow(names, template=template), ", ".join(names))
 
     async def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix`` (a SCAN; see
         :meth:`CacheGuard.invalidate_prefix`); returns how many."""
         self._binding.check()
+        prefix = self._prefix(prefix)
         return await self._drive(self._invalidate_prefix_flow(prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @asynccontextmanager
@@ -227,6 +241,7 @@ class AsyncCacheGuard(WritePath):
         raised or was cancelled), release; then :class:`LockLostError` if a lock
         was lost meanwhile (see :meth:`CacheGuard.write`)."""
         self._binding.check()
+        names = self._names(names)
         flow = self._write_flow(names, timeout, current_task())  # the exit may run elsewhere
         await self._run(flow, "the write")  # up to the body; raising, it holds nothing
         try:
@@ -238,7 +253,14 @@ class AsyncCacheGuard(WritePath):
         await self._run(flow, "the write", to_the_end=True)
 
     async def aclose(self) -> None:
-        """Stop background work (L1 listener, refresh tasks); the client stays open."""
+        """Stop background work (L1 listener, refresh tasks: cancelled and awaited)
+        and close what the guard made: the client ``from_url`` made, with its
+        connections, pools and release-notification listener. A client passed in is
+        left open (it is yours). Closing again does nothing.
+
+        Afterwards every call that would talk to Redis raises :class:`GuardClosed`."""
+        if self._closed:
+            return
         self._closed = True
         if self._l1 is not None:
             self._l1.close()
@@ -247,6 +269,16 @@ class AsyncCacheGuard(WritePath):
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self._owns_client:
+            await aclose_notifiers_of(self.client)
+            await aclose_node_clients(self.client)  # a cluster's per-node pipelines
+            await aclose_async_client(self.client)
+
+    async def __aenter__(self) -> AsyncCacheGuard:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # -- the driver: every step of the flows, carried out with awaits -----------------------
 

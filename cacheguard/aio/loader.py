@@ -35,6 +35,7 @@ class AsyncCacheLoader(KeyedLoader[P, R]):
     or a plain function)."""
 
     guard_type = AsyncCacheGuard
+    takes_async = True
     guard: AsyncCacheGuard
 
     def __init__(

@@ -64,7 +64,13 @@ from cacheguard.locks.pubsub import (
     unsubscribe_commands,
 )
 
-__all__ = ["AsyncClusterNotifier", "AsyncNotifier", "AsyncSubscription", "async_notifier_for"]
+__all__ = [
+    "AsyncClusterNotifier",
+    "AsyncNotifier",
+    "AsyncSubscription",
+    "aclose_notifiers_of",
+    "async_notifier_for",
+]
 
 log = logging.getLogger("cacheguard.notifier")
 
@@ -296,7 +302,7 @@ class AsyncNotifier:
         """:meth:`close`, then wait until the task has dropped its connection."""
         task = self._task
         self.close()
-        if task is not None and not task.done():
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
             await asyncio.wait({task})
 
     async def _run(self) -> None:
@@ -485,6 +491,14 @@ class AsyncClusterNotifier:
             if notifier is not None:
                 notifier.close()
 
+    async def aclose(self) -> None:
+        """:meth:`close`, then wait until every listener has dropped its connection."""
+        notifiers = [*self._shards.values(), self._broadcast]
+        self._shards, self._broadcast = {}, None
+        for notifier in notifiers:
+            if notifier is not None:
+                await notifier.aclose()
+
 
 def _node_connection(node: Any) -> AbstractConnection:
     # The node's connection settings, outside its max_connections.
@@ -574,6 +588,17 @@ def async_notifier_for(
         # The listener must not outlive its pool or client: stop it when they go.
         weakref.finalize(owner, notifier.close)
     return notifier
+
+
+async def aclose_notifiers_of(client: redis.asyncio.Redis | RedisCluster) -> None:
+    """Stop and forget the notifiers of ``client``'s pool (or cluster client) in every
+    loop, waiting for the running loop's to drop their connections: for a guard
+    closing a client it made."""
+    owner: Any = client if isinstance(client, RedisCluster) else client.connection_pool
+    for per_loop in list(_notifiers.values()):
+        notifier = per_loop.pop(owner, None)
+        if notifier is not None:
+            await notifier.aclose()
 
 
 def _weak_connection_factory(pool: Any) -> AsyncConnectionFactory:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import sys
 import time
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, Final, Protocol
@@ -36,8 +37,8 @@ from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.cache.stats import EventHook, Stats, StatsRecorder
 from cacheguard.checks import MAX_SECONDS, check_positive
-from cacheguard.exceptions import BackendUnavailable
-from cacheguard.keys import ResourceKeys
+from cacheguard.exceptions import BackendUnavailable, GuardClosed
+from cacheguard.keys import ResourceKeys, check_name
 from cacheguard.locks.scripts import Confirm
 
 __all__ = ["GuardCore", "Lock", "add_note", "value_key"]
@@ -95,6 +96,8 @@ class GuardCore:
         self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms, timer=timer)
         self._l1: L1Feed | None = None
         self._closed = False
+        self._owns_client = False  # from_url made the client: close() closes it
+        self._max_key_length = settings.max_key_length
         self._wait_backoff: Callable[[], Backoff] = WAIT_BACKOFF  # tests lengthen it
 
     # -- public, no I/O ---------------------------------------------------------------
@@ -122,6 +125,43 @@ class GuardCore:
         their templates' prefixes; ``invalidate_prefix`` makes its process honour its
         own stamp for as long as the stamp lives (``version_ttl``)."""
         self._invalidation.watch(prefix)
+
+    # -- what every call checks first, before Redis is touched -------------------------------
+
+    def _check_open(self) -> None:
+        """Refuse a call on a closed guard (:class:`GuardClosed`)."""
+        if self._closed:
+            raise GuardClosed(
+                f"this {type(self).__name__} is closed: make a new one "
+                "(a client the guard made was closed with it)"
+            )
+
+    def _checked_name(self, name: object) -> str:
+        """A key name as the guard uses it: a non-empty str encodable as UTF-8
+        (``TypeError``/``ValueError`` otherwise), shortened past ``max_key_length``
+        as a template's names are (see :func:`~cacheguard.keys.check_name`)."""
+        if type(name) is str and name and len(name) <= self._max_key_length and name.isascii():
+            return name  # the hit path: nothing to check further
+        return check_name(name, self._max_key_length)
+
+    def _name(self, name: object) -> str:
+        """The name of a call that talks to Redis: the guard open, the name checked."""
+        if self._closed:
+            self._check_open()
+        return self._checked_name(name)
+
+    def _names(self, names: Iterable[object]) -> tuple[str, ...]:
+        """:meth:`_name` for every name of a call."""
+        self._check_open()
+        return tuple(self._checked_name(name) for name in names)
+
+    def _prefix(self, prefix: object) -> str:
+        """An ``invalidate_prefix`` prefix: a str encodable as UTF-8 (empty: every key
+        of the namespace), never shortened."""
+        self._check_open()
+        if prefix == "":
+            return ""
+        return check_name(prefix, sys.maxsize, "a prefix")
 
     # -- decisions the drivers ask for --------------------------------------------------------
 

@@ -49,12 +49,13 @@ from cacheguard.cache.write_path import (
 from cacheguard.clients import (
     SyncClient,
     check_sync_client,
+    close_sync_client,
     node_namer,
     replicas_expected,
     sync_client_from_url,
 )
 from cacheguard.exceptions import REDIS_DOWN, classify
-from cacheguard.locks.notifier import notifier_for
+from cacheguard.locks.notifier import close_notifier_of, notifier_for
 from cacheguard.locks.scripts import run_pipelined
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 
@@ -132,20 +133,28 @@ class CacheGuard(WritePath):
 
         The client fails fast when Redis is down (connect and socket timeouts, no
         retries of its own: a retried script could run twice), which the circuit
-        breaker and ``on_backend_error`` then handle.
+        breaker and ``on_backend_error`` then handle. The guard owns it:
+        :meth:`close` closes it (every connection, pool and sentinel client it made).
         """
         client = sync_client_from_url(url, client_options(connect_timeout, socket_timeout))
-        return cls(client, **settings)
+        try:
+            guard = cls(client, **settings)
+        except BaseException:
+            close_sync_client(client)  # a bad setting leaves no connection behind
+            raise
+        guard._owns_client = True
+        return guard
 
     # -- public API -----------------------------------------------------------------
 
     def rwlock(self, name: str) -> TwoTierRWLock:
         """The two-tier read-write lock of resource ``name`` (shared in this process)."""
-        return self._locks.rwlock(name)
+        return self._locks.rwlock(self._name(name))
 
     def write_lock(self, name: str) -> TwoTierRWLock | StoreWriteLock:
         """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
         lock, or the ``write_locks`` store's lock (see :mod:`cacheguard.cache.write_locks`)."""
+        name = self._name(name)
         if self._write_locks is None:
             return self._locks.rwlock(name)
         return StoreWriteLock(self._write_locks(name))
@@ -164,15 +173,18 @@ class CacheGuard(WritePath):
         ``template`` names the family of keys ``name`` belongs to (``"menu:{id}"``)
         in this call's events, for metrics labels; loaders pass their own. Without
         it the events carry None (see :mod:`cacheguard.cache.stats`)."""
+        name = self._name(name)
         flow = self._read_flow(name, load, ttl, none_ttl, template)
         return self._run(flow, name, load, template)  # type: ignore[no-any-return]
 
     def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
+        name = self._name(name)
         return self._drive(self._peek_flow(name, template), name)
 
     def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
+        name = self._name(name)
         return self._drive(self._peek_entry_flow(name), name)  # type: ignore[no-any-return]
 
     def refresh(
@@ -189,6 +201,7 @@ class CacheGuard(WritePath):
         With Redis unreachable (or the circuit open) ``on_backend_error`` applies as
         for reads: ``bypass`` returns a fresh load without storing it, ``raise``
         raises :class:`BackendUnavailable`. ``template``: as for :meth:`get_or_load`."""
+        name = self._name(name)
         flow = self._refresh_flow(name, ttl, none_ttl, template)
         return self._drive(flow, name, load, template)  # type: ignore[no-any-return]
 
@@ -197,6 +210,7 @@ class CacheGuard(WritePath):
         snapshot is taken and a fill from that snapshot cannot store a value that
         a later invalidation replaced (see ``cache/watermark.py``). Raises
         :class:`BackendUnavailable` when Redis is unreachable."""
+        self._check_open()
         return self._drive(self._watermark_flow(), "the watermark")  # type: ignore[no-any-return]
 
     def invalidate(self, *names: str, template: str | None = None) -> None:
@@ -209,6 +223,7 @@ class CacheGuard(WritePath):
         once, in other processes through pub/sub). ``template``: the names' key
         template, for the events' labels (as for :meth:`get_or_load`).
         """
+        names = self._names(names)
         self._drive(self._invalidate_flow(names, template=template), ", ".join(names))
 
     def invalidate_prefix(self, prefix: str) -> int:
@@ -216,6 +231,7 @@ class CacheGuard(WritePath):
         in flight. Walks the keyspace with SCAN (cost grows with the whole keyspace),
         so it is the fallback for changes whose keys cannot be listed; the number of
         keys invalidated is returned."""
+        prefix = self._prefix(prefix)
         return self._drive(self._invalidate_prefix_flow(prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @contextmanager
@@ -229,6 +245,7 @@ class CacheGuard(WritePath):
         :class:`LockLostError`; if the body raised, its error wins, with the loss
         as a note.
         """
+        names = self._names(names)
         # The holds are this block's holder's (the context's, so nested calls in the
         # body re-enter), not the thread's: the exit may run in another thread.
         holder = enter_holder()
@@ -245,17 +262,33 @@ class CacheGuard(WritePath):
             leave_holder(holder)
 
     def close(self) -> None:
-        """Stop background work (L1 listener, refresh threads); the client stays open.
+        """Stop background work (L1 listener, refresh threads) and close what the
+        guard made: the client ``from_url`` made, with its connections, pools and
+        release-notification listener. A client passed in is left open (it is
+        yours). Closing again does nothing.
 
-        The guard still serves reads afterwards, without background refreshes or L1
-        invalidation broadcasts."""
+        Afterwards every call that would talk to Redis raises :class:`GuardClosed`.
+        With a client of its own the guard first waits for the background
+        refreshes already running (queued ones are dropped)."""
+        if self._closed:
+            return
         self._closed = True
         if self._l1 is not None:
             self._l1.close()
         with self._executor_mutex:
-            if self._executor is not None:
-                self._executor.shutdown(wait=False)
-                self._executor = None
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            owned = self._owns_client
+            executor.shutdown(wait=owned, cancel_futures=owned)
+        if self._owns_client:
+            close_notifier_of(self.client)
+            close_sync_client(self.client)
+
+    def __enter__(self) -> CacheGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- the driver: every step of the flows, carried out with blocking calls --------------
 

@@ -15,21 +15,40 @@ without one, from the function's qualified name and its arguments: see
 ``get``/call, ``invalidate``, ``refresh`` (reload now) and ``peek`` (the cached
 value or :data:`MISSING`, no load). With an :class:`~cacheguard.aio.AsyncCacheGuard`
 the decorator takes an ``async def`` and every method is awaited
-(:mod:`cacheguard.aio.loader`); keys and validation are shared.
+(:mod:`cacheguard.aio.loader`); keys and validation are shared. A sync guard
+refuses an ``async def`` at decoration (it would cache the coroutine object).
+
+**Pickling.** Loaders and decorated functions pickle by reference, as functions
+do: the pickle holds the module and the name they are bound to, and unpickling
+imports that module and takes the object found there (with its guard, made at
+import in that process). So ``ProcessPoolExecutor.map(decorated, ...)`` works for
+a decorated function, or a loader, bound to a module-level name (or a class
+attribute); one that is not refuses to pickle with :class:`pickle.PicklingError`.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
+import pickle
+import sys
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
-from cacheguard.cache.templates import KeyBuilder
+from cacheguard.cache.templates import KeyBuilder, describe
 from cacheguard.checks import check_positive
 
-__all__ = ["BoundCachedFunction", "CacheLoader", "CachedFunction", "Decorated", "KeyedLoader"]
+__all__ = [
+    "BoundCachedFunction",
+    "CacheLoader",
+    "CachedFunction",
+    "Decorated",
+    "KeyedLoader",
+    "is_async_callable",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,6 +58,7 @@ class KeyedLoader(Generic[P, R]):
     """What both loaders share: the guard, the load function, the TTLs and the keys."""
 
     guard_type: type[Any] = CacheGuard
+    takes_async = False  # may load be an async def? (the asyncio loaders: yes)
 
     def __init__(
         self,
@@ -55,6 +75,12 @@ class KeyedLoader(Generic[P, R]):
             )
         if not callable(load):
             raise TypeError("load must be callable")
+        if not self.takes_async and is_async_callable(load):
+            raise TypeError(
+                f"{describe(load)} is an async function: a {type(guard).__name__} would "
+                "cache the coroutine object, not its result; use an AsyncCacheGuard "
+                "(cacheguard.aio) for async functions"
+            )
         self.guard = guard
         self.load = load
         self.ttl = check_positive("ttl", ttl)
@@ -65,6 +91,20 @@ class KeyedLoader(Generic[P, R]):
         )
         self._keys = KeyBuilder(load, key, max_length=guard.settings.max_key_length)
         self._label = self._keys.label  # every call's events carry it as their template
+        self._made_in = _calling_module()  # where to find this loader by name, to pickle it
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by reference (see the module docstring): the module and name this
+        loader is bound to."""
+        for module_name in dict.fromkeys((self._made_in, getattr(self.load, "__module__", None))):
+            module = sys.modules.get(module_name) if module_name else None
+            for name, value in vars(module).items() if module is not None else ():
+                if value is self:
+                    return _by_reference, (module_name, name)
+        raise pickle.PicklingError(
+            f"cannot pickle {self!r}: a loader pickles by reference, as functions do; "
+            "bind it to a module-level name (another process finds it there)"
+        )
 
     @property
     def template(self) -> str:
@@ -132,6 +172,25 @@ class Decorated:
     binds like the descriptor it replaces (shared by the sync and async decorators)."""
 
     _keys: KeyBuilder
+    __module__: str
+    __qualname__: str
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by reference, as the function it replaces: its module and
+        qualified name (see the module docstring)."""
+        module_name, qualname = self.__module__, self.__qualname__
+        try:
+            found = _by_reference(module_name, qualname)
+        except (ImportError, KeyError, TypeError) as exc:
+            found = exc
+        if found is not self:
+            raise pickle.PicklingError(
+                f"cannot pickle {module_name}.{qualname}: a decorated function pickles by "
+                f"reference, as functions do, and {module_name}.{qualname} is not it "
+                f"(found {found!r}); decorate a function defined at module level or in a "
+                "class, and keep it under its own name"
+            )
+        return _by_reference, (module_name, qualname)
 
     def _unwrap(self, func: Any) -> Callable[..., Any]:
         self._binding = "instance"
@@ -212,3 +271,38 @@ class BoundCachedFunction:
 
     def key(self, *args: Any, **kwargs: Any) -> str:
         return self._cached.key(self._instance, *args, **kwargs)  # type: ignore[no-any-return]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The cached method of its instance (or class): pickled as that attribute lookup.
+        return getattr, (self._instance, self._cached.__name__)
+
+
+def is_async_callable(func: object) -> bool:
+    """Does calling ``func`` give a coroutine or an async generator (an ``async def``,
+    a bound one, a partial of one, an object with an ``async def __call__``)?"""
+    while isinstance(func, functools.partial):
+        func = func.func
+    call = func if inspect.isroutine(func) else inspect.getattr_static(type(func), "__call__", None)
+    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
+
+
+def _by_reference(module_name: str, qualname: str) -> Any:
+    """The object bound to ``qualname`` in module ``module_name``, read from the
+    namespaces themselves (a class attribute is not bound by its descriptor)."""
+    target: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = vars(target)[part]
+    return target
+
+
+_LOADER_MODULES = frozenset(
+    ("cacheguard.cache.loader", "cacheguard.aio.loader", "cacheguard.decorator")
+)
+
+
+def _calling_module() -> str | None:
+    """The module that made a loader: the first caller outside the loader classes."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in _LOADER_MODULES:
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame.f_globals.get("__name__") if frame is not None else None

@@ -44,7 +44,7 @@ from cacheguard.cache.flow import (
 from cacheguard.cache.l1 import ABSENT
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
 from cacheguard.cache.wire import parse_timed_get, timed_get_call
-from cacheguard.exceptions import BackendUnavailable
+from cacheguard.exceptions import BackendUnavailable, GuardClosed
 
 __all__ = ["ReadPath", "ReadStep", "RunFill", "WaitFlight", "client_error", "valid_for_all"]
 
@@ -347,6 +347,8 @@ class ReadPath(GuardCore):
             outcome, _ = yield RunFill(lock, flow, valid_for_all)
             if outcome.source == "loaded":
                 self._stats.count("early_refreshes", name, 0.0, None, template)
+        except GuardClosed:
+            log.debug("background refresh of %r dropped: the guard closed", name)
         except Exception:
             log.exception("background refresh of %r failed", name)
         finally:

@@ -654,7 +654,7 @@ def _client_from(given: Mapping[str, Any]) -> SyncClient:
             raise BackendArgumentError(
                 f"'connection_pool' must be a redis.ConnectionPool, not {type(pool).__name__}"
             )
-        return _connectable(redis.Redis(connection_pool=pool))
+        return _check_database(_connectable(redis.Redis(connection_pool=pool)))
     options = client_options(
         _seconds("socket_connect_timeout", given.get("socket_connect_timeout", 1.0)),
         _seconds("socket_timeout", given.get("socket_timeout", 2.0)),
@@ -693,7 +693,7 @@ def _client_from(given: Mapping[str, Any]) -> SyncClient:
         )
     except (TypeError, ValueError) as exc:
         raise BackendArgumentError(f"cacheguard dogpile backend: {exc}") from exc
-    return _connectable(client)
+    return _check_database(_connectable(client))
 
 
 def _text(
@@ -770,6 +770,28 @@ def _redis_connection_names() -> frozenset[str]:
                 and parameter.name != "self"
             )
     return frozenset(names)
+
+
+def _check_database(client: SyncClient) -> SyncClient:
+    """``client``, once the server was seen to have the database it selects: redis-py
+    sends SELECT only when it first connects, so ``db=99`` on a server with 16
+    databases would pass ``configure`` and fail every call. Database 0 always
+    exists; another is checked by connecting now. Redis down: left to the calls,
+    which report it (the circuit breaker's business, not an argument's)."""
+    pool = getattr(client, "connection_pool", None)
+    db = pool.connection_kwargs.get("db", 0) if pool is not None else 0
+    if not db:
+        return client
+    try:
+        client.ping()
+    except redis.ResponseError as exc:  # ERR DB index is out of range
+        client.close()
+        raise BackendArgumentError(
+            f"cacheguard dogpile backend: the Redis server refuses database {db}: {exc}"
+        ) from exc
+    except redis.RedisError as exc:
+        log.info("dogpile backend: database %s not checked (Redis unavailable: %s)", db, exc)
+    return client
 
 
 def _connectable(client: SyncClient) -> SyncClient:

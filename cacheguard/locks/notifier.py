@@ -48,7 +48,7 @@ from cacheguard.locks.pubsub import (
     unsubscribe_commands,
 )
 
-__all__ = ["ClusterNotifier", "Notifier", "Subscription", "notifier_for"]
+__all__ = ["ClusterNotifier", "Notifier", "Subscription", "close_notifier_of", "notifier_for"]
 
 log = logging.getLogger("cacheguard.notifier")
 
@@ -319,6 +319,10 @@ class Notifier:
             log.debug("release-notification connection failed: %s", exc)
             return False
         with self._mutex:
+            if self._stopped.is_set():  # closed while we connected: nobody will read it
+                with contextlib.suppress(Exception):
+                    conn.disconnect()
+                return False
             self._conn = conn
             self._pending.clear()
             live = [c for c in self._channels.values() if c.waiters]
@@ -529,6 +533,16 @@ def notifier_for(client: redis.Redis | RedisCluster) -> Notifier | ClusterNotifi
             # The listener must not outlive its pool or client: stop it when they go.
             weakref.finalize(owner, notifier.close)
         return notifier
+
+
+def close_notifier_of(client: redis.Redis | RedisCluster) -> None:
+    """Stop and forget the notifier of ``client``'s pool (or cluster client), if any:
+    for a guard closing a client it made (the next use would start a new one)."""
+    owner: Any = client if isinstance(client, RedisCluster) else client.connection_pool
+    with _notifiers_mutex:
+        notifier = _notifiers.pop(owner, None)
+    if notifier is not None:
+        notifier.close()
 
 
 def _weak_connection_factory(pool: Any) -> ConnectionFactory:

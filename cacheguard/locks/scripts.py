@@ -71,6 +71,7 @@ __all__ = [
     "Confirm",
     "LuaScript",
     "ScriptCall",
+    "aclose_node_clients",
     "arun_pipelined",
     "run_pipelined",
 ]
@@ -606,6 +607,14 @@ def _node_client(cluster: AsyncRedisCluster, node: Any) -> redis.asyncio.Redis:
         )
         client = per_node[node.name] = redis.asyncio.Redis(connection_pool=pool)
     return client
+
+
+async def aclose_node_clients(cluster: object) -> None:
+    """Close the per-node clients :func:`arun_pipelined` made for ``cluster`` (a guard
+    closing the cluster client it made); the next call would make them again."""
+    per_node = _node_clients.pop(cluster, None) if isinstance(cluster, AsyncRedisCluster) else None
+    for client in (per_node or {}).values():
+        await client.aclose(close_connection_pool=True)
 
 
 async def _arun_per_node(
