@@ -21,7 +21,7 @@ import redis
 import redis.asyncio
 from dogpile.cache import make_region
 
-from cacheguard import CacheGuard, CacheLoader
+from cacheguard import MISSING, CacheGuard, CacheLoader
 from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader
 from cacheguard.cache.templates import shorten
 from cacheguard.integrations.dogpile import BackendArgumentError
@@ -221,3 +221,22 @@ def test_dogpile_backend_configures_with_redis_down() -> None:
         "cacheguard", arguments={"host": "127.0.0.1", "port": 1, "db": 3}
     )
     region.backend.close()
+
+
+@pytest.mark.parametrize("call", ["get_or_load", "refresh"])
+def test_a_sync_guard_refuses_an_async_loader_and_caches_nothing(
+    client: redis.Redis, namespace: str, call: str
+) -> None:
+    """``get_or_load(name, async_def)`` on a sync guard (no decorator to refuse it at
+    decoration): a clear TypeError at the load, no coroutine left unawaited, nothing
+    stored, no hold left (the next plain load goes straight through)."""
+    guard = CacheGuard(client, namespace=namespace, ttl_jitter=0)
+
+    async def load() -> int:
+        return 1
+
+    with pytest.raises(TypeError, match="AsyncCacheGuard"):
+        getattr(guard, call)("menu:1", load, ttl=60)
+    assert guard.peek("menu:1") is MISSING  # nothing stored
+    assert guard.get_or_load("menu:1", lambda: 2, ttl=60) == 2
+    assert guard.stats().load_errors == 1

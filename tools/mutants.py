@@ -2673,6 +2673,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_shutdown.py::test_a_sync_guard_refuses_an_async_def_at_decoration",),
     ),
     Mutant(
+        "sync-guard-refuses-async-loader",
+        "a sync guard's loader that returns an awaitable (an async def passed to get_or_load) "
+        "is a TypeError, nothing stored, no coroutine left unawaited",
+        "cacheguard/cache/loading.py",
+        "            if inspect.isawaitable(value):\n",
+        "            if False:\n",
+        (
+            "tests/test_bad_input.py::"
+            "test_a_sync_guard_refuses_an_async_loader_and_caches_nothing[get_or_load]",
+        ),
+    ),
+    Mutant(
         "bad-key-names-refused-before-redis",
         "a bad key name (None, bytes, empty, a lone surrogate) is refused before Redis is touched",
         "cacheguard/cache/core.py",

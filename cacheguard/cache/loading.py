@@ -9,6 +9,7 @@ asyncio tasks, so both drivers detect it the same way and fail at once with
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -61,7 +62,16 @@ class Loads:
     def run(
         self, name: str, load: Callable[[], Any], template: str | None = None
     ) -> tuple[Any, float]:
-        """``load()`` counted and timed: ``(value, seconds)``."""
+        """``load()`` counted and timed: ``(value, seconds)`` (the sync drivers')."""
         with self.loading(name, template) as elapsed:
             value = load()
+            if inspect.isawaitable(value):
+                # An async def given to a sync guard: refuse it (as a failed load:
+                # nothing stored, the fill ended) rather than try to encode it.
+                if inspect.iscoroutine(value):
+                    value.close()
+                raise TypeError(
+                    f"the loader of {name!r} returned an awaitable: a CacheGuard calls "
+                    "plain functions; use cacheguard.aio.AsyncCacheGuard for async loaders"
+                )
             return value, elapsed()
