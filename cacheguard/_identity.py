@@ -1,8 +1,8 @@
 """Who is asking: a per-process id that changes across ``fork()``, and lock holders.
 
 Holds belong to *holders*, not to threads. A :class:`Holder` is numbered and
-never reused, so a thread pool's next task, a thread that got a dead thread's
-ident, or a forked child can neither share nor inherit a hold.
+never reused, so a pool's next call (in a context of its own), a thread that got
+a dead thread's ident, or a forked child can neither share nor inherit a hold.
 
 Re-entry is expressed through the context (:mod:`contextvars`): a ``with`` block
 or an acquisition that makes a new holder makes it the context's *ambient*
@@ -10,7 +10,11 @@ holder until its holds end, and a nested acquisition in the same context (or in
 a copy of it: ``asyncio.to_thread``, AnyIO's worker threads, tasks created inside
 the block) is that holder's again, so it re-enters. A new thread starts with an
 empty context and so with no holder; a pool that copies the caller's context
-into each call (AnyIO, ``asyncio.to_thread``) gives each call its own. The
+into each call (AnyIO, ``asyncio.to_thread``) gives each call its own. A pool that
+does not (``ThreadPoolExecutor.submit``, ``loop.run_in_executor``) runs all of a
+worker's tasks in one context: a hold entered by one of its tasks and exited by
+another is re-entered by a task on the entering thread in between; hand such holds
+over by name (``holder=``, ``owner=``). The
 process id is random rather than the pid, so two hosts (or a recycled pid) never
 share an owner, and it is regenerated in a forked child.
 """
@@ -80,6 +84,8 @@ def ambient_holder() -> Holder | None:
 def enter_holder(holder: Holder | None = None) -> Holder:
     """The holder for a hold about to be taken, its use counted: ``holder`` if
     given, else the context's ambient holder, else a new one made ambient here."""
+    if holder is not None and not isinstance(holder, Holder):
+        raise TypeError(f"holder must be a cacheguard Holder, not {type(holder).__name__}")
     if holder is None:
         holder = ambient_holder()
         if holder is None:

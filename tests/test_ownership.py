@@ -281,3 +281,50 @@ def test_release_from_another_thread_needs_the_holder(client: redis.Redis, names
         assert holder is not None
     finally:
         pool.shutdown()
+
+
+def test_an_abandoned_read_hold_is_given_back_before_local_writers_go_on(
+    client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader thread ended holding: its process's shared read hold in Redis is given
+    back before its local hold ends, so a local writer waits for that (it would
+    otherwise ask Redis for a write while its own process still held the read, and
+    get LockUpgradeError)."""
+    lock = LockFactory(client, namespace=namespace, lease=30).rwlock("k")
+    releasing, proceed = threading.Event(), threading.Event()
+    original = RedisRWLock.release
+
+    def slow_release(self: RedisRWLock, handle: Any) -> None:
+        if handle.mode == "read":
+            releasing.set()
+            proceed.wait(10)
+        original(self, handle)
+
+    monkeypatch.setattr(RedisRWLock, "release", slow_release)
+    _end_thread_holding(lambda: lock.acquire_read(timeout=5))
+    gc.collect()
+    assert releasing.wait(10)  # the abandonment is giving the shared hold back
+    outcome: list[Any] = []
+
+    def write() -> None:
+        try:
+            outcome.append(lock.acquire_write(timeout=10))
+            lock.release_write()
+        except Exception as exc:
+            outcome.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(0.3)  # (a bounded look: it must still be waiting, not refused)
+    assert not outcome
+    proceed.set()
+    writer.join(10)
+    assert len(outcome) == 1
+    assert not isinstance(outcome[0], Exception)
+
+
+def test_a_holder_must_be_a_holder(client: redis.Redis, namespace: str) -> None:
+    lock = LockFactory(client, namespace=namespace).rwlock("k")
+    with pytest.raises(TypeError, match="Holder"):
+        lock.acquire_write(timeout=1, holder=-1)  # type: ignore[arg-type]
+    assert lock.local.is_free()

@@ -227,6 +227,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
     ),
     Mutant(
+        "holder-abandoned-local-last",
+        "an abandoned holder's distributed holds are given back before its local holds end, "
+        "so no local writer meets the process's own read hold in Redis (LockUpgradeError)",
+        "cacheguard/locks/two_tier.py",
+        "            depth, reads = self._local.abandoned_holds(number)\n",
+        "            depth, reads = self._local.take_abandoned(number)\n",
+        (
+            "tests/test_ownership.py::"
+            "test_an_abandoned_read_hold_is_given_back_before_local_writers_go_on",
+        ),
+    ),
+    Mutant(
         "watchdog-weak-store-handles",
         "a RedisRWLock handle dropped unreleased (its thread ended) is no longer renewed",
         "cacheguard/locks/redis_rwlock.py",

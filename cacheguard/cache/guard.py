@@ -269,7 +269,9 @@ class CacheGuard(WritePath):
 
         Afterwards every call that would talk to Redis raises :class:`GuardClosed`.
         With a client of its own the guard first waits for the background
-        refreshes already running (queued ones are dropped)."""
+        refreshes already running (queued ones are dropped). Calls under way in
+        other threads are not waited for: one may still use the client (and open a
+        connection) as it ends, so close after your own calls have returned."""
         if self._closed:
             return
         self._closed = True

@@ -22,8 +22,9 @@ refuses an ``async def`` at decoration (it would cache the coroutine object).
 do: the pickle holds the module and the name they are bound to, and unpickling
 imports that module and takes the object found there (with its guard, made at
 import in that process). So ``ProcessPoolExecutor.map(decorated, ...)`` works for
-a decorated function, or a loader, bound to a module-level name (or a class
-attribute); one that is not refuses to pickle with :class:`pickle.PicklingError`.
+a decorated function or method (a class attribute of a module-level class), or a
+loader bound to a module-level name; one that is not refuses to pickle with
+:class:`pickle.PicklingError`.
 """
 
 from __future__ import annotations

@@ -230,12 +230,17 @@ class LocalRWLock:
             target=hook, args=(number,), name="cacheguard-abandoned", daemon=True
         ).start()
 
+    def abandoned_holds(self, number: int) -> tuple[int, int]:
+        """The (write depth, read count) of the collected holder ``number``, left in
+        place: its holds keep others out until :meth:`take_abandoned` ends them."""
+        with self._cond:
+            depth = self._write_depth if self._writer == number else 0
+            return depth, self._readers.get(number, 0)
+
     def take_abandoned(self, number: int) -> tuple[int, int]:
         """End every hold of the (collected) holder ``number`` without waking anyone;
         returns its (write depth, read count). The caller then calls :meth:`wake`."""
         with self._cond:
-            if self._holders.get(number) is not None and self._holders[number]() is not None:
-                return (0, 0)  # the number is alive again: not abandoned
             self._holders.pop(number, None)
             depth = 0
             if self._writer == number:

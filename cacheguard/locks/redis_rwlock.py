@@ -7,9 +7,11 @@
         write_to_db(fencing_token=handle.token)
 
 Owners and reentrancy
-    Holds belong to an *owner* string, by default the calling thread of this
-    process. The same owner may take the lock again (counts nest); pass
-    ``owner=`` to share a holding between threads or tasks.
+    Holds belong to an *owner* string, by default the owner of the context's
+    holder (``cacheguard/_identity.py``): nested acquisitions in one context
+    re-enter, other threads and a pool's next call are other owners. The same
+    owner may take the lock again (counts nest); pass ``owner=`` to share a
+    holding between threads or tasks.
 
 Handles
     Each acquisition returns a :class:`LockHandle`. Release goes through the

@@ -261,11 +261,16 @@ class TwoTierRWLock:
 
     def _abandoned(self, number: int) -> None:
         """A holder was collected while holding here (its thread ended holding, say):
-        end its local holds and the distributed holds only it kept, then wake the
-        waiters (on a thread of its own, see :meth:`LocalRWLock._collected`)."""
-        released: list[LockHandle] = []
+        end the distributed holds only it kept, then its local holds, then wake the
+        waiters (on a thread of its own, see :meth:`LocalRWLock._collected`).
+
+        Local last, as in the releases: while its local holds stand no local writer
+        gets in, so none can find the distributed write hold about to go, nor ask
+        Redis for a write while this process's shared read hold is still there; the
+        gate keeps new local readers from taking a fresh read hold meanwhile."""
         with self._gate:
-            depth, reads = self._local.take_abandoned(number)
+            depth, reads = self._local.abandoned_holds(number)
+            released: list[LockHandle] = []
             if depth:
                 self._write_depth = 0
                 if self._write_handle is not None:
@@ -276,12 +281,14 @@ class TwoTierRWLock:
                 if self._readers == 0 and self._read_handle is not None:
                     released.append(self._read_handle)
                     self._read_handle = None
+            for handle in released:
+                try:
+                    handle.release()
+                except Exception as exc:  # lost already, or Redis away: its lease ends it
+                    log.warning("releasing an abandoned hold of %r failed: %s", self.name, exc)
+            self._local.take_abandoned(number)
+            if reads:
                 self._gate.notify_all()
-        for handle in released:
-            try:
-                handle.release()
-            except Exception as exc:  # lost already, or Redis away: its lease ends it
-                log.warning("releasing an abandoned hold of %r failed: %s", self.name, exc)
         self._local.wake()
         if depth or reads:
             log.warning(
