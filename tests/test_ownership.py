@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from cacheguard import LockFactory, LockTimeout, RedisRWLock
-from cacheguard.aio import AsyncLockFactory
+from cacheguard.aio import AsyncLockFactory, AsyncRedisRWLock
 from tests.helpers import make_guard, wait_until
 
 T = TypeVar("T")
@@ -328,3 +328,26 @@ def test_a_holder_must_be_a_holder(client: redis.Redis, namespace: str) -> None:
     with pytest.raises(TypeError, match="Holder"):
         lock.acquire_write(timeout=1, holder=-1)  # type: ignore[arg-type]
     assert lock.local.is_free()
+
+
+async def test_async_a_dropped_store_hold_is_given_back_not_renewed(
+    aclient: Any, client: redis.Redis, namespace: str
+) -> None:
+    """A task that ended holding an AsyncRedisRWLock it never released: the asyncio
+    watchdog gives the hold back at its next renewal instead of renewing it."""
+    lock = AsyncRedisRWLock(aclient, "k", namespace=namespace, lease=0.9)
+    dropped: list[Any] = []
+
+    async def take_and_drop() -> None:
+        handle = await lock.acquire_write(timeout=5)
+        dropped.append(weakref.ref(handle))
+
+    await asyncio.create_task(take_and_drop())
+    gc.collect()
+    assert dropped[0]() is None
+    assert client.exists(lock.keys.lock)
+    for _ in range(500):  # renewed every 0.3 s: given back at the first of them
+        if not client.exists(lock.keys.lock):
+            break
+        await asyncio.sleep(0.02)
+    assert not client.exists(lock.keys.lock)

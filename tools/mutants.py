@@ -247,6 +247,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
     ),
     Mutant(
+        "aio-watchdog-weak-store-handles",
+        "an AsyncRedisRWLock handle dropped unreleased (its task ended) is no longer renewed",
+        "cacheguard/aio/rwlock.py",
+        "            watchdog.watch(handle, renew_for=renew_for, weak=True)\n",
+        "            watchdog.watch(handle, renew_for=renew_for)\n",
+        ("tests/test_ownership.py::test_async_a_dropped_store_hold_is_given_back_not_renewed",),
+    ),
+    Mutant(
         "watchdog-releases-dropped-handles",
         "the watchdog releases a dropped handle's holding at once instead of renewing it",
         "cacheguard/locks/watchdog.py",

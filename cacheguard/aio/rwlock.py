@@ -274,7 +274,9 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
         handle = AsyncLockHandle(self, mode, owner, token, self._on_lost)
         watchdog = self._watchdog_or_default()
         if watchdog is not None:
-            watchdog.watch(handle, renew_for=renew_for)
+            # Weakly: a handle dropped unreleased (its task ended holding it) is
+            # given back at its next renewal, not renewed for the life of the loop.
+            watchdog.watch(handle, renew_for=renew_for, weak=True)
         return handle
 
     def adopt(
