@@ -20,6 +20,7 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from cacheguard import MISSING, BackendUnavailable, CacheGuard, RedisRWLock
+from cacheguard.aio import AsyncCacheGuard
 from cacheguard.cache.scripts import NEXT_STAMP
 from cacheguard.cache.watermark import note_snapshot
 from cacheguard.cache.wire import POISON_FLOOR
@@ -402,3 +403,23 @@ async def test_closing_a_from_url_guard_closes_its_connections_on_every_node(
     else:
         await guard.guard.aclose()
     assert wait_until(lambda: cluster_connections(redis_cluster) <= before)
+
+
+async def test_a_new_asyncio_cluster_client_with_no_node_answering_is_redis_down(
+    redis_server_binary: str, cluster_ns: str
+) -> None:
+    """A fresh asyncio cluster client reads its slot map before its first batch: when
+    no startup node answers, that batch (the watermark read, confirmed by WAIT) is
+    Redis down (BackendUnavailable), not a batch of unanswered calls."""
+    cluster = OwnedRedisCluster(replicas_per_master=0)
+    port = cluster.nodes[0].port
+    cluster.close()  # every node gone before the client's first command
+    client = redis.asyncio.cluster.RedisCluster(
+        host="127.0.0.1", port=port, socket_connect_timeout=0.5
+    )
+    guard = AsyncCacheGuard(client, namespace=cluster_ns, on_backend_error="raise")
+    try:
+        with pytest.raises(BackendUnavailable):
+            await guard.watermark()
+    finally:
+        await guard.aclose()

@@ -1376,18 +1376,6 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_write_path_scripted.py::test_the_watermark_is_read_as_a_confirmed_write",),
     ),
     Mutant(
-        "async-cluster-client-initialised-before-batches",
-        "a new asyncio cluster client reads its slot map before its first script batch",
-        "cacheguard/locks/scripts.py",
-        "        await client.initialize()  # a new client reads its slot map on its first "
-        "command\n",
-        "        pass\n",
-        (
-            "tests/test_cluster.py::"
-            "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[async]",
-        ),
-    ),
-    Mutant(
         "unplaced-calls-go-again",
         "a call whose slot the client's map does not cover goes again after the map is read anew",
         "cacheguard/locks/scripts.py",

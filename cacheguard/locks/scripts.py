@@ -622,7 +622,9 @@ async def _arun_per_node(
 ) -> list[Any]:
     """:func:`_run_per_node` on an asyncio cluster client (the nodes in parallel)."""
     try:
-        await client.initialize()  # a new client reads its slot map on its first command
+        # A new client reads its slot map now rather than after a first attempt that
+        # places nothing (the retry below would read it too).
+        await client.initialize()
     except RedisClusterException as exc:  # no startup node answered
         raise redis.ConnectionError(str(exc)) from exc
     results: list[Any] = [None] * len(calls)
