@@ -209,20 +209,26 @@ def test_a_kept_handle_stays_held_whatever_thread_took_it(
     assert not client.exists(lock.keys.lock)
 
 
+def _queue_a_writer(lock: Any) -> tuple[threading.Thread, threading.Event]:
+    """Another process's writer, queued on ``lock`` from a thread: (thread, wrote)."""
+    wrote = threading.Event()
+
+    def writer() -> None:
+        with lock.write(timeout=20):
+            wrote.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    return thread, wrote
+
+
 def test_reentered_read_does_not_wait_behind_a_queued_remote_writer(
     client: redis.Redis, other_client: redis.Redis, namespace: str
 ) -> None:
     ours = LockFactory(client, namespace=namespace, lease=0.6).rwlock("k")
     theirs = LockFactory(other_client, namespace=namespace, lease=30).rwlock("k")
     handle = ours.acquire_read(timeout=5)
-    wrote = threading.Event()
-
-    def writer() -> None:
-        with theirs.write(timeout=20):
-            wrote.set()
-
-    thread = threading.Thread(target=writer)
-    thread.start()
+    thread, wrote = _queue_a_writer(theirs)
     assert wait_until(lambda: handle.writer_waiting, timeout=10)  # a renewal saw it
     assert ours.acquire_read(timeout=2) is handle  # re-entry, not a wait
     ours.release_read()
@@ -238,14 +244,7 @@ async def test_async_reentered_read_does_not_wait_behind_a_queued_remote_writer(
     ours = AsyncLockFactory(aclient, namespace=namespace, lease=0.6).rwlock("k")
     theirs = LockFactory(other_client, namespace=namespace, lease=30).rwlock("k")
     handle = await ours.acquire_read(timeout=5)
-    wrote = threading.Event()
-
-    def writer() -> None:
-        with theirs.write(timeout=20):
-            wrote.set()
-
-    thread = threading.Thread(target=writer)
-    thread.start()
+    thread, wrote = _queue_a_writer(theirs)
     for _ in range(500):
         if handle.writer_waiting:
             break
