@@ -15,11 +15,13 @@ those masters: the same hash, the same scripts, so the Redlock sees a holder the
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -642,3 +644,53 @@ async def test_async_watchdog_renews_on_a_majority(
             assert time.monotonic() < deadline, "no renewal"
             await asyncio.sleep(0.02)
         assert not handle.lost
+
+
+def test_a_handle_dropped_unreleased_is_given_back_on_every_master(
+    masters: list[OwnedRedisServer], namespace: str, probes: list[redis.Redis]
+) -> None:
+    """A thread that ended holding a Redlock write it never released (nothing
+    references the handle): the watchdog releases it on every master at its next
+    renewal instead of renewing it for the life of the process."""
+    lock = make_lock(masters, namespace, lease=0.9)
+    dropped: list[Any] = []
+
+    def take_and_drop() -> None:
+        handle = lock.acquire_write(timeout=5)
+        dropped.extend([weakref.ref(handle), handle.owner, list(handle._granted)])
+
+    thread = threading.Thread(target=take_and_drop)
+    thread.start()
+    thread.join()
+    gc.collect()
+    gone, owner, granted = dropped
+    assert gone() is None
+    key = lock.keys.lock
+    assert sum(bool(p.exists(key)) for p in probes) >= 3
+    wait_until(lambda: not any(p.exists(key) for p in probes), 10, "the dropped hold given back")
+    # Its epochs no longer keep tidy-ups off its masters.
+    assert not any(quorum.holdings.counts_on(key, owner, a, e) for a, e in granted)
+    again = make_lock(masters, namespace).try_acquire_write()
+    assert again is not None
+    again.release()
+
+
+async def test_async_a_handle_dropped_unreleased_is_given_back_on_every_master(
+    namespace: str, probes: list[redis.Redis], make_alock: Callable[..., AsyncRedlockRWLock]
+) -> None:
+    alock = make_alock(lease=0.9)
+    dropped: list[Any] = []
+
+    async def take_and_drop() -> None:
+        handle = await alock.acquire_write(timeout=5)
+        dropped.append(weakref.ref(handle))
+
+    await asyncio.create_task(take_and_drop())
+    gc.collect()
+    assert dropped[0]() is None
+    key = alock.keys.lock
+    for _ in range(500):  # renewed every 0.3 s: given back at the first of them
+        if not any(p.exists(key) for p in probes):
+            break
+        await asyncio.sleep(0.02)
+    assert not any(p.exists(key) for p in probes)

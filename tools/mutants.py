@@ -255,6 +255,42 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_ownership.py::test_async_a_dropped_store_hold_is_given_back_not_renewed",),
     ),
     Mutant(
+        "redlock-watchdog-weak-handles",
+        "a Redlock handle dropped unreleased (its thread ended) is given back on every master, "
+        "not renewed",
+        "cacheguard/locks/redlock.py",
+        "            self._watchdog.watch(handle, weak=True)\n",
+        "            self._watchdog.watch(handle)\n",
+        (
+            "tests/test_lock_redlock.py::"
+            "test_a_handle_dropped_unreleased_is_given_back_on_every_master",
+        ),
+    ),
+    Mutant(
+        "aio-redlock-watchdog-weak-handles",
+        "an AsyncRedlockRWLock handle dropped unreleased (its task ended) is given back",
+        "cacheguard/aio/redlock.py",
+        "            watchdog.watch(handle, weak=True)"
+        "  # a handle its task dropped is given back\n",
+        "            watchdog.watch(handle)\n",
+        (
+            "tests/test_lock_redlock.py::"
+            "test_async_a_handle_dropped_unreleased_is_given_back_on_every_master",
+        ),
+    ),
+    Mutant(
+        "redlock-dropped-handle-forgets-its-epochs",
+        "a dropped Redlock handle's epochs no longer keep tidy-ups off its masters",
+        "cacheguard/locks/quorum.py",
+        "        # Collected unreleased: its epochs no longer keep tidy-ups off its masters.\n"
+        "        holdings.remove(self)\n",
+        "        pass\n",
+        (
+            "tests/test_lock_redlock.py::"
+            "test_a_handle_dropped_unreleased_is_given_back_on_every_master",
+        ),
+    ),
+    Mutant(
         "watchdog-releases-dropped-handles",
         "the watchdog releases a dropped handle's holding at once instead of renewing it",
         "cacheguard/locks/watchdog.py",

@@ -419,7 +419,7 @@ class AsyncRedlockRWLock(RedlockCommon, AsyncRWLockShape[AsyncRedlockHandle]):
         quorum.holdings.add(handle)
         watchdog = self._watchdog_or_default()
         if watchdog is not None:
-            watchdog.watch(handle)
+            watchdog.watch(handle, weak=True)  # a handle its task dropped is given back
         return handle
 
     # -- releasing and renewing --------------------------------------------------------

@@ -658,6 +658,10 @@ class RedlockHandleState(HandleState):
 
     __slots__ = ("_granted", "epochs", "valid_until")
 
+    def _dropped(self) -> None:
+        # Collected unreleased: its epochs no longer keep tidy-ups off its masters.
+        holdings.remove(self)
+
     def __init__(
         self, lock: Any, mode: Mode, owner: str, grant: Grant, on_lost: Any, addresses: list[str]
     ) -> None:

@@ -514,7 +514,9 @@ class RedlockRWLock(RedlockCommon, RWLockShape[RedlockHandle]):
         handle = RedlockHandle(self, mode, owner, grant, self._on_lost, self.masters)
         quorum.holdings.add(handle)
         if self._watchdog is not None:
-            self._watchdog.watch(handle)
+            # Weakly: a handle dropped unreleased (its thread ended holding it) is
+            # given back at its next renewal, not renewed for the life of the process.
+            self._watchdog.watch(handle, weak=True)
         return handle
 
     # -- releasing and renewing --------------------------------------------------------

@@ -76,6 +76,23 @@ class HandleState:
         if holder is not None:
             leave_holder(holder)
 
+    def remains(self) -> Any:
+        """A copy to release the holding with once this handle is collected unreleased
+        (a watchdog watches handles weakly): it tells nobody of a loss, since nobody
+        holds the handle any more."""
+        cls = type(self)
+        twin = cls.__new__(cls)
+        for name in _slot_names(cls):
+            if hasattr(self, name):
+                setattr(twin, name, getattr(self, name))
+        twin._on_lost = None
+        twin.holder = None
+        return twin
+
+    def _dropped(self) -> None:
+        """Called on :meth:`remains` when the handle was found collected unreleased,
+        before its release: a store forgets what it kept for the live handle."""
+
     @property
     def lock_name(self) -> str:
         name: str = self.lock.name
@@ -216,6 +233,22 @@ class RWLockShape(Generic[H]):
 
     def _try_once(self, mode: Mode, owner: str | None) -> H | None:
         raise NotImplementedError
+
+
+_slots_by_class: dict[type, tuple[str, ...]] = {}
+
+
+def _slot_names(cls: type) -> tuple[str, ...]:
+    """Every slot of ``cls`` and its bases that holds data (for :meth:`remains`)."""
+    names = _slots_by_class.get(cls)
+    if names is None:
+        found: list[str] = []
+        for klass in cls.__mro__:
+            for name in getattr(klass, "__slots__", ()):
+                if name not in ("__weakref__", "__dict__") and name not in found:
+                    found.append(name)
+        names = _slots_by_class[cls] = tuple(found)
+    return names
 
 
 @contextmanager

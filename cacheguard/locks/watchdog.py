@@ -71,28 +71,12 @@ class WatchedHandle(Protocol):
 
     def _mark_lost(self, why: str) -> None: ...
 
+    def remains(self) -> Any: ...
+
+    def _dropped(self) -> None: ...
+
 
 H = TypeVar("H", bound=WatchedHandle)
-
-
-class _Remains:
-    """What a watchdog still needs of a handle that was collected while held: enough
-    to release its holding (the handle itself is gone, so nothing to mark lost)."""
-
-    __slots__ = ("client", "keys", "lease", "lease_ms", "mode", "owner", "token", "writer_waiting")
-
-    def __init__(self, handle: WatchedHandle) -> None:
-        self.client = handle.client
-        self.keys = handle.keys
-        self.lease = handle.lease
-        self.lease_ms = handle.lease_ms
-        self.mode = handle.mode
-        self.owner = handle.owner
-        self.token = handle.token
-        self.writer_waiting = False
-
-    def _mark_lost(self, why: str) -> None:
-        pass  # nobody holds the handle any more: nobody to tell
 
 
 class _Entry(Generic[H]):
@@ -121,7 +105,7 @@ class _Entry(Generic[H]):
         # was dropped unreleased (its thread ended holding it) is released instead.
         self._strong: H | None = None if weak else handle
         self._ref = weakref.ref(handle) if weak else None
-        self._remains = _Remains(handle) if weak else None
+        self._remains = handle.remains() if weak else None
         self.last_renewed = now
         self.releasing = releasing
         self.renew_until = renew_until
@@ -223,6 +207,7 @@ class LeaseBook(Generic[H]):
                     entry.handle.keys.lock,
                     entry.handle.owner,
                 )
+                entry.handle._dropped()
                 entry.releasing = True
             if not entry.releasing and entry.renew_until is not None and now >= entry.renew_until:
                 # A cache fill whose loader overran max_load_time: stop renewing, so
