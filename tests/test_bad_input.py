@@ -87,16 +87,21 @@ async def call(guard: Any, entry: str, name: Any, load: Callable[[], Any]) -> An
     return await resolve(result)
 
 
-@pytest.fixture(params=KINDS)
-async def nowhere_guard(request: pytest.FixtureRequest, namespace: str) -> AsyncIterator[Any]:
-    guard = make_guard(request.param, NOWHERE, namespace)
-    yield guard
+async def close_with_client(guard: Any) -> None:
+    """Close a test guard and the client it was given (a guard leaves that open)."""
     if isinstance(guard, AsyncCacheGuard):
         await guard.aclose()
         await guard.client.aclose()
     else:
         guard.close()
         guard.client.close()
+
+
+@pytest.fixture(params=KINDS)
+async def nowhere_guard(request: pytest.FixtureRequest, namespace: str) -> AsyncIterator[Any]:
+    guard = make_guard(request.param, NOWHERE, namespace)
+    yield guard
+    await close_with_client(guard)
 
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
@@ -149,12 +154,7 @@ async def real_guard(
 ) -> AsyncIterator[Any]:
     guard = make_guard(request.param, redis_url, namespace, max_key_length=80)
     yield guard
-    if isinstance(guard, AsyncCacheGuard):
-        await guard.aclose()
-        await guard.client.aclose()
-    else:
-        guard.close()
-        guard.client.close()
+    await close_with_client(guard)
 
 
 async def test_max_key_length_shortens_every_entry_point_alike(
