@@ -268,10 +268,8 @@ def close_sync_client(client: SyncClient) -> None:
     """Close a client :func:`sync_client_from_url` made: its connections and pool
     (every node's, on a cluster) and, behind a Sentinel master, the sentinels'."""
     sentinels = _sentinel_clients(client)
-    if isinstance(client, redis.cluster.RedisCluster):
-        client.close()
-    else:
-        client.close()
+    client.close()
+    if not isinstance(client, redis.cluster.RedisCluster):  # a cluster's close() does both
         client.connection_pool.disconnect()
     for sentinel in sentinels:
         sentinel.close()

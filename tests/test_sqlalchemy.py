@@ -70,7 +70,7 @@ def test_a_write_lock_lost_before_the_commit_fails_it(
         with stack.sessions() as session:
             session.get(stack.menu, 2).name = "written after the loss"
             session.flush()
-            handle = session.info[stack.tracker._info_key].handles["menu:2"]
+            handle = session.info[stack.tracker._info_key].locks["menu:2"][1]
             # The lock's hash vanishes, another writer gets in and a reader stores a value.
             assert stack.client.delete(stack.guard.keys("menu:2").lock) == 1
             with other.write("menu:2", timeout=5):

@@ -95,7 +95,7 @@ async def test_a_write_lock_lost_before_the_commit_fails_it(
         async with stack.sessions() as session:
             (await session.get(stack.menu, 2)).name = "written after the loss"
             await session.flush()
-            handle = session.sync_session.info[stack.tracker._info_key].handles["menu:2"]
+            handle = session.sync_session.info[stack.tracker._info_key].locks["menu:2"][1]
             # The lock's hash vanishes, another writer gets in and a reader stores a value.
             assert client.delete(stack.guard.keys("menu:2").lock) == 1
             async with other.write("menu:2", timeout=5):

@@ -15,7 +15,6 @@ each public method runs one flow, and ``_answer`` carries out its steps.
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
@@ -61,7 +60,6 @@ from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 
 __all__ = ["MISSING", "BackendPolicy", "CacheGuard"]
 
-log = logging.getLogger("cacheguard")
 
 T = TypeVar("T")
 

@@ -99,8 +99,8 @@ class _TransactionLocks:
     """What one session holds for its current outermost transaction."""
 
     snapshot_watermark: int | None = None
-    locks: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (lock, holder)
-    handles: dict[str, Any] = field(default_factory=dict)  # name -> its hold's handle
+    # name -> (lock, its hold's handle); every hold is ``holder``'s
+    locks: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     # Keyed by id(): holding the transactions would keep the session alive, and a
     # dropped session must be collected to release its locks. Entries end with them.
     by_transaction: dict[int, set[str]] = field(default_factory=dict)
@@ -375,8 +375,7 @@ class ModelTracker:
         for name in fresh:  # one global order within each batch
             lock = self._io.rwlock(name)
             handle = self._io.acquire_write(lock, self.lock_timeout, me)
-            state.locks[name] = (lock, me)
-            state.handles[name] = handle
+            state.locks[name] = (lock, handle)
         self._io.invalidate(*fresh)
 
     # -- transaction end -----------------------------------------------------------------------
@@ -387,8 +386,7 @@ class ModelTracker:
         state = session.info.get(self._info_key)
         if state is None:
             return
-        for name in state.locks:
-            handle = state.handles.get(name)
+        for name, (_, handle) in state.locks.items():
             if getattr(handle, "lost", False):
                 raise write_lock_lost(name, handle, None, then=_NOT_COMMITTED)
 
@@ -593,12 +591,10 @@ def _release(guard: GuardIO, state: _TransactionLocks, names: list[str]) -> None
         log.exception("invalidating %d keys at the end of a transaction failed", len(names))
     for name in reversed(names):
         held = state.locks.pop(name, None)
-        state.handles.pop(name, None)
         if held is None:
             continue
-        lock, holder = held
         try:
-            guard.release_write(lock, holder)
+            guard.release_write(held[0], state.holder)
         except Exception:
             log.exception("releasing the write lock of %r failed", name)
 
