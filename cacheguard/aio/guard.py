@@ -44,8 +44,9 @@ from cacheguard.cache.core import value_key
 from cacheguard.cache.driver import backend_down, is_loader
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flow import Call, LoadUnlocked, Lookup
+from cacheguard.cache.gutter import forward_loads, gutter_settings
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
-from cacheguard.cache.read_path import RunFill, WaitFlight
+from cacheguard.cache.read_path import Gutter, Replay, RunFill, WaitFlight
 from cacheguard.cache.settings import GuardSettings, client_options
 from cacheguard.cache.write_locks import AsyncStoreWriteLock, WriteLockStore, checked_store
 from cacheguard.cache.write_path import (
@@ -81,8 +82,9 @@ class AsyncCacheGuard(WritePath):
     by one task of one process, while every other caller awaits its value.
 
     The settings are :class:`~cacheguard.cache.settings.GuardSettings`' (those of
-    :class:`~cacheguard.CacheGuard`); ``load`` functions may be ``async def`` or
-    plain functions (a plain one runs on the loop: keep it quick).
+    :class:`~cacheguard.CacheGuard`, as are ``on_event``, ``write_locks`` and
+    ``gutter``: here an asyncio client or a URL); ``load`` functions may be
+    ``async def`` or plain functions (a plain one runs on the loop: keep it quick).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class AsyncCacheGuard(WritePath):
         *,
         on_event: Callable[[Any], None] | None = None,
         write_locks: WriteLockStore | None = None,
+        gutter: AsyncClient | str | None = None,
         timer: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
@@ -98,6 +101,8 @@ class AsyncCacheGuard(WritePath):
     ) -> None:
         check_async_client(client, "AsyncCacheGuard")
         config = GuardSettings(**settings)
+        if gutter is not None and not isinstance(gutter, str):
+            check_async_client(gutter, "AsyncCacheGuard's gutter")
         super().__init__(
             config,
             on_event=on_event,
@@ -125,6 +130,14 @@ class AsyncCacheGuard(WritePath):
                 LocalTier(maxsize=config.l1_maxsize, ttl=config.l1_ttl, timer=timer),
                 self._listen_l1,
             )
+        if gutter is not None:
+            settings = gutter_settings(config)
+            self._gutter = (
+                AsyncCacheGuard.from_url(gutter, timer=timer, clock=clock, rng=rng, **settings)
+                if isinstance(gutter, str)
+                else AsyncCacheGuard(gutter, timer=timer, clock=clock, rng=rng, **settings)
+            )  # see cacheguard/cache/gutter.py; closed with this guard
+            self._gutter.add_event_hook(forward_loads(self._stats))
 
     @classmethod
     def from_url(
@@ -183,7 +196,7 @@ class AsyncCacheGuard(WritePath):
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
         name = self._name(name)
-        flow = self._read_flow(name, load, ttl, none_ttl, template)
+        flow = self._read(name, load, ttl, none_ttl, template)
         return await self._run(flow, name, load, template)
 
     async def peek(self, name: str, *, template: str | None = None) -> Any:
@@ -269,6 +282,8 @@ class AsyncCacheGuard(WritePath):
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self._gutter is not None:
+            await self._gutter.aclose()
         if self._owns_client:
             await aclose_notifiers_of(self.client)
             await aclose_node_clients(self.client)  # a cluster's per-node pipelines
@@ -358,6 +373,12 @@ class AsyncCacheGuard(WritePath):
             return await step.flight.wait_async(step.timeout)
         if isinstance(step, LoadUnlocked):
             return (await arun_load(self._loads, name, load, template))[0]
+        if isinstance(step, Gutter):
+            return await self._gutter.get_or_load(
+                name, load, ttl=step.ttl, none_ttl=step.none_ttl, template=template
+            )
+        if isinstance(step, Replay):
+            return await self._recovery.arun()
         if isinstance(step, Command):
             return await client.execute_command(*step.args)
         if isinstance(step, Pipelined):

@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol
 from cacheguard.backoff import Backoff
 from cacheguard.cache.breaker import Breakers, CircuitBreaker
 from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
+from cacheguard.cache.fallback import LastSeen
 from cacheguard.cache.flow import (
     REFRESH,
     STALE,
@@ -32,6 +33,7 @@ from cacheguard.cache.flow import (
 from cacheguard.cache.invalidation import Invalidation
 from cacheguard.cache.l1 import L1Feed
 from cacheguard.cache.loading import Loads
+from cacheguard.cache.recovery import Recovery
 from cacheguard.cache.server_clock import ServerClock
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.singleflight import SingleFlight
@@ -95,6 +97,12 @@ class GuardCore:
         self._loads = Loads(self._stats, timer)
         self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms, timer=timer)
         self._l1: L1Feed | None = None
+        # What this process saw last, for outage_ttl and stale_if_error (docs/outage.md)
+        self._last_seen: LastSeen | None = None
+        if settings.outage_ttl or settings.stale_if_error:
+            self._last_seen = LastSeen(maxsize=settings.fallback_maxsize, timer=timer)
+        self._recovery = Recovery()  # outbox replays before serving after an outage
+        self._gutter: Any = None  # the guard on the gutter Redis, if one is given
         self._closed = False
         self._owns_client = False  # from_url made the client: close() closes it
         self._max_key_length = settings.max_key_length
@@ -195,6 +203,8 @@ class GuardCore:
         verdict = judge(entry, now, self.settings, self._rng)
         if verdict <= REFRESH:
             self._stats.count("l2_hits", name, 0.0, None, template)
+            if self._last_seen is not None:
+                self._last_seen.note(name, entry.value)
             if verdict == REFRESH:
                 self._refresh_in_background(name, load, ttl, none_ttl, template)
             if l1_seen is not None:
@@ -276,16 +286,30 @@ class GuardCore:
     ) -> None:
         """Redis failed ``name``'s call (or the call on Redis key ``key``)."""
         (self._breakers.of(key) if key is not None else self._breaker(name)).failure()
+        self._recovery.mark()  # writes may have gone to an outbox meanwhile
         self._stats.count("backend_errors", name, 0.0, exc, template)
         log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
 
+    def _forget_here(self, names: Iterable[str]) -> None:
+        """Drop what this process keeps of ``names`` (L1, the last values seen): they
+        are being written or invalidated."""
+        if self._l1 is not None:
+            self._l1.drop(names)
+        if self._last_seen is not None:
+            self._last_seen.drop(names)
+
     def _refuse_bypass(
-        self, name: str, exc: BaseException | None, template: str | None = None
+        self,
+        name: str,
+        exc: BaseException | None,
+        template: str | None = None,
+        *,
+        failure_counted: bool = False,
     ) -> None:
         """Redis is down (``exc``) or the circuit is open (None): raise under
         ``on_backend_error="raise"``, else count the bypass and return (the caller
-        loads directly)."""
-        if exc is not None:
+        loads directly). ``failure_counted``: ``exc`` was counted already."""
+        if exc is not None and not failure_counted:
             self._backend_failed(name, exc, template=template)
         if self.settings.on_backend_error == "raise":
             raise BackendUnavailable(

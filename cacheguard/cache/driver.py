@@ -31,7 +31,7 @@ from cacheguard.cache.flow import (
     Step,
 )
 from cacheguard.cache.loading import Loads
-from cacheguard.cache.read_path import RunFill
+from cacheguard.cache.read_path import Gutter, Replay, RunFill
 from cacheguard.cache.singleflight import VALID_FOR_ALL
 from cacheguard.cache.watermark import collecting
 from cacheguard.clients import SyncClient
@@ -54,10 +54,11 @@ def get_raw(client: SyncClient, key: str) -> Any:
 
 
 def is_loader(step: object) -> bool:
-    """Does ``step`` run the caller's loader (directly, or in a fill whose driver
-    classified its own Redis errors already)? Its errors then pass as they are: a
+    """Does ``step`` run the caller's loader (directly, or in a fill or guard whose
+    driver classified its own Redis errors already; or the outbox replays, whose
+    errors are the database's or a guard's)? Its errors then pass as they are: a
     loader's own ``OSError`` is not Redis being down."""
-    return isinstance(step, (Load, LoadUnlocked, RunFill))
+    return isinstance(step, (Load, LoadUnlocked, RunFill, Gutter, Replay))
 
 
 # Steps answered without I/O, alike in both drivers (FillState.answer_now).

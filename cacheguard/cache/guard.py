@@ -31,8 +31,9 @@ from cacheguard.cache.core import value_key
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flow import Call, LoadUnlocked, Lookup
+from cacheguard.cache.gutter import forward_loads, gutter_settings
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
-from cacheguard.cache.read_path import RunFill, WaitFlight
+from cacheguard.cache.read_path import Gutter, Replay, RunFill, WaitFlight
 from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
 from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.cache.write_locks import StoreWriteLock, WriteLockStore, checked_store
@@ -67,10 +68,12 @@ T = TypeVar("T")
 class CacheGuard(WritePath):
     """A read-through cache on Redis that loads each missing key once, everywhere.
 
-    Every keyword but the last five is a setting of :class:`GuardSettings` (see
+    Every keyword but the last six is a setting of :class:`GuardSettings` (see
     ``docs/guide.md``); ``on_event`` receives every counted event; ``write_locks``
     makes the write path's locks in another lock store (a callable: name -> lock,
-    see :mod:`cacheguard.cache.write_locks`); ``timer``, ``clock`` and ``rng`` are
+    see :mod:`cacheguard.cache.write_locks`); ``gutter`` is a second Redis (a client
+    or a URL) that fills go through while this one is unreachable (entries kept
+    ``gutter_ttl`` s, see ``docs/outage.md``); ``timer``, ``clock`` and ``rng`` are
     injectable for tests.
     """
 
@@ -80,6 +83,7 @@ class CacheGuard(WritePath):
         *,
         on_event: Callable[[Any], None] | None = None,
         write_locks: WriteLockStore | None = None,
+        gutter: SyncClient | str | None = None,
         timer: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
@@ -87,6 +91,8 @@ class CacheGuard(WritePath):
     ) -> None:
         check_sync_client(client, "CacheGuard")
         config = GuardSettings(**settings)
+        if gutter is not None and not isinstance(gutter, str):
+            check_sync_client(gutter, "CacheGuard's gutter")
         super().__init__(
             config,
             on_event=on_event,
@@ -114,6 +120,8 @@ class CacheGuard(WritePath):
                 self._listen_l1,
             )
             self._l1.start(timeout=5.0)
+        if gutter is not None:
+            self._gutter = self._gutter_guard(gutter, config, timer, clock, rng)
         _guards.add(self)
 
     @classmethod
@@ -172,7 +180,7 @@ class CacheGuard(WritePath):
         in this call's events, for metrics labels; loaders pass their own. Without
         it the events carry None (see :mod:`cacheguard.cache.stats`)."""
         name = self._name(name)
-        flow = self._read_flow(name, load, ttl, none_ttl, template)
+        flow = self._read(name, load, ttl, none_ttl, template)
         return self._run(flow, name, load, template)  # type: ignore[no-any-return]
 
     def peek(self, name: str, *, template: str | None = None) -> Any:
@@ -280,6 +288,8 @@ class CacheGuard(WritePath):
         if executor is not None:
             owned = self._owns_client
             executor.shutdown(wait=owned, cancel_futures=owned)
+        if self._gutter is not None:
+            self._gutter.close()
         if self._owns_client:
             close_notifier_of(self.client)
             close_sync_client(self.client)
@@ -358,6 +368,12 @@ class CacheGuard(WritePath):
             return step.flight.wait(step.timeout)
         if isinstance(step, LoadUnlocked):
             return self._loads.run(name, load, template)[0]
+        if isinstance(step, Gutter):
+            return self._gutter.get_or_load(
+                name, load, ttl=step.ttl, none_ttl=step.none_ttl, template=template
+            )
+        if isinstance(step, Replay):
+            return self._recovery.run()
         if isinstance(step, Command):
             return client.execute_command(*step.args)  # type: ignore[no-untyped-call]
         if isinstance(step, Pipelined):
@@ -380,6 +396,24 @@ class CacheGuard(WritePath):
                     errors.append(None)
             return errors[::-1]
         raise TypeError(f"not a guard step: {step!r}")
+
+    def _gutter_guard(
+        self,
+        gutter: SyncClient | str,
+        config: GuardSettings,
+        timer: Callable[[], float],
+        clock: Callable[[], float],
+        rng: Callable[[], float],
+    ) -> CacheGuard:
+        """The guard on the gutter Redis (see :mod:`cacheguard.cache.gutter`); closed
+        with this one (with its client too when made from a URL)."""
+        settings = gutter_settings(config)
+        if isinstance(gutter, str):
+            inner = CacheGuard.from_url(gutter, timer=timer, clock=clock, rng=rng, **settings)
+        else:
+            inner = CacheGuard(gutter, timer=timer, clock=clock, rng=rng, **settings)
+        inner.add_event_hook(forward_loads(self._stats))
+        return inner
 
     def _start_background(
         self,
@@ -424,6 +458,7 @@ def _reset_after_fork() -> None:
             guard._l1.reset_after_fork()
         guard._flights = SingleFlight()
         guard._refreshes = SingleFlight()
+        guard._recovery.reset_after_fork()
 
 
 on_fork_in_child(_reset_after_fork)

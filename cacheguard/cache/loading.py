@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from cacheguard.cache.fallback import mark_from_loader
 from cacheguard.cache.stats import StatsRecorder
 from cacheguard.exceptions import RecursiveLoadError
 
@@ -53,6 +54,8 @@ class Loads:
             yield lambda: self._timer() - start
         except BaseException as exc:
             self._stats.count("load_errors", name, self._timer() - start, exc, template)
+            if isinstance(exc, Exception):
+                mark_from_loader(exc)  # stale_if_error may answer it (cache/fallback.py)
             raise
         else:
             self._stats.count("loads", name, self._timer() - start, None, template)

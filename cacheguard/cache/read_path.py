@@ -15,7 +15,15 @@ as its ``__cause__``.
    holds the key's write lock loads its own view at once;
 3. the leader's one GET, judged by :func:`~cacheguard.cache.flow.judge`; on a
    miss the fill flow runs (one filler across processes);
-4. Redis down, or the circuit open: ``on_backend_error`` (load directly, or raise).
+4. Redis down, or the circuit open: a value this process saw within
+   ``outage_ttl``, else the gutter's single flight (``gutter=``), else
+   ``on_backend_error`` (load directly, or raise); see ``docs/outage.md``;
+5. after an outage, the guard's outbox replays run before a value read from
+   Redis is served (:class:`Replay`, :mod:`cacheguard.cache.recovery`).
+
+With ``stale_if_error``, an error the call would raise (the loader's, or
+:class:`BackendUnavailable`) is answered by the last value this process saw,
+if seen recently enough (:mod:`cacheguard.cache.fallback`).
 
 A leader that fails shares its error with its followers; one that is
 interrupted (cancelled, KeyboardInterrupt) does not: they go on without it.
@@ -31,6 +39,7 @@ from typing import Any, Final
 
 from cacheguard.cache.core import GuardCore, Lock
 from cacheguard.cache.entry import MISSING, Entry, Missing
+from cacheguard.cache.fallback import NOT_SEEN, from_loader
 from cacheguard.cache.flow import (
     LOAD_UNLOCKED,
     LOOKUP,
@@ -46,7 +55,17 @@ from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
 from cacheguard.cache.wire import parse_timed_get, timed_get_call
 from cacheguard.exceptions import BackendUnavailable, GuardClosed
 
-__all__ = ["ReadPath", "ReadStep", "RunFill", "WaitFlight", "client_error", "valid_for_all"]
+__all__ = [
+    "REPLAY",
+    "Gutter",
+    "ReadPath",
+    "ReadStep",
+    "Replay",
+    "RunFill",
+    "WaitFlight",
+    "client_error",
+    "valid_for_all",
+]
 
 log = logging.getLogger("cacheguard")
 
@@ -73,7 +92,28 @@ class RunFill:
     seal: Callable[[], int]
 
 
-ReadStep = Lookup | Call | LoadUnlocked | WaitFlight | RunFill
+@dataclass(frozen=True, slots=True)
+class Gutter:
+    """Step: ``get_or_load`` the key on the gutter guard (its own single flight across
+    processes) with these lifetimes. Answer: the value, or the gutter guard's error
+    (:class:`BackendUnavailable` when the gutter is unreachable too) thrown in."""
+
+    ttl: float
+    none_ttl: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Step: run the guard's outbox replays if still pending (see
+    :mod:`cacheguard.cache.recovery`). Answer: None, or their error thrown in."""
+
+
+REPLAY: Final = Replay()
+
+ReadStep = Lookup | Call | LoadUnlocked | WaitFlight | RunFill | Gutter | Replay
+
+# Outcomes fresh from Redis or the loader: worth remembering for outage_ttl/stale_if_error.
+_FRESH_SOURCES: Final = frozenset({"l2", "loaded", "peer", "unlocked"})
 
 
 def client_error(exc: BackendUnavailable) -> BaseException:
@@ -88,6 +128,37 @@ def valid_for_all() -> int:
 
 class ReadPath(GuardCore):
     """The read flows of both guards."""
+
+    def _read(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
+    ) -> Generator[ReadStep, Any, Any]:
+        """The flow of ``get_or_load``: :meth:`_read_flow`, answered by the last value
+        seen instead of an error under ``stale_if_error``."""
+        flow = self._read_flow(name, load, ttl, none_ttl, template)
+        if self.settings.stale_if_error:
+            return self._stale_if_error(flow, name, template)
+        return flow
+
+    def _stale_if_error(
+        self, flow: Generator[ReadStep, Any, Any], name: str, template: str | None
+    ) -> Generator[ReadStep, Any, Any]:
+        try:
+            return (yield from flow)
+        except Exception as exc:
+            if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):
+                raise  # the cache's own refusals (LockTimeout, bad input...) stand
+            assert self._last_seen is not None
+            value = self._last_seen.within(name, self.settings.stale_if_error)
+            if value is NOT_SEEN:
+                raise
+            self._stats.count("stale_on_error", name, 0.0, exc, template)
+            log.info("served the last value seen of %r instead of %r", name, exc)
+            return value
 
     def _read_flow(
         self,
@@ -146,19 +217,29 @@ class ReadPath(GuardCore):
                         raw = yield from self._timed_lookup(name)
                 except BackendUnavailable as exc:
                     value, valid_below = yield from self._bypassed(
-                        name, flight, exc.__cause__, template
+                        name, flight, exc.__cause__, template, ttl, none_ttl
                     )
                 else:
                     breaker.success()
-                    served, entry = self._served(name, raw, l1_seen, load, ttl, none_ttl, template)
-                    if served:
-                        value, valid_below = entry.value, sealed  # type: ignore[union-attr]
-                    else:
-                        value, valid_below = yield from self._fill_missing(
-                            name, flight, entry, l1_seen, ttl, none_ttl, start, template
+                    if self._recovery.pending and not (yield from self._replayed(name, template)):
+                        # Redis may hold values the outbox's writes replaced: not served.
+                        value, valid_below = yield from self._bypassed(
+                            name, flight, None, template, ttl, none_ttl
                         )
+                    else:
+                        served, entry = self._served(
+                            name, raw, l1_seen, load, ttl, none_ttl, template
+                        )
+                        if served:
+                            value, valid_below = entry.value, sealed  # type: ignore[union-attr]
+                        else:
+                            value, valid_below = yield from self._fill_missing(
+                                name, flight, entry, l1_seen, ttl, none_ttl, start, template
+                            )
             else:
-                value, valid_below = yield from self._bypassed(name, flight, None, template)
+                value, valid_below = yield from self._bypassed(
+                    name, flight, None, template, ttl, none_ttl
+                )
             if flight.has_followers_from(valid_below):
                 value, valid_below = yield from self._reread_for_late_followers(
                     name, flight, value, valid_below, template
@@ -203,8 +284,10 @@ class ReadPath(GuardCore):
                 lock, flow, functools.partial(self._flights.seal, flight)
             )
         except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
-            return (yield from self._bypassed(name, flight, exc, template))
+            return (yield from self._bypassed(name, flight, exc, template, ttl, none_ttl))
         self._keep_filled(name, outcome, l1_seen, ttl)
+        if self._last_seen is not None and not outcome.private and outcome.source in _FRESH_SOURCES:
+            self._last_seen.note(name, outcome.value)
         return outcome.value, valid_below
 
     def _timed_lookup(self, name: str) -> Generator[ReadStep, Any, Any]:
@@ -216,10 +299,28 @@ class ReadPath(GuardCore):
         return raw
 
     def _bypassed(
-        self, name: str, flight: Flight, exc: BaseException | None, template: str | None
+        self,
+        name: str,
+        flight: Flight,
+        exc: BaseException | None,
+        template: str | None,
+        ttl: float,
+        none_ttl: float | Missing | None,
     ) -> Generator[ReadStep, Any, tuple[Any, int]]:
         """:meth:`_bypass` for the flight's leader: its value, sealed for followers."""
-        return (yield from self._bypass(name, exc, template)), self._flights.seal(flight)
+        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)
+        return value, self._flights.seal(flight)
+
+    def _replayed(self, name: str, template: str | None) -> Generator[ReadStep, Any, bool]:
+        """Run the pending outbox replays; False if they failed (then nothing read
+        from Redis may be served yet)."""
+        try:
+            yield REPLAY
+        except Exception as exc:
+            self._stats.count("replay_failures", name, 0.0, exc, template)
+            log.warning("outbox replay failed, %r is not served from Redis: %s", name, exc)
+            return False
+        return True
 
     def _reread_for_late_followers(
         self, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
@@ -227,6 +328,8 @@ class ReadPath(GuardCore):
         """Some followers joined after our read was sent; one more shared GET serves
         them all (instead of each re-reading). Bounded; stragglers read themselves."""
         for _ in range(LATE_FOLLOWER_REREADS):
+            if self._recovery.pending:
+                break  # not before the outbox replays ran: late followers read themselves
             sealed = self._flights.seal(flight)
             try:
                 entry = self._decode(name, (yield LOOKUP), template=template)
@@ -240,11 +343,51 @@ class ReadPath(GuardCore):
         return value, valid_below
 
     def _bypass(
-        self, name: str, exc: BaseException | None, template: str | None = None
+        self,
+        name: str,
+        exc: BaseException | None,
+        template: str | None = None,
+        *,
+        ttl: float | None = None,
+        none_ttl: float | Missing | None = MISSING,
     ) -> Generator[ReadStep, Any, Any]:
-        """Redis is down (``exc``) or the circuit is open (None): load directly, or raise."""
-        self._refuse_bypass(name, exc, template)
-        return (yield LOAD_UNLOCKED)
+        """Redis is down (``exc``) or the circuit is open (None). A read (``ttl``
+        given; a refresh means "load now") first reuses a value this process saw
+        within ``outage_ttl``, then asks the gutter; then ``on_backend_error``:
+        load directly, or raise."""
+        counted = False
+        if ttl is not None:
+            if exc is not None:
+                self._backend_failed(name, exc, template=template)
+                counted = True
+            seen = self._last_seen
+            if seen is not None:
+                value = seen.within(name, self.settings.outage_ttl)
+                if value is not NOT_SEEN:
+                    self._stats.count("outage_reuses", name, 0.0, None, template)
+                    return value
+            if self._gutter is not None:
+                try:
+                    value = yield Gutter(*self._gutter_lifetimes(ttl, none_ttl))
+                except BackendUnavailable as gutter_down:
+                    log.info("the gutter is unreachable too for %r: %s", name, gutter_down)
+                else:
+                    # Not remembered: it may be gutter_ttl old already.
+                    self._stats.count("gutter_reads", name, 0.0, None, template)
+                    return value
+        self._refuse_bypass(name, exc, template, failure_counted=counted)
+        value = yield LOAD_UNLOCKED
+        if self._last_seen is not None:
+            self._last_seen.note(name, value)
+        return value
+
+    def _gutter_lifetimes(
+        self, ttl: float, none_ttl: float | Missing | None
+    ) -> tuple[float, float | None]:
+        """A read's lifetimes cut to ``gutter_ttl``: the gutter's staleness bound."""
+        cap = self.settings.gutter_ttl
+        lifetime = self.settings.none_ttl if isinstance(none_ttl, Missing) else none_ttl
+        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)
 
     def _refresh_flow(
         self,
@@ -296,6 +439,10 @@ class ReadPath(GuardCore):
                 ) from client_error(exc)
             return MISSING
         self._breaker(name).success()
+        if self._recovery.pending and not (yield from self._replayed(name, template)):
+            if raising:
+                raise BackendUnavailable(f"outbox replay failed before reading {name!r}")
+            return MISSING
         return self._peeked(entry)
 
     def _peek_entry_flow(self, name: str) -> Generator[ReadStep, Any, Any]:

@@ -61,6 +61,13 @@ class GuardSettings:
     # None: one on a Sentinel master or a cluster with replicas, none on one server.
     confirm_replicas: int | None = None
     confirm_timeout: float = 1.0
+    # While Redis is unreachable (see docs/outage.md): reuse a value this process saw
+    # for up to outage_ttl s; serve one seen up to stale_if_error s ago instead of an
+    # error; how many names that memory keeps; how long a gutter keeps its entries.
+    outage_ttl: float = 0.0
+    stale_if_error: float = 0.0
+    fallback_maxsize: int = 10_000
+    gutter_ttl: float = 5.0
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -95,6 +102,10 @@ class GuardSettings:
             if self.confirm_replicas is None
             else check_int("confirm_replicas", self.confirm_replicas, minimum=0),
             "confirm_timeout": check_positive("confirm_timeout", self.confirm_timeout),
+            "outage_ttl": check_non_negative("outage_ttl", self.outage_ttl),
+            "stale_if_error": check_non_negative("stale_if_error", self.stale_if_error),
+            "fallback_maxsize": check_int("fallback_maxsize", self.fallback_maxsize, minimum=1),
+            "gutter_ttl": check_positive("gutter_ttl", self.gutter_ttl),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)

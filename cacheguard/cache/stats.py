@@ -42,6 +42,17 @@ class Stats:
     # Calls answered by the loader without the cache (Redis failed, or its circuit
     # is open, under on_backend_error="bypass"); each is also counted in loads.
     bypasses: int = 0
+    # While Redis is unreachable (docs/outage.md): calls answered by a value this
+    # process saw within outage_ttl; by the gutter; errors answered by the last value
+    # seen (stale_if_error); reads that found the outbox replay failing.
+    outage_reuses: int = 0
+    gutter_reads: int = 0
+    stale_on_error: int = 0
+    replay_failures: int = 0
+    # Invalidations written to the outbox (a tracked write while Redis was unreachable)
+    # and replayed from it.
+    outbox_writes: int = 0
+    outbox_replays: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)

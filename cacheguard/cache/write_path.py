@@ -201,8 +201,7 @@ class WritePath(ReadPath):
         (the names' key template, if known) labels the events."""
         if not names:
             return
-        if self._l1 is not None:
-            self._l1.drop(names)
+        self._forget_here(names)
         what = f"invalidating {', '.join(map(repr, names))}"
         closed = None if checked else self._circuit_open(what, names)
         if closed is not None:
@@ -335,6 +334,8 @@ class WritePath(ReadPath):
         invalidation = self._invalidation
         names: set[str] = set()
         what = f"scanning {prefix!r}*"
+        if self._last_seen is not None:  # names this process saw that SCAN may miss
+            self._last_seen.drop_prefix(prefix)
         # Stamped first: a fill of a key the SCAN cannot see (no value, no fill yet)
         # from a snapshot older than this stamp will not store. The stamp must be a
         # number: a prefix stamp cannot be poisoned.

@@ -77,6 +77,30 @@ _COUNTED: Final = {
         "cacheguard_values_too_large",
         "Loaded values over max_value_bytes (returned, not cached)",
     ),
+    "outage_reuses": (
+        "cacheguard_outage_reuses",
+        "Calls answered by a value seen within outage_ttl while Redis was unreachable",
+    ),
+    "gutter_reads": (
+        "cacheguard_gutter_reads",
+        "Calls answered through the gutter while Redis was unreachable",
+    ),
+    "stale_on_error": (
+        "cacheguard_stale_on_error",
+        "Errors answered by the last value seen (stale_if_error)",
+    ),
+    "replay_failures": (
+        "cacheguard_replay_failures",
+        "Reads that found the outbox replay failing (not served from Redis)",
+    ),
+    "outbox_writes": (
+        "cacheguard_outbox_writes",
+        "Invalidations written to the outbox (Redis unreachable during a tracked write)",
+    ),
+    "outbox_replays": (
+        "cacheguard_outbox_replays",
+        "Outbox invalidations replayed and removed",
+    ),
 }
 _TIERS: Final = {"l1_hits": "l1", "l2_hits": "l2"}
 
@@ -96,7 +120,9 @@ class CacheMetrics:
     ``_load_errors_total``, ``_bypasses_total``, ``_lock_waits_total``,
     ``_wait_timeouts_total``, ``_stale_served_total``, ``_early_refreshes_total``,
     ``_backend_errors_total``, ``_corrupt_entries_total``, ``_stores_rejected_total``,
-    ``_values_too_large_total``); histograms: ``cacheguard_lock_wait_seconds`` (each
+    ``_values_too_large_total``, ``_outage_reuses_total``, ``_gutter_reads_total``,
+    ``_stale_on_error_total``, ``_replay_failures_total``, ``_outbox_writes_total``,
+    ``_outbox_replays_total``); histograms: ``cacheguard_lock_wait_seconds`` (each
     wait for another filler or a writer) and ``cacheguard_load_seconds`` (each loader
     run that returned). Labels: ``namespace``, ``template`` (see the module docs).
     ``docs/guide.md`` (Metrics) has the table and example queries.
