@@ -1076,7 +1076,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a loader's own OSError or redis.ConnectionError is its error: raised once, "
         "never taken for Redis being down (no bypass that loads again, no breaker count)",
         "cacheguard/cache/driver.py",
-        "    return isinstance(step, (Load, LoadUnlocked, RunFill))\n",
+        "    return isinstance(step, (Load, LoadUnlocked, RunFill, Gutter, Replay))\n",
         "    return False\n",
         (
             "tests/test_guard_both_drivers.py::"
@@ -2742,16 +2742,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "get-or-load-applies-max-key-length",
         "get_or_load shortens a name longer than max_key_length, as every entry point does",
         "cacheguard/cache/guard.py",
-        "        name = self._name(name)\n        flow = self._read_flow(",
-        "        flow = self._read_flow(",
+        "        name = self._name(name)\n        flow = self._read(",
+        "        flow = self._read(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[sync]",),
     ),
     Mutant(
         "aio-get-or-load-applies-max-key-length",
         "the asyncio get_or_load shortens a name longer than max_key_length, as the sync one",
         "cacheguard/aio/guard.py",
-        "        name = self._name(name)\n        flow = self._read_flow(",
-        "        flow = self._read_flow(",
+        "        name = self._name(name)\n        flow = self._read(",
+        "        flow = self._read(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[async]",),
     ),
     Mutant(
@@ -2784,6 +2784,130 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract_async.py::"
             "test_a_writer_excludes_readers_and_writers[postgres-async]",
         ),
+    ),
+    Mutant(
+        "outage-reuse",
+        "while Redis is unreachable, a value this process saw within outage_ttl is reused "
+        "instead of loading again",
+        "cacheguard/cache/read_path.py",
+        "                value = seen.within(name, self.settings.outage_ttl)\n",
+        "                value = NOT_SEEN\n",
+        (
+            "tests/test_fallback.py::test_outage_ttl_reuses_a_value_loaded_while_redis_is_down[sync]",
+            "tests/test_fallback.py::test_outage_ttl_reuses_a_value_loaded_while_redis_is_down[async]",
+        ),
+    ),
+    Mutant(
+        "outage-reuse-bounded",
+        "a remembered value is served only within its age bound (outage_ttl, stale_if_error)",
+        "cacheguard/cache/fallback.py",
+        "        if seen is None or self._timer() - seen[1] > max_age:\n",
+        "        if seen is None:\n",
+        (
+            "tests/test_fallback.py::test_last_seen_answers_within_its_age_only",
+            "tests/test_fallback.py::test_outage_ttl_reuses_a_value_loaded_while_redis_is_down[sync]",
+            "tests/test_fallback.py::test_outage_ttl_reuses_a_value_loaded_while_redis_is_down[async]",
+        ),
+    ),
+    Mutant(
+        "outage-write-drops",
+        "a write or invalidation in this process drops its names from the values remembered",
+        "cacheguard/cache/core.py",
+        "        if self._last_seen is not None:\n            self._last_seen.drop(names)\n",
+        "",
+        (
+            "tests/test_fallback.py::test_a_write_here_drops_the_name_from_reuse[sync]",
+            "tests/test_fallback.py::test_a_write_here_drops_the_name_from_reuse[async]",
+        ),
+    ),
+    Mutant(
+        "stale-if-error-loader",
+        "stale_if_error answers a loader's error with the last value seen",
+        "cacheguard/cache/read_path.py",
+        "            if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):\n",
+        "            if not isinstance(exc, BackendUnavailable):\n",
+        (
+            "tests/test_fallback.py::test_a_failing_loader_is_answered_by_the_last_value_seen[sync]",
+            "tests/test_fallback.py::test_a_failing_loader_is_answered_by_the_last_value_seen[async]",
+        ),
+    ),
+    Mutant(
+        "stale-if-error-own-errors",
+        "stale_if_error does not hide the cache's own errors (a value the codec refuses)",
+        "cacheguard/cache/read_path.py",
+        "            if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):\n",
+        "            if False:\n",
+        (
+            "tests/test_fallback.py::test_the_cache_s_own_errors_are_not_answered[sync]",
+            "tests/test_fallback.py::test_the_cache_s_own_errors_are_not_answered[async]",
+        ),
+    ),
+    Mutant(
+        "stale-keeps-its-age",
+        "a value served stale keeps the time it was first seen: serving it does not extend "
+        "the staleness bound",
+        "cacheguard/cache/read_path.py",
+        '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n',
+        '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n'
+        "            self._last_seen.note(name, value)\n",
+        (
+            "tests/test_fallback.py::test_a_value_served_stale_keeps_its_age[sync]",
+            "tests/test_fallback.py::test_a_value_served_stale_keeps_its_age[async]",
+        ),
+    ),
+    Mutant(
+        "gutter-single-flight",
+        "while the primary is down, fills go through the gutter guard: one load across "
+        "processes, not one per process",
+        "cacheguard/cache/guard.py",
+        "            return self._gutter.get_or_load(\n",
+        "            return self._loads.run(name, load, template)[0]\n"
+        "            return self._gutter.get_or_load(\n",
+        ("tests/test_fallback.py::test_fills_go_through_the_gutter_once_across_guards[sync]",),
+    ),
+    Mutant(
+        "gutter-lifetime-capped",
+        "gutter entries live at most gutter_ttl (the gutter's staleness bound)",
+        "cacheguard/cache/read_path.py",
+        "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
+        "        return ttl, lifetime\n",
+        (
+            "tests/test_fallback.py::test_fills_go_through_the_gutter_once_across_guards[sync]",
+            "tests/test_fallback.py::test_fills_go_through_the_gutter_once_across_guards[async]",
+            "tests/test_fallback.py::test_the_gutter_keeps_none_no_longer_than_gutter_ttl",
+        ),
+    ),
+    Mutant(
+        "gutter-down-falls-through",
+        "a gutter that is down too is skipped: the read goes on to on_backend_error",
+        "cacheguard/cache/read_path.py",
+        "                except BackendUnavailable as gutter_down:\n",
+        "                except LookupError as gutter_down:\n",
+        (
+            "tests/test_fallback.py::test_a_gutter_that_is_down_too_falls_through[sync]",
+            "tests/test_fallback.py::test_a_gutter_that_is_down_too_falls_through[async]",
+        ),
+    ),
+    Mutant(
+        "replay-before-serving",
+        "after an outage a guard runs its outbox replays before it serves a value from Redis, "
+        "and serves nothing from Redis while they fail",
+        "cacheguard/cache/read_path.py",
+        "                    if self._recovery.pending and not "
+        "(yield from self._replayed(name, template)):\n",
+        "                    if False:\n",
+        (
+            "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[sync]",
+            "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[async]",
+        ),
+    ),
+    Mutant(
+        "replay-marks-counted",
+        "a Redis failure seen while the replays run keeps the guard pending for another run",
+        "cacheguard/cache/recovery.py",
+        "            self.pending = self._done < self._marks and bool(self._hooks)\n",
+        "            self.pending = False\n",
+        ("tests/test_fallback.py::test_a_failure_seen_during_a_run_keeps_the_guard_pending",),
     ),
 )
 
