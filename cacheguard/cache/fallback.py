@@ -81,6 +81,10 @@ class LastSeen:
             for name in [n for n in self._entries if n.startswith(prefix)]:
                 del self._entries[name]
 
+    def reset_after_fork(self) -> None:
+        """In a forked child: the parent's threads (one may hold the lock) are gone."""
+        self._mutex = threading.Lock()
+
     def __len__(self) -> int:
         return len(self._entries)
 

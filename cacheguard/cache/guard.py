@@ -459,6 +459,8 @@ def _reset_after_fork() -> None:
         guard._flights = SingleFlight()
         guard._refreshes = SingleFlight()
         guard._recovery.reset_after_fork()
+        if guard._last_seen is not None:
+            guard._last_seen.reset_after_fork()
 
 
 on_fork_in_child(_reset_after_fork)
