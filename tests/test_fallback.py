@@ -25,6 +25,7 @@ from cacheguard.cache.recovery import Recovery
 from cacheguard.testing import free_port
 from tests.faults.proxy import TcpProxy
 from tests.guard_drivers import KINDS, Guard, guard_from_url
+from tests.helpers import wait_until
 
 Make = Callable[..., Guard]
 
@@ -447,3 +448,49 @@ async def test_a_read_replays_before_it_serves_from_redis(make: Make, redis_url:
     assert await guard.get_or_load("menu:7", load, ttl=60) == "cached"
     assert order == ["replay", "load", "replay"]  # done: not run again
     assert await guard.peek("menu:7") == "cached"
+
+
+# -- coalescing stays linearizable while Redis is down ---------------------------------------
+
+
+async def test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value(
+    make: Make, dead_url: str
+) -> None:
+    """The load began before a write committed; a caller that started after the
+    commit and joined that load must not get the older value: it loads again."""
+    guard = make(dead_url)
+    database = {"version": 1}
+    started, release = threading.Event(), threading.Event()
+    loop_release = asyncio.Event()
+    first = [True]
+
+    def read_row() -> int:
+        version = database["version"]  # the snapshot this load sees
+        if first[0]:
+            first[0] = False
+            started.set()
+            assert release.wait(10)
+        return version
+
+    async def aread_row() -> int:
+        version = database["version"]
+        if first[0]:
+            first[0] = False
+            started.set()
+            await asyncio.wait_for(loop_release.wait(), 10)
+        return version
+
+    load = read_row if guard.kind == "sync" else aread_row
+    leader = asyncio.ensure_future(guard.get_or_load("menu:7", load, ttl=60))
+    assert await asyncio.to_thread(started.wait, 10)
+    database["version"] = 2  # a write commits while the leader's load is under way
+    follower = asyncio.ensure_future(guard.get_or_load("menu:7", load, ttl=60))
+    flights = guard.guard._flights._flights  # joined: the leader's flight has a follower
+    assert await asyncio.to_thread(
+        wait_until,
+        lambda: flights.get("menu:7") is not None and flights["menu:7"].newest_follower >= 0,
+    )
+    release.set()
+    loop_release.set()
+    assert await leader == 1  # began before the write: its own answer
+    assert await follower == 2  # began after it: never the older value

@@ -2909,6 +2909,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self.pending = False\n",
         ("tests/test_fallback.py::test_a_failure_seen_during_a_run_keeps_the_guard_pending",),
     ),
+    Mutant(
+        "bypass-seals-before-loading",
+        "while Redis is down, a caller that joins a load already under way (it may have "
+        "started after a write the load did not see) loads again instead of taking its value",
+        "cacheguard/cache/read_path.py",
+        "        sealed = self._flights.seal(flight)\n"
+        "        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
+        "        return value, sealed\n",
+        "        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
+        "        return value, self._flights.seal(flight)\n",
+        (
+            "tests/test_fallback.py::"
+            "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[sync]",
+            "tests/test_fallback.py::"
+            "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[async]",
+        ),
+    ),
 )
 
 

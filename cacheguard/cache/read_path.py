@@ -307,9 +307,12 @@ class ReadPath(GuardCore):
         ttl: float,
         none_ttl: float | Missing | None,
     ) -> Generator[ReadStep, Any, tuple[Any, int]]:
-        """:meth:`_bypass` for the flight's leader: its value, sealed for followers."""
+        """:meth:`_bypass` for the flight's leader: its value, for the followers that
+        joined before it was sought (sealed first: one who joins during the load may
+        have started after a write the load did not see, and must load again)."""
+        sealed = self._flights.seal(flight)
         value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)
-        return value, self._flights.seal(flight)
+        return value, sealed
 
     def _replayed(self, name: str, template: str | None) -> Generator[ReadStep, Any, bool]:
         """Run the pending outbox replays; False if they failed (then nothing read
