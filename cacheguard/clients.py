@@ -37,6 +37,11 @@ import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
 
+try:  # a redis-py with maintenance notifications (see _idle_connections_checked)
+    from redis.maint_notifications import MaintNotificationsConfig
+except ImportError:  # an older redis-py, without them
+    MaintNotificationsConfig = None  # type: ignore[assignment, misc]
+
 __all__ = [
     "AsyncClient",
     "SyncClient",
@@ -231,6 +236,7 @@ def async_client_from_url(
             url,
             max_connections=max_connections or 64,
             timeout=options["socket_timeout"],
+            **_idle_connections_checked(),
             **options,
         )
         return redis.asyncio.Redis.from_pool(pool)  # its aclose() closes the pool too
@@ -248,6 +254,17 @@ def async_client_from_url(
         target.service, db=target.db, **target.options
     )
     return client
+
+
+def _idle_connections_checked() -> dict[str, Any]:
+    """Pool options so that a connection the server closed while it sat idle in the
+    pool (a restarted Redis) is replaced when taken, not handed out to fail its
+    first command (a backend error, a breaker failure and a bypass load in every
+    process right after a recovery). redis-py 8 skips that check while maintenance
+    notifications are on, and turns them on ("auto") by default: off here."""
+    if MaintNotificationsConfig is None:  # an older redis-py: the check always runs
+        return {}
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
 def _sentinel_options(target: Target, options: Mapping[str, Any]) -> dict[str, Any]:

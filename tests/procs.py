@@ -79,3 +79,45 @@ def result_within(results: Any, timeout: float, what: str) -> Any:
     if not ok:
         raise AssertionError(f"{what}: the child process failed:\n{value}")
     return value
+
+
+def start_processes(
+    target: Callable[..., Any], arg_lists: Sequence[Sequence[Any]]
+) -> tuple[list[BaseProcess], Any]:
+    """Start ``target(*args)`` in one child process per entry, without waiting; pass
+    what this returns to :func:`results_of` for their results."""
+    results = CTX.Queue()
+    procs = [
+        CTX.Process(target=_trampoline, args=(results, i, target, args), daemon=True)
+        for i, args in enumerate(arg_lists)
+    ]
+    for p in procs:
+        p.start()
+    return procs, results
+
+
+def results_of(started: tuple[list[BaseProcess], Any], *, timeout: float = 90) -> list[Any]:
+    """The results of :func:`start_processes`' children, in order (as :func:`run_processes`)."""
+    procs, results = started
+    out: dict[int, Any] = {}
+    try:
+        for _ in procs:
+            try:
+                index, ok, value = results.get(timeout=timeout)
+            except queue_module.Empty:
+                raise AssertionError(f"a child process did not finish within {timeout}s") from None
+            if not ok:
+                raise AssertionError(f"child process {index} failed:\n{value}")
+            out[index] = value
+    finally:
+        stop_processes(procs)
+    return [out[i] for i in range(len(procs))]
+
+
+def stop_processes(procs: Sequence[BaseProcess]) -> None:
+    """Join ``procs``, killing those that do not end within a few seconds."""
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -97,7 +97,7 @@ def failing() -> Any:
 def test_last_seen_answers_within_its_age_only() -> None:
     now = [100.0]
     seen = LastSeen(maxsize=10, timer=lambda: now[0])
-    seen.note("a", "v1")
+    seen.note("a", "v1", seen.ticket("a"))
     now[0] += 5.0
     assert seen.within("a", 5.0) == "v1"
     assert seen.within("a", 4.9) is NOT_SEEN
@@ -108,17 +108,17 @@ def test_last_seen_answers_within_its_age_only() -> None:
 def test_last_seen_is_bounded_and_forgets_what_is_written() -> None:
     seen = LastSeen(maxsize=3, timer=lambda: 0.0)
     for name in ("a", "b", "c", "d"):
-        seen.note(name, name)
+        seen.note(name, name, seen.ticket(name))
     assert len(seen) == 3
     assert seen.within("a", 1.0) is NOT_SEEN  # the least recently seen went first
-    seen.note("b", "b2")  # seen again: now the newest
-    seen.note("e", "e")
+    seen.note("b", "b2", seen.ticket("b"))  # seen again: now the newest
+    seen.note("e", "e", seen.ticket("e"))
     assert seen.within("b", 1.0) == "b2"
     assert seen.within("c", 1.0) is NOT_SEEN
     seen.drop(["b"])
     assert seen.within("b", 1.0) is NOT_SEEN
-    seen.note("menu:1", 1)
-    seen.note("menu:2", 2)
+    seen.note("menu:1", 1, seen.ticket("menu:1"))
+    seen.note("menu:2", 2, seen.ticket("menu:2"))
     seen.drop_prefix("menu:")
     assert seen.within("menu:1", 1.0) is NOT_SEEN
     assert seen.within("e", 1.0) == "e"

@@ -2785,39 +2785,192 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_writer_excludes_readers_and_writers[postgres-async]",
         ),
     ),
+    # -- outage mode: outage_ttl, stale_if_error, the gutter (issue #24) --
     Mutant(
         "outage-reuse",
-        "while Redis is unreachable, a value this process saw within outage_ttl is reused "
-        "instead of loading again",
+        "while Redis is unreachable a read reuses a value this process saw within "
+        "outage_ttl instead of loading: one load per key per process per window",
         "cacheguard/cache/read_path.py",
-        "                value = seen.within(name, self.settings.outage_ttl)\n",
-        "                value = NOT_SEEN\n",
+        "            seen = self._last_seen\n            if seen is not None:\n",
+        "            seen = None\n            if seen is not None:\n",
         (
-            "tests/test_fallback.py::test_outage_ttl_reuses_a_value_loaded_while_redis_is_down[sync]",
-            "tests/test_fallback.py::test_outage_ttl_reuses_a_value_loaded_while_redis_is_down[async]",
+            "tests/test_outage_settings.py::test_outage_reuse_serves_a_value_seen_within_outage_ttl_then_loads_once_more[sync]",
+            "tests/faults/test_outage_modes.py::test_outage_ttl_loads_each_key_once_per_process_per_window[sync-killed]",
         ),
     ),
     Mutant(
-        "outage-reuse-bounded",
-        "a remembered value is served only within its age bound (outage_ttl, stale_if_error)",
+        "fallback-window",
+        "outage reuse and stale_if_error serve only a value seen at most their setting ago",
         "cacheguard/cache/fallback.py",
         "        if seen is None or self._timer() - seen[1] > max_age:\n",
         "        if seen is None:\n",
         (
-            "tests/test_fallback.py::test_last_seen_answers_within_its_age_only",
-            "tests/test_fallback.py::test_outage_ttl_reuses_a_value_loaded_while_redis_is_down[sync]",
-            "tests/test_fallback.py::test_outage_ttl_reuses_a_value_loaded_while_redis_is_down[async]",
+            "tests/test_outage_settings.py::test_outage_reuse_serves_a_value_seen_within_outage_ttl_then_loads_once_more[sync]",
+            "tests/test_outage_settings.py::test_a_failing_loader_is_answered_by_the_last_value_seen_within_stale_if_error[async]",
         ),
     ),
     Mutant(
-        "outage-write-drops",
-        "a write or invalidation in this process drops its names from the values remembered",
+        "reused-value-keeps-its-age",
+        "a value served by outage reuse is not noted again: its age, the staleness bound, "
+        "runs from when it was first seen",
+        "cacheguard/cache/read_path.py",
+        '                    self._stats.count("outage_reuses", name, 0.0, None, template)\n',
+        '                    self._stats.count("outage_reuses", name, 0.0, None, template)\n'
+        "                    seen.note(name, value, seen.ticket(name))\n",
+        (
+            "tests/test_outage_settings.py::test_a_value_reused_keeps_the_age_it_was_first_seen_with[sync]",
+        ),
+    ),
+    Mutant(
+        "redis-hit-is-seen",
+        "a value read from Redis is noted as seen (the next outage reuses the newest value)",
+        "cacheguard/cache/core.py",
+        "                self._last_seen.note(name, entry.value, seen_ticket)\n",
+        "                pass\n",
+        (
+            "tests/test_outage_settings.py::test_after_recovery_values_come_from_redis_not_from_reuse[sync]",
+        ),
+    ),
+    Mutant(
+        "writes-drop-from-reuse",
+        "an invalidation or write in this process drops its names from outage reuse and "
+        "stale_if_error",
         "cacheguard/cache/core.py",
         "        if self._last_seen is not None:\n            self._last_seen.drop(names)\n",
         "",
         (
-            "tests/test_fallback.py::test_a_write_here_drops_the_name_from_reuse[sync]",
-            "tests/test_fallback.py::test_a_write_here_drops_the_name_from_reuse[async]",
+            "tests/test_outage_settings.py::test_a_write_or_invalidation_here_drops_the_name_from_reuse[sync]",
+        ),
+    ),
+    Mutant(
+        "refused-write-drops-from-reuse",
+        "a write Redis refuses (down, circuit open) still drops its names from reuse first: "
+        "it may reach the database another way",
+        "cacheguard/cache/write_path.py",
+        "        self._forget_here(ordered)\n",
+        "",
+        (
+            "tests/test_outage_settings.py::test_a_write_or_invalidation_here_drops_the_name_from_reuse[async]",
+        ),
+    ),
+    Mutant(
+        "drop-voids-notes-under-way",
+        "a write in this process voids the note of a load of its name already under way "
+        "(its value may predate the write)",
+        "cacheguard/cache/fallback.py",
+        "            if self.ticket(name) != ticket:\n",
+        "            if False:\n",
+        (
+            "tests/test_outage_settings.py::test_a_write_here_during_a_load_keeps_that_loads_value_out_of_reuse[sync]",
+        ),
+    ),
+    Mutant(
+        "stale-if-error-answers",
+        "stale_if_error answers the loader's error, or BackendUnavailable under "
+        "on_backend_error='raise', with the last value seen",
+        "cacheguard/cache/read_path.py",
+        "            if value is NOT_SEEN:\n                raise\n",
+        "            if True:\n                raise\n",
+        (
+            "tests/test_outage_settings.py::test_a_failing_loader_is_answered_by_the_last_value_seen_within_stale_if_error[sync]",
+            "tests/test_outage_settings.py::test_backend_unavailable_under_raise_is_answered_by_the_last_value_seen[async]",
+        ),
+    ),
+    Mutant(
+        "stale-if-error-bound",
+        "stale_if_error serves a value seen at most stale_if_error s ago, never older",
+        "cacheguard/cache/read_path.py",
+        "            value = self._last_seen.within(name, self.settings.stale_if_error)\n",
+        "            value = self._last_seen.within(name, 1e9)\n",
+        (
+            "tests/test_outage_settings.py::test_backend_unavailable_under_raise_is_answered_by_the_last_value_seen[sync]",
+            "tests/faults/test_outage_modes.py::test_no_read_is_older_than_a_committed_write_beyond_the_bound"
+            "[sync-stale_if_error-killed]",
+        ),
+    ),
+    Mutant(
+        "stale-value-keeps-its-age",
+        "a value served by stale_if_error is not noted again: repeated stale serves never "
+        "stretch the bound",
+        "cacheguard/cache/read_path.py",
+        '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n',
+        '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n'
+        "            self._last_seen.note(name, value, self._last_seen.ticket(name))\n",
+        ("tests/test_outage_settings.py::test_a_value_served_stale_keeps_its_age[sync]",),
+    ),
+    Mutant(
+        "gutter-single-flight",
+        "while the primary is unreachable a read goes through the gutter's guard: one load "
+        "per key across processes per gutter_ttl",
+        "cacheguard/cache/read_path.py",
+        "                    value = yield Gutter(*self._gutter_lifetimes(ttl, none_ttl))\n",
+        "                    value = yield LOAD_UNLOCKED\n",
+        (
+            "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
+            "tests/faults/test_outage_modes.py::test_the_gutter_loads_each_key_once_per_window_across_processes[sync]",
+        ),
+    ),
+    Mutant(
+        "gutter-lifetime-capped",
+        "a gutter entry lives at most gutter_ttl, whatever the read's ttl",
+        "cacheguard/cache/read_path.py",
+        "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
+        "        return ttl, None if lifetime is None else min(lifetime, cap)\n",
+        (
+            "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
+        ),
+    ),
+    Mutant(
+        "gutter-unjittered",
+        "a gutter entry's lifetime is not jittered (a jitter could take it past gutter_ttl)",
+        "cacheguard/cache/gutter.py",
+        "        ttl_jitter=0.0,  # a jittered lifetime could outlive gutter_ttl\n",
+        "",
+        (
+            "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[async]",
+        ),
+    ),
+    Mutant(
+        "gutter-no-stale-window",
+        "a gutter entry is not kept past its end for the stale window",
+        "cacheguard/cache/gutter.py",
+        "        stale_ttl=0.0,\n",
+        "",
+        (
+            "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
+        ),
+    ),
+    Mutant(
+        "gutter-down-falls-through",
+        "a gutter that is unreachable too falls through to on_backend_error (load, or raise)",
+        "cacheguard/cache/read_path.py",
+        '                    log.info("the gutter is unreachable too for %r: %s", name, '
+        "gutter_down)\n",
+        "                    raise\n",
+        (
+            "tests/test_outage_settings.py::test_a_gutter_down_too_falls_through_to_reuse_then_on_backend_error[sync]",
+        ),
+    ),
+    Mutant(
+        "gutter-guard-raises-when-down",
+        "the gutter's own guard raises when the gutter is down (it never loads on its own): "
+        "the primary's read goes on to its fallbacks, counted as its own",
+        "cacheguard/cache/gutter.py",
+        '        on_backend_error="raise",  # the primary\'s read has fallbacks of its own\n',
+        "",
+        (
+            "tests/test_outage_settings.py::test_a_gutter_down_too_falls_through_to_reuse_then_on_backend_error[async]",
+        ),
+    ),
+    Mutant(
+        "asyncio-pool-replaces-dead-idle-connections",
+        "an asyncio pool replaces a connection the server closed while it was idle (a "
+        "restarted Redis): no backend error, breaker failure nor bypass load after recovery",
+        "cacheguard/clients.py",
+        "            **_idle_connections_checked(),\n",
+        "",
+        (
+            "tests/faults/test_outage_modes.py::test_recovery_refills_each_key_once_across_processes[async-killed]",
         ),
     ),
     Mutant(
@@ -2843,50 +2996,12 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "stale-keeps-its-age",
-        "a value served stale keeps the time it was first seen: serving it does not extend "
-        "the staleness bound",
-        "cacheguard/cache/read_path.py",
-        '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n',
-        '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n'
-        "            self._last_seen.note(name, value)\n",
-        (
-            "tests/test_fallback.py::test_a_value_served_stale_keeps_its_age[sync]",
-            "tests/test_fallback.py::test_a_value_served_stale_keeps_its_age[async]",
-        ),
-    ),
-    Mutant(
-        "gutter-single-flight",
-        "while the primary is down, fills go through the gutter guard: one load across "
-        "processes, not one per process",
-        "cacheguard/cache/guard.py",
-        "            return self._gutter.get_or_load(\n",
-        "            return self._loads.run(name, load, template)[0]\n"
-        "            return self._gutter.get_or_load(\n",
-        ("tests/test_fallback.py::test_fills_go_through_the_gutter_once_across_guards[sync]",),
-    ),
-    Mutant(
-        "gutter-lifetime-capped",
-        "gutter entries live at most gutter_ttl (the gutter's staleness bound)",
+        "gutter-none-lifetime-capped",
+        "a cached None in the gutter lives at most gutter_ttl too (none_ttl is cut as ttl is)",
         "cacheguard/cache/read_path.py",
         "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
-        "        return ttl, lifetime\n",
-        (
-            "tests/test_fallback.py::test_fills_go_through_the_gutter_once_across_guards[sync]",
-            "tests/test_fallback.py::test_fills_go_through_the_gutter_once_across_guards[async]",
-            "tests/test_fallback.py::test_the_gutter_keeps_none_no_longer_than_gutter_ttl",
-        ),
-    ),
-    Mutant(
-        "gutter-down-falls-through",
-        "a gutter that is down too is skipped: the read goes on to on_backend_error",
-        "cacheguard/cache/read_path.py",
-        "                except BackendUnavailable as gutter_down:\n",
-        "                except LookupError as gutter_down:\n",
-        (
-            "tests/test_fallback.py::test_a_gutter_that_is_down_too_falls_through[sync]",
-            "tests/test_fallback.py::test_a_gutter_that_is_down_too_falls_through[async]",
-        ),
+        "        return min(ttl, cap), lifetime\n",
+        ("tests/test_fallback.py::test_the_gutter_keeps_none_no_longer_than_gutter_ttl",),
     ),
     Mutant(
         "replay-before-serving",

@@ -192,10 +192,12 @@ class GuardCore:
         ttl: float,
         none_ttl: float | Missing | None,
         template: str | None,
+        seen_ticket: int,
     ) -> tuple[bool, Entry | None]:
         """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
         the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
-        past its expiry for the stale policy)."""
+        past its expiry for the stale policy). ``seen_ticket``: :meth:`_seen_ticket`,
+        taken before the GET."""
         entry = self._decode(name, raw, template=template)
         if entry is None:
             return False, None
@@ -204,7 +206,7 @@ class GuardCore:
         if verdict <= REFRESH:
             self._stats.count("l2_hits", name, 0.0, None, template)
             if self._last_seen is not None:
-                self._last_seen.note(name, entry.value)
+                self._last_seen.note(name, entry.value, seen_ticket)
             if verdict == REFRESH:
                 self._refresh_in_background(name, load, ttl, none_ttl, template)
             if l1_seen is not None:
@@ -289,6 +291,11 @@ class GuardCore:
         self._recovery.mark()  # writes may have gone to an outbox meanwhile
         self._stats.count("backend_errors", name, 0.0, exc, template)
         log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
+
+    def _seen_ticket(self, name: str) -> int:
+        """Taken before a read of ``name`` whose value the fallback memory may keep: a
+        write of ``name`` here meanwhile voids the note (see :mod:`cacheguard.cache.fallback`)."""
+        return self._last_seen.ticket(name) if self._last_seen is not None else 0
 
     def _forget_here(self, names: Iterable[str]) -> None:
         """Drop what this process keeps of ``names`` (L1, the last values seen): they

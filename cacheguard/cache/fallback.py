@@ -13,7 +13,10 @@ Redis or from its loader, and when. Two settings read it (``docs/outage.md``):
 Only fresh values are noted: a value served from this memory (or stale from
 Redis) keeps the time it was first seen, so its age, and the staleness bound,
 never grows past the setting. A write or invalidation in this process drops
-its names. Bounded: the least recently noted names go first past ``maxsize``.
+its names, and voids the notes of reads of them already under way (a load that
+began before the write may return what the write replaced): a read takes a
+:meth:`LastSeen.ticket` before it asks, and its note is refused if a drop came
+in between. Bounded: the least recently noted names go first past ``maxsize``.
 """
 
 from __future__ import annotations
@@ -38,22 +41,35 @@ NOT_SEEN: Final = _NotSeen()
 
 _FROM_LOADER: Final = "_cacheguard_from_loader"
 
+# Drops are counted per bucket of names, not per name: bounded memory, and a
+# collision only refuses a note (one more load later), never keeps a stale value.
+_DROP_BUCKETS: Final = 1024
+
 
 class LastSeen:
     """The last value seen per name, with its time (``timer``'s seconds)."""
 
-    __slots__ = ("_entries", "_maxsize", "_mutex", "_timer")
+    __slots__ = ("_drops", "_entries", "_maxsize", "_mutex", "_prefix_drops", "_timer")
 
     def __init__(self, *, maxsize: int, timer: Callable[[], float]) -> None:
         self._maxsize = maxsize
         self._timer = timer
         self._entries: OrderedDict[str, tuple[Any, float]] = OrderedDict()
         self._mutex = threading.Lock()  # threads of the sync guard share it
+        self._drops = [0] * _DROP_BUCKETS  # names dropped so far, by bucket
+        self._prefix_drops = 0  # drop_prefix calls so far: they void every ticket
 
-    def note(self, name: str, value: Any) -> None:
-        """``name`` was just seen fresh with ``value``."""
+    def ticket(self, name: str) -> int:
+        """Taken before a read of ``name`` whose value :meth:`note` may keep."""
+        return self._drops[hash(name) % _DROP_BUCKETS] + self._prefix_drops
+
+    def note(self, name: str, value: Any, ticket: int) -> None:
+        """``name`` was just seen fresh with ``value`` by a read that took ``ticket``
+        before it asked; ignored if ``name`` was dropped since."""
         entries = self._entries
         with self._mutex:
+            if self.ticket(name) != ticket:
+                return  # written here while the read was under way
             entries[name] = (value, self._timer())
             entries.move_to_end(name)
             if len(entries) > self._maxsize:
@@ -74,10 +90,12 @@ class LastSeen:
         with self._mutex:
             for name in names:
                 self._entries.pop(name, None)
+                self._drops[hash(name) % _DROP_BUCKETS] += 1
 
     def drop_prefix(self, prefix: str) -> None:
         """Forget every name starting with ``prefix``."""
         with self._mutex:
+            self._prefix_drops += 1
             for name in [n for n in self._entries if n.startswith(prefix)]:
                 del self._entries[name]
 

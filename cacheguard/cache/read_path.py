@@ -209,6 +209,7 @@ class ReadPath(GuardCore):
             breaker = self._breaker(name)
             if breaker.allow():
                 l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
+                seen_ticket = self._seen_ticket(name) if self._last_seen is not None else 0
                 sealed = flight.generation  # flights are born sealed for this first GET
                 try:
                     if self._timer() < self._server_clock.resample_at:
@@ -228,7 +229,7 @@ class ReadPath(GuardCore):
                         )
                     else:
                         served, entry = self._served(
-                            name, raw, l1_seen, load, ttl, none_ttl, template
+                            name, raw, l1_seen, load, ttl, none_ttl, template, seen_ticket
                         )
                         if served:
                             value, valid_below = entry.value, sealed  # type: ignore[union-attr]
@@ -269,6 +270,7 @@ class ReadPath(GuardCore):
         take it. ``stale`` is the expired entry, if any, for the stale policy."""
         self._stats.count("misses", name, 0.0, None, template)
         lock = self.rwlock(name)  # one instance for the job and the driver: one owner
+        seen_ticket = self._seen_ticket(name)
         flow = self._fill_flow(
             name,
             lock,
@@ -287,7 +289,7 @@ class ReadPath(GuardCore):
             return (yield from self._bypassed(name, flight, exc, template, ttl, none_ttl))
         self._keep_filled(name, outcome, l1_seen, ttl)
         if self._last_seen is not None and not outcome.private and outcome.source in _FRESH_SOURCES:
-            self._last_seen.note(name, outcome.value)
+            self._last_seen.note(name, outcome.value, seen_ticket)
         return outcome.value, valid_below
 
     def _timed_lookup(self, name: str) -> Generator[ReadStep, Any, Any]:
@@ -379,9 +381,10 @@ class ReadPath(GuardCore):
                     self._stats.count("gutter_reads", name, 0.0, None, template)
                     return value
         self._refuse_bypass(name, exc, template, failure_counted=counted)
+        seen_ticket = self._seen_ticket(name)
         value = yield LOAD_UNLOCKED
         if self._last_seen is not None:
-            self._last_seen.note(name, value)
+            self._last_seen.note(name, value, seen_ticket)
         return value
 
     def _gutter_lifetimes(

@@ -129,6 +129,10 @@ class WritePath(ReadPath):
         ordered = sorted(set(names))
         if not ordered:
             raise ValueError("write() needs at least one key name")
+        # Dropped before Redis is asked: a write refused because Redis is down may
+        # still reach the database (an outbox, a caller's fallback), so this
+        # process must not reuse what it saw of the names (outage_ttl).
+        self._forget_here(ordered)
         # The nodes of the write's keys; not the invalidation sequence's (without it
         # the invalidations poison instead, see _stamp_flow).
         closed = self._circuit_open(f"writing {', '.join(map(repr, ordered))}", ordered)
