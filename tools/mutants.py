@@ -510,10 +510,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "session-end-invalidates-again",
         "the end of a tracked transaction invalidates its keys again before releasing them",
         "cacheguard/sqlalchemy/tracker.py",
-        "    try:\n        guard.invalidate(*names)\n    except Exception:\n"
-        '        log.exception("invalidating %d keys at the end of a transaction failed"',
-        "    try:\n        pass\n    except Exception:\n"
-        '        log.exception("invalidating %d keys at the end of a transaction failed"',
+        "    try:\n        guard.invalidate(*names)\n        invalidated = set(names)\n"
+        "    except Exception:\n",
+        "    try:\n        invalidated = set(names)\n    except Exception:\n",
         (
             "tests/test_sqlalchemy.py::"
             "test_lock_timeout_midway_in_a_savepoint_invalidates_and_releases",
@@ -612,6 +611,98 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_sqlalchemy.py::test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
             "tests/test_sqlalchemy_async.py::"
             "test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
+        ),
+    ),
+    # -- the outbox (issue #24: cacheguard/sqlalchemy/outbox.py, tests/test_outbox.py) --
+    Mutant(
+        "outbox-rows-in-the-writers-transaction",
+        "a tracked write's outbox rows are written in its own transaction: unseen by others "
+        "before the commit, gone with a rollback",
+        "cacheguard/sqlalchemy/outbox.py",
+        '        connection = session.connection(bind_arguments={"clause": self._insert})\n'
+        "        ids = _insert(connection, self.table, rows)\n",
+        "        with self._engine.begin() as connection:\n"
+        "            ids = _insert(connection, self.table, rows)\n",
+        (
+            "tests/test_outbox.py::"
+            "test_a_tracked_write_commits_with_its_invalidations_in_the_same_transaction"
+            "[sqlite-killed]",
+        ),
+    ),
+    Mutant(
+        "outbox-rows-deleted-after-confirmed-invalidation",
+        "the closing step deletes only the outbox rows whose invalidation went through; "
+        "the others wait for a replay",
+        "cacheguard/sqlalchemy/tracker.py",
+        "        confirmed = [row for named, row in rows.items() if named in invalidated]\n",
+        "        confirmed = list(rows.values())\n",
+        (
+            "tests/test_outbox.py::"
+            "test_a_tracked_write_commits_with_its_invalidations_in_the_same_transaction"
+            "[sqlite-killed]",
+        ),
+    ),
+    Mutant(
+        "outbox-replay-before-serving",
+        "a guard that saw Redis fail replays the outbox before it serves a value read from Redis",
+        "cacheguard/cache/read_path.py",
+        "                    if self._recovery.pending:\n"
+        "                        raw = yield from self._replayed_then_reread(name, template)\n",
+        "                    if False:\n"
+        "                        raw = yield from self._replayed_then_reread(name, template)\n",
+        (
+            "tests/test_outbox.py::"
+            "test_a_guard_that_saw_the_outage_replays_before_serving_from_redis[sqlite]",
+            "tests/test_outbox.py::test_an_asyncio_guard_replays_before_serving_from_redis[sqlite]",
+            "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[sync]",
+            "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[async]",
+        ),
+    ),
+    Mutant(
+        "outbox-replay-waits-for-held-rows",
+        "on PostgreSQL a replay waits for the rows another replayer holds and replays what it "
+        "could not: none is skipped before a guard serves",
+        "cacheguard/sqlalchemy/outbox.py",
+        "            [(claim.with_for_update(skip_locked=True), False), "
+        "(claim.with_for_update(), True)]\n",
+        "            [(claim.with_for_update(skip_locked=True), False)]\n",
+        (
+            "tests/test_outbox.py::"
+            "test_a_replay_waits_for_the_rows_another_replayer_holds[postgresql]",
+        ),
+    ),
+    Mutant(
+        "outbox-replay-then-read-again",
+        "after the replay the key is read again: the value read before it is not served",
+        "cacheguard/cache/read_path.py",
+        "                        raw = yield from self._replayed_then_reread(name, template)\n",
+        "                        yield from self._replayed_then_reread(name, template)\n",
+        (
+            "tests/test_outbox.py::"
+            "test_a_guard_that_saw_the_outage_replays_before_serving_from_redis[sqlite]",
+        ),
+    ),
+    Mutant(
+        "outbox-poller-replays",
+        "every tracking process replays the outbox on a timer: one that never saw the outage "
+        "stops serving the old value within outbox_poll",
+        "cacheguard/sqlalchemy/outbox.py",
+        "                if self._replayer.has_rows():\n",
+        "                if False:\n",
+        (
+            "tests/test_outbox.py::test_a_process_that_never_saw_the_outage_stops_serving_"
+            "the_old_value_within_the_poll[sqlite-sync]",
+        ),
+    ),
+    Mutant(
+        "outbox-asyncio-poller-replays",
+        "the asyncio guard's poller task replays the outbox on a timer too",
+        "cacheguard/sqlalchemy/outbox.py",
+        "                if await self._replayer.has_rows():\n",
+        "                if False:\n",
+        (
+            "tests/test_outbox.py::test_a_process_that_never_saw_the_outage_stops_serving_"
+            "the_old_value_within_the_poll[sqlite-asyncio]",
         ),
     ),
     Mutant(
@@ -3002,19 +3093,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
         "        return min(ttl, cap), lifetime\n",
         ("tests/test_fallback.py::test_the_gutter_keeps_none_no_longer_than_gutter_ttl",),
-    ),
-    Mutant(
-        "replay-before-serving",
-        "after an outage a guard runs its outbox replays before it serves a value from Redis, "
-        "and serves nothing from Redis while they fail",
-        "cacheguard/cache/read_path.py",
-        "                    if self._recovery.pending and not "
-        "(yield from self._replayed(name, template)):\n",
-        "                    if False:\n",
-        (
-            "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[sync]",
-            "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[async]",
-        ),
     ),
     Mutant(
         "replay-marks-counted",

@@ -412,13 +412,15 @@ class AsyncCacheGuard(WritePath):
         self._spawn(self._drive(flow, name, load, template), "cacheguard-refresh")
         return True
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         # In a context of its own: a background refresh is nobody's nested load, and
-        # the caller's open database snapshots are not its snapshots.
+        # the caller's open database snapshots are not its snapshots. aclose()
+        # cancels it (the SQLAlchemy outbox's poller is one too).
         loop = asyncio.get_running_loop()
         task = contextvars.Context().run(loop.create_task, coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- L1 ------------------------------------------------------------------------------
 

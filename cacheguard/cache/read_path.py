@@ -19,7 +19,8 @@ as its ``__cause__``.
    ``outage_ttl``, else the gutter's single flight (``gutter=``), else
    ``on_backend_error`` (load directly, or raise); see ``docs/outage.md``;
 5. after an outage, the guard's outbox replays run before a value read from
-   Redis is served (:class:`Replay`, :mod:`cacheguard.cache.recovery`).
+   Redis is served (:class:`Replay`, :mod:`cacheguard.cache.recovery`), and the
+   key is read again after them (their invalidations may have deleted it).
 
 With ``stale_if_error``, an error the call would raise (the loader's, or
 :class:`BackendUnavailable`) is answered by the last value this process saw,
@@ -109,6 +110,16 @@ class Replay:
 
 
 REPLAY: Final = Replay()
+
+
+class _NotReplayed:
+    """What :meth:`ReadPath._replayed_then_reread` gives when the replays failed."""
+
+    def __repr__(self) -> str:
+        return "NOT_REPLAYED"
+
+
+NOT_REPLAYED: Final = _NotReplayed()
 
 ReadStep = Lookup | Call | LoadUnlocked | WaitFlight | RunFill | Gutter | Replay
 
@@ -222,7 +233,9 @@ class ReadPath(GuardCore):
                     )
                 else:
                     breaker.success()
-                    if self._recovery.pending and not (yield from self._replayed(name, template)):
+                    if self._recovery.pending:
+                        raw = yield from self._replayed_then_reread(name, template)
+                    if raw is NOT_REPLAYED:
                         # Redis may hold values the outbox's writes replaced: not served.
                         value, valid_below = yield from self._bypassed(
                             name, flight, None, template, ttl, none_ttl
@@ -316,16 +329,24 @@ class ReadPath(GuardCore):
         value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)
         return value, sealed
 
-    def _replayed(self, name: str, template: str | None) -> Generator[ReadStep, Any, bool]:
-        """Run the pending outbox replays; False if they failed (then nothing read
-        from Redis may be served yet)."""
+    def _replayed_then_reread(
+        self, name: str, template: str | None
+    ) -> Generator[ReadStep, Any, Any]:
+        """Run the pending outbox replays, then GET ``name`` again: the value read
+        before them may be one the outbox's writes replaced (their invalidation
+        deleted it since). :data:`NOT_REPLAYED` if the replays or the GET failed
+        (then nothing read from Redis may be served yet)."""
         try:
             yield REPLAY
         except Exception as exc:
             self._stats.count("replay_failures", name, 0.0, exc, template)
             log.warning("outbox replay failed, %r is not served from Redis: %s", name, exc)
-            return False
-        return True
+            return NOT_REPLAYED
+        try:
+            return (yield LOOKUP)
+        except BackendUnavailable as exc:
+            self._backend_failed(name, client_error(exc), template=template)
+            return NOT_REPLAYED
 
     def _reread_for_late_followers(
         self, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
@@ -445,10 +466,13 @@ class ReadPath(GuardCore):
                 ) from client_error(exc)
             return MISSING
         self._breaker(name).success()
-        if self._recovery.pending and not (yield from self._replayed(name, template)):
-            if raising:
-                raise BackendUnavailable(f"outbox replay failed before reading {name!r}")
-            return MISSING
+        if self._recovery.pending:
+            raw = yield from self._replayed_then_reread(name, template)
+            if raw is NOT_REPLAYED:
+                if raising:
+                    raise BackendUnavailable(f"outbox replay failed before reading {name!r}")
+                return MISSING
+            entry = self._decode(name, raw, template=template)
         return self._peeked(entry)
 
     def _peek_entry_flow(self, name: str) -> Generator[ReadStep, Any, Any]:

@@ -9,6 +9,10 @@ fill loaded from an older snapshot cannot store a replaced row. With an
 ``AsyncCacheGuard``, pass an ``async_sessionmaker``: the same hooks run for
 ``AsyncSession``.
 
+With ``outbox=True`` tracked writes go on while Redis is unreachable: their
+invalidations go to an outbox table (:func:`outbox_table`) in the same
+transaction and are replayed once Redis is back (see ``docs/outage.md``).
+
 Needs SQLAlchemy 2.0 (``pip install 'cacheguard[sqlalchemy]'``). See
 ``docs/guide.md`` (how to use it) and ``docs/design.md`` (how it works).
 """
@@ -22,12 +26,26 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "cacheguard.sqlalchemy needs SQLAlchemy 2.0: pip install 'cacheguard[sqlalchemy]'"
     ) from exc
 
+from cacheguard.sqlalchemy.outbox import (
+    DEFAULT_OUTBOX_TABLE,
+    AsyncOutboxReplayer,
+    OutboxReplayer,
+    async_outbox_depth,
+    outbox_depth,
+    outbox_table,
+)
 from cacheguard.sqlalchemy.sqlite import sqlite_async_engine, sqlite_engine
 from cacheguard.sqlalchemy.tracker import CACHE_KEYS_ATTRIBUTE, ModelTracker, track_models
 
 __all__ = [
     "CACHE_KEYS_ATTRIBUTE",
+    "DEFAULT_OUTBOX_TABLE",
+    "AsyncOutboxReplayer",
     "ModelTracker",
+    "OutboxReplayer",
+    "async_outbox_depth",
+    "outbox_depth",
+    "outbox_table",
     "sqlite_async_engine",
     "sqlite_engine",
     "track_models",

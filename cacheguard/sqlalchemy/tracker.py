@@ -25,6 +25,13 @@ One transaction of a tracked session, from begin to end:
    every key again (after a commit this removes anything filled from the old
    rows; after a rollback it is harmless), then release the locks.
 
+With ``outbox=True``, a step 2 or 3 that finds Redis unreachable (or its circuit
+open) writes the keys it could not lock and invalidate (the prefixes, on the
+by-prefix paths) to the outbox table on the session's connection instead of
+failing: the rows commit or roll back with the transaction (a savepoint's with
+the savepoint). Step 6 then deletes the rows whose invalidation went through;
+the rest wait for a replay (:mod:`cacheguard.sqlalchemy.outbox`).
+
 Locks are held by the watchdog's renewals for as long as the transaction is
 open; a process that dies mid-transaction frees them when its lease ends.
 
@@ -50,11 +57,19 @@ from sqlalchemy import event
 from sqlalchemy.orm import Mapper, ORMExecuteState, Session, SessionTransaction
 
 from cacheguard._identity import on_fork_in_child
+from cacheguard.cache.read_path import client_error
 from cacheguard.cache.templates import render_key, template_fields
 from cacheguard.cache.watermark import note_snapshot, snapshot_opened
 from cacheguard.cache.write_path import write_lock_lost
 from cacheguard.exceptions import BackendUnavailable, KeyTemplateError
 from cacheguard.sqlalchemy.guards import GuardIO, guard_io, session_class_of
+from cacheguard.sqlalchemy.outbox import (
+    KEY,
+    PREFIX,
+    TrackerOutbox,
+    checked_bind,
+    checked_table,
+)
 
 __all__ = ["CACHE_KEYS_ATTRIBUTE", "ModelTracker", "track_models"]
 
@@ -108,6 +123,13 @@ class _TransactionLocks:
     prefixes: set[str] = field(default_factory=set)  # invalidated by prefix at the end
     finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
     holder: Any = None  # whom the locks are for, until the outermost transaction ends
+    # Outbox rows written, by id() of the transaction (or savepoint) that wrote them:
+    # (kind, name) -> row id. A savepoint's leave with it when it is rolled back.
+    outboxed: dict[int, dict[tuple[str, str], int]] = field(default_factory=dict)
+    outbox: TrackerOutbox | None = None  # where they are
+
+    def outboxed_names(self, kind: str) -> set[str]:
+        return {name for rows in self.outboxed.values() for k, name in rows if k == kind}
 
     def __hash__(self) -> int:  # held in a WeakSet (see cache/watermark.py)
         return id(self)
@@ -124,6 +146,9 @@ class ModelTracker:
         *,
         lock_timeout: float | None = None,
         max_rows: int = 1000,
+        outbox: bool | sa.Table = False,
+        outbox_poll: float = 1.0,
+        outbox_bind: Any = None,
     ) -> None:
         if not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError("max_rows must be an int >= 1")
@@ -134,6 +159,14 @@ class ModelTracker:
         self.lock_timeout = lock_timeout
         self.max_rows = max_rows
         self._models = _check_models(models)
+        self._outbox: TrackerOutbox | None = None
+        if outbox is not False:
+            self._outbox = TrackerOutbox(
+                guard,
+                checked_table(outbox),
+                checked_bind(guard, session_factory, outbox_bind),
+                outbox_poll,
+            )
         self._by_class: dict[type[Any], _ModelKeys | None] = {}
         self._info_key = f"cacheguard.tracker.{id(self)}"
         self._history_listeners: list[tuple[Any, str, Any]] = []
@@ -154,9 +187,25 @@ class ModelTracker:
                     guard.watch_prefix(_literal_prefix(template))
         for name in _SESSION_EVENTS:
             event.listen(self._events_target, name, getattr(self, f"_on_{name}"))
+        if self._outbox is not None:
+            self._outbox.start()
+
+    @property
+    def outbox_table(self) -> sa.Table | None:
+        """The outbox table (``outbox=True``), or None."""
+        return self._outbox.table if self._outbox is not None else None
+
+    @property
+    def outbox_replayer(self) -> Any:
+        """The :class:`~cacheguard.sqlalchemy.OutboxReplayer` (or its asyncio twin)
+        of the outbox, or None."""
+        return self._outbox.replayer if self._outbox is not None else None
 
     def remove(self) -> None:
-        """Uninstall the hooks (transactions already open keep what they hold)."""
+        """Uninstall the hooks (transactions already open keep what they hold); stop
+        replaying the outbox (its poller ends)."""
+        if self._outbox is not None:
+            self._outbox.stop()
         for name in _SESSION_EVENTS:
             if event.contains(self._events_target, name, getattr(self, f"_on_{name}")):
                 event.remove(self._events_target, name, getattr(self, f"_on_{name}"))
@@ -184,6 +233,8 @@ class ModelTracker:
     def _on_after_begin(
         self, session: Session, transaction: SessionTransaction, connection: Any
     ) -> None:
+        if self._outbox is not None:
+            self._outbox.touch()  # its poller runs (a task starts on the session's loop)
         state = self._state(session)
         if state.snapshot_watermark is not None:
             return  # a second connection or a savepoint of the same transaction
@@ -346,22 +397,33 @@ class ModelTracker:
 
     def _invalidate_prefix(self, session: Session, template: str) -> None:
         """Invalidate every key ``template`` can name: now, and again when the
-        outermost transaction ends (nothing is locked; see docs/design.md)."""
+        outermost transaction ends (nothing is locked; see docs/design.md). Redis
+        unreachable, with the outbox: the prefix goes to the outbox instead."""
         prefix = _literal_prefix(template)
-        self._state(session).prefixes.add(prefix)
-        self._io.invalidate_prefix(prefix)
+        state = self._state(session)
+        state.prefixes.add(prefix)
+        if self._outbox is not None and prefix in state.outboxed_names(PREFIX):
+            return  # its row is in the transaction already
+        try:
+            self._io.invalidate_prefix(prefix)
+        except BackendUnavailable as exc:
+            if self._outbox is None:
+                raise
+            self._to_outbox(session, state, (), (prefix,), exc)
 
     # -- locks ---------------------------------------------------------------------------------
 
     def _lock(self, session: Session, names: set[str]) -> None:
-        """Write-lock and invalidate ``names`` for the session's transaction."""
+        """Write-lock and invalidate ``names`` for the session's transaction; with
+        the outbox, Redis unreachable puts them in the outbox instead."""
         if not names:
             return
         state = self._state(session)
         transaction = session.get_nested_transaction() or session.get_transaction()
         if transaction is not None:
             state.by_transaction.setdefault(id(transaction), set()).update(names)
-        fresh = sorted(n for n in names if n not in state.locks)
+        outboxed = state.outboxed_names(KEY) if self._outbox is not None else set()
+        fresh = sorted(n for n in names if n not in state.locks and n not in outboxed)
         if not fresh:
             return
         if state.finalizer is None:
@@ -371,12 +433,63 @@ class ModelTracker:
             state.finalizer = weakref.finalize(session, _release_later, self._io, state)
         if state.holder is None:
             state.holder = self._io.enter_holder()
+        if self._outbox is None:
+            self._lock_and_invalidate(state, fresh)
+            return
+        try:
+            # An open circuit costs no wait (each lock would wait out a dead socket).
+            closed = self.guard._circuit_open(f"write-locking {', '.join(fresh)}", fresh)
+            if closed is not None:
+                raise closed
+            self._lock_and_invalidate(state, fresh, report=True)
+        except BackendUnavailable as exc:
+            # Locks taken before the failure stay held until the transaction ends.
+            self._to_outbox(session, state, fresh, (), exc)
+
+    def _lock_and_invalidate(
+        self, state: _TransactionLocks, fresh: list[str], *, report: bool = False
+    ) -> None:
+        """``report``: tell the guard's circuit breakers how the locks' calls went
+        (the lock layer does not); its probe may be one of them."""
         me = state.holder
         for name in fresh:  # one global order within each batch
             lock = self._io.rwlock(name)
-            handle = self._io.acquire_write(lock, self.lock_timeout, me)
+            try:
+                handle = self._io.acquire_write(lock, self.lock_timeout, me)
+            except BackendUnavailable as exc:
+                if report:
+                    self.guard._backend_failed(name, client_error(exc))
+                raise
             state.locks[name] = (lock, handle)
+        if report:
+            for breaker in {id(b): b for b in map(self.guard._breaker, fresh)}.values():
+                breaker.success()
         self._io.invalidate(*fresh)
+
+    def _to_outbox(
+        self,
+        session: Session,
+        state: _TransactionLocks,
+        keys: Sequence[str],
+        prefixes: Sequence[str],
+        error: BackendUnavailable,
+    ) -> None:
+        """Redis is unreachable: the invalidations of ``keys`` and ``prefixes`` go
+        to the outbox, in the session's transaction, and the statement goes on."""
+        assert self._outbox is not None
+        rows = self._outbox.write(session, keys, prefixes)
+        transaction = session.get_nested_transaction() or session.get_transaction()
+        state.outboxed.setdefault(id(transaction), {}).update(rows)
+        state.outbox = self._outbox
+        self.guard._forget_here(keys)
+        for prefix in prefixes:
+            _forget_prefix_here(self.guard, prefix)
+        self.guard._recovery.mark()  # replay before serving from Redis again
+        log.warning(
+            "Redis unreachable (%s): %d invalidations go to the outbox with the transaction",
+            error,
+            len(rows),
+        )
 
     # -- transaction end -----------------------------------------------------------------------
 
@@ -402,18 +515,21 @@ class ModelTracker:
         if state is None:
             return
         if transaction.parent is None:
-            _release_all(self._io, state)
+            _release_all(self._io, state, committed=id(transaction) in state.committed)
             return
         if not transaction.nested:
             return  # a flush's internal subtransaction
         own = state.by_transaction.pop(id(transaction), set())
+        rows = state.outboxed.pop(id(transaction), {})
         if id(transaction) in state.committed:
             state.committed.discard(id(transaction))
             enclosing = _enclosing(transaction)
             if enclosing is not None:
                 state.by_transaction.setdefault(id(enclosing), set()).update(own)
+                state.outboxed.setdefault(id(enclosing), {}).update(rows)
             return
-        # Rolled back: what only this savepoint touched is as before; let it go.
+        # Rolled back: what only this savepoint touched is as before (its outbox rows
+        # went with it); let it go.
         still = set().union(*state.by_transaction.values())
         _release(self._io, state, sorted(own - still))
 
@@ -461,6 +577,9 @@ def track_models(
     *,
     lock_timeout: float | None = None,
     max_rows: int = 1000,
+    outbox: bool | sa.Table = False,
+    outbox_poll: float = 1.0,
+    outbox_bind: Any = None,
 ) -> ModelTracker:
     """Keep ``guard``'s keys right for every session ``session_factory`` makes.
 
@@ -473,9 +592,25 @@ def track_models(
     ``sync_session_class`` of its own). ``lock_timeout`` bounds each write-lock wait (default:
     the guard's ``wait_timeout``); statements touching more than ``max_rows``
     rows invalidate their model's templates by prefix.
+
+    ``outbox=True`` (or a table made by :func:`~cacheguard.sqlalchemy.outbox_table`;
+    True is the default table, ``cacheguard_outbox``): while Redis is unreachable,
+    tracked writes go on and their invalidations go to the outbox table in the
+    same transaction, replayed by every guard before it serves from Redis again
+    and by a poller every ``outbox_poll`` seconds. ``outbox_bind``: the engine
+    (``AsyncEngine`` for an asyncio guard) replays use; default: the session
+    factory's ``bind``. The table must exist (create it in a migration). See
+    ``docs/outage.md``.
     """
     return ModelTracker(
-        guard, session_factory, models, lock_timeout=lock_timeout, max_rows=max_rows
+        guard,
+        session_factory,
+        models,
+        lock_timeout=lock_timeout,
+        max_rows=max_rows,
+        outbox=outbox,
+        outbox_poll=outbox_poll,
+        outbox_bind=outbox_bind,
     )
 
 
@@ -579,14 +714,26 @@ def _enclosing(transaction: SessionTransaction) -> SessionTransaction | None:
     return parent
 
 
-def _release(guard: GuardIO, state: _TransactionLocks, names: list[str]) -> None:
+def _forget_prefix_here(guard: Any, prefix: str) -> None:
+    """What this process keeps of the keys under ``prefix`` goes (L1 keeps no
+    prefixes: all of it)."""
+    if guard._last_seen is not None:
+        guard._last_seen.drop_prefix(prefix)
+    if guard._l1 is not None:
+        guard._l1.tier.clear()
+
+
+def _release(guard: GuardIO, state: _TransactionLocks, names: list[str]) -> set[str]:
     """Invalidate ``names`` once more (locked or not: a lock that timed out still
-    leaves a change behind), then release the locks among them. Never raises: it
-    runs after the database has committed or rolled back."""
+    leaves a change behind), then release the locks among them; the names whose
+    invalidation went through. Never raises: it runs after the database has
+    committed or rolled back."""
     if not names:
-        return
+        return set()
+    invalidated: set[str] = set()
     try:
         guard.invalidate(*names)
+        invalidated = set(names)
     except Exception:
         log.exception("invalidating %d keys at the end of a transaction failed", len(names))
     for name in reversed(names):
@@ -597,18 +744,29 @@ def _release(guard: GuardIO, state: _TransactionLocks, names: list[str]) -> None
             guard.release_write(held[0], state.holder)
         except Exception:
             log.exception("releasing the write lock of %r failed", name)
+    return invalidated
 
 
-def _release_all(guard: GuardIO, state: _TransactionLocks) -> None:
-    """The outermost transaction ended: invalidate everything again, release all."""
+def _release_all(guard: GuardIO, state: _TransactionLocks, *, committed: bool = False) -> None:
+    """The outermost transaction ended: invalidate everything again, release all;
+    after a commit, delete the outbox rows whose invalidation went through now."""
     touched = set().union(*state.by_transaction.values())
     names = list(state.locks) + sorted(touched - set(state.locks))  # locks in taking order
-    _release(guard, state, names)
+    invalidated = {(KEY, name) for name in _release(guard, state, names)}
     for prefix in sorted(state.prefixes):
         try:
             guard.invalidate_prefix(prefix)
         except Exception:
             log.exception("invalidating the keys of %r* failed", prefix)
+        else:
+            invalidated.add((PREFIX, prefix))
+    rows = {named: row for written in state.outboxed.values() for named, row in written.items()}
+    if committed and rows and state.outbox is not None:  # rolled back, the rows are gone
+        # Only rows whose invalidation is confirmed; the others wait for a replay.
+        confirmed = [row for named, row in rows.items() if named in invalidated]
+        state.outbox.remove(confirmed)
+    state.outboxed.clear()
+    state.outbox = None
     state.prefixes.clear()
     state.by_transaction.clear()
     state.committed.clear()
