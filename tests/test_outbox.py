@@ -37,6 +37,7 @@ from cacheguard.testing import OwnedRedisServer
 from tests import outbox_support, sa_support
 from tests.faults.proxy import TcpProxy
 from tests.helpers import wait_until
+from tests.lock_stores import postgres_engine, postgres_url
 from tests.outbox_support import FAST, AsyncOutboxStack, OutboxStack, outbox_for
 from tests.procs import CTX, result_within, start_process_reporting
 from tests.sa_support import MENU_KEYS
@@ -328,14 +329,21 @@ def test_a_guard_replays_at_start_up(
         stack.close()
 
 
+@pytest.fixture
+def postgres_reachable() -> Iterator[None]:
+    """PostgreSQL answers (a failure under CACHEGUARD_REQUIRE_REDIS, else a skip)."""
+    with postgres_engine():
+        yield
+
+
+# Row locks are PostgreSQL's: this test runs there only (SQLite has none to wait for).
+@pytest.mark.parametrize("db_url", [pytest.param(postgres_url(), id="postgresql")], indirect=True)
 def test_a_replay_waits_for_the_rows_another_replayer_holds(
-    server: OwnedRedisServer, db_url: str, table: str, outbox: str
+    postgres_reachable: None, server: OwnedRedisServer, db_url: str, table: str, outbox: str
 ) -> None:
     """PostgreSQL: a replay skips the rows another replayer has locked, then waits for
     them: if that replayer fails (a process cut off from Redis), they are replayed
     here before anything is served, never skipped."""
-    if not db_url.startswith("postgresql"):
-        pytest.skip("row locks: PostgreSQL")
     namespace = f"t{uuid.uuid4().hex[:12]}"
     stack = OutboxStack(server.url, namespace, db_url, table, outbox, poll=3600)
     other = stack.engine.connect()  # another process's replayer, mid-invalidation
