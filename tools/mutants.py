@@ -1218,8 +1218,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-cancel-during-acquire-takes-back",
         "a task cancelled during the acquire round trip takes back the hold or mark it got",
         "cacheguard/aio/rwlock.py",
-        "            undo = self._spawn(self._undo_attempt(running, mode, owner, queued=queue))\n",
-        "            undo = self._spawn(asyncio.sleep(0))\n",
+        "                self._undo_attempt("
+        "running, mode, owner, queued=queue, attempt=attempt, lost=lost)\n",
+        "                asyncio.sleep(0)\n",
         (
             "tests/test_aio_locks.py::"
             "test_a_task_cancelled_during_the_acquire_round_trip_leaks_nothing",
@@ -1275,8 +1276,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "wire-acquire-argument-order",
         "the acquire call passes its ARGV in the order of the script's contract",
         "cacheguard/locks/wire.py",
-        "        [owner, mode, lease_ms, mark_ms, keys.released_channel],\n",
-        "        [owner, mode, mark_ms, lease_ms, keys.released_channel],\n",
+        "        [owner, mode, lease_ms, mark_ms, keys.released_channel, attempt, *give_back],\n",
+        "        [owner, mode, mark_ms, lease_ms, keys.released_channel, attempt, *give_back],\n",
         ("tests/test_lock_wire.py::test_acquire_call_follows_its_contract",),
     ),
     # -- deployments: cluster, Sentinel (issue #13) -------------------------------------------
@@ -3117,6 +3118,105 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[sync]",
             "tests/test_fallback.py::"
             "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[async]",
+        ),
+    ),
+    # -- acquire calls whose reply was lost (locks/giveback.py, scripts.py; issue #24) ----------
+    Mutant(
+        "lock-lost-acquire-given-back",
+        "an acquisition that failed without a reply (its call may have run, or run when a "
+        "paused Redis resumes) has what it took given back in the background",
+        "cacheguard/locks/redis_rwlock.py",
+        "            self._give_back_later(mode, owner, attempt)\n",
+        "            pass\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_hold_whose_reply_was_lost_is_given_back_once_redis_answers[sync-write]",
+            "tests/test_lost_acquire_replies.py::test_through_the_guard_write_path",
+        ),
+    ),
+    Mutant(
+        "aio-lock-lost-acquire-given-back",
+        "the same on asyncio: a failed acquisition's possible hold is given back",
+        "cacheguard/aio/rwlock.py",
+        "            self._give_back_later(mode, owner, attempt)\n            raise\n",
+        "            raise\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_hold_whose_reply_was_lost_is_given_back_once_redis_answers[async-write]",
+            "tests/test_lost_acquire_replies.py::test_through_the_asyncio_guard_write_path",
+        ),
+    ),
+    Mutant(
+        "lock-give-back-takes-the-hold",
+        "the give-back takes back the hold its lost call made",
+        "cacheguard/locks/scripts.py",
+        "        drop(s, owner, kind)\n        taken = kind\n",
+        "        taken = kind\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_lost_call_s_hold_is_taken_back_and_the_lock_freed",
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_hold_whose_reply_was_lost_is_given_back_once_redis_answers[sync-read]",
+        ),
+    ),
+    Mutant(
+        "lock-give-back-only-what-its-call-made",
+        "a give-back never takes a hold or mark that another call of the owner made (the "
+        "owner's record must name the lost call)",
+        "cacheguard/locks/scripts.py",
+        "    if attempt == id then\n",
+        "    if id then\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_give_back_leaves_alone_what_a_later_call_of_the_owner_took",
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_give_back_never_takes_a_hold_another_call_of_the_owner_made[sync]",
+        ),
+    ),
+    Mutant(
+        "lock-lost-call-cancelled",
+        "a lost call that reaches Redis after its give-back does nothing",
+        "cacheguard/locks/scripts.py",
+        "if s.c[attempt] then\n",
+        "if false then\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_call_arriving_after_its_give_back_does_nothing",
+        ),
+    ),
+    Mutant(
+        "lock-lost-acquire-mark-withdrawn",
+        "a waiting writer's mark left by an acquisition that failed is withdrawn",
+        "cacheguard/locks/scripts.py",
+        "        if s.q[owner] then\n          unmark(s, owner)\n",
+        "        if s.q[owner] then\n",
+        (
+            "tests/test_lost_acquire_replies.py::test_a_lost_call_s_mark_is_withdrawn",
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_waiting_writer_s_mark_is_withdrawn_when_its_acquisition_fails[sync]",
+        ),
+    ),
+    Mutant(
+        "lock-lost-acquire-carried",
+        "the owner's next acquire call gives its lost calls back first, in the same script (a "
+        "reused owner id never re-enters a hold it lost track of)",
+        "cacheguard/locks/redis_rwlock.py",
+        "            give_back=lost,\n",
+        "            give_back=(),\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_the_owner_s_next_acquisition_gives_its_lost_call_back_first[sync]",
+        ),
+    ),
+    Mutant(
+        "aio-lock-lost-acquire-carried",
+        "the same on asyncio: the owner's next acquire call gives its lost calls back first",
+        "cacheguard/aio/rwlock.py",
+        "            give_back=lost,\n",
+        "            give_back=(),\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_the_owner_s_next_acquisition_gives_its_lost_call_back_first[async]",
         ),
     ),
 )
