@@ -34,6 +34,7 @@ from cacheguard.cache.flow import Call, LoadUnlocked, Lookup
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
 from cacheguard.cache.read_path import RunFill, WaitFlight
 from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
+from cacheguard.cache.shared_loads import SharedLoads
 from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.cache.write_locks import StoreWriteLock, WriteLockStore, checked_store
 from cacheguard.cache.write_path import (
@@ -424,6 +425,9 @@ def _reset_after_fork() -> None:
             guard._l1.reset_after_fork()
         guard._flights = SingleFlight()
         guard._refreshes = SingleFlight()
+        guard._shared_loads = SharedLoads(
+            threading.Event, guard._timer, guard.settings.max_load_time
+        )
 
 
 on_fork_in_child(_reset_after_fork)
