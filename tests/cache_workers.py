@@ -49,6 +49,38 @@ def stampede_worker(
     return results
 
 
+def timed_out_stampede_worker(
+    url: str,
+    namespace: str,
+    threads: int,
+    load_seconds: float,
+    wait_timeout: float,
+    barrier: Any,
+) -> dict[str, Any]:
+    """``threads`` threads read one cold key together (past ``barrier``, shared by
+    every thread of every process) with a loader slower than ``wait_timeout``; each
+    loader run counts itself in Redis (``<namespace>:loads``)."""
+    client = client_for(url)
+    guard = CacheGuard(client, namespace=namespace, lease=30, wait_timeout=wait_timeout)
+
+    def load() -> int:
+        client.incr(f"{namespace}:loads")
+        time.sleep(load_seconds)  # the subject: a database slower than wait_timeout
+        return os.getpid()
+
+    values: list[int] = []
+    mutex = threading.Lock()
+
+    def run(_: int) -> None:
+        barrier.wait(60)
+        value = guard.get_or_load("hot", load, ttl=60)
+        with mutex:
+            values.append(value)
+
+    run_threads(threads, run)
+    return {"values": values, "stats": guard.stats().as_dict()}
+
+
 def _connect_db(database: str) -> Any:
     if database.startswith("postgresql"):
         import psycopg

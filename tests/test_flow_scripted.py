@@ -35,9 +35,12 @@ from cacheguard.cache.flow import (
     Seal,
     fill_flow,
     judge,
+    timed_out_flow,
 )
 from cacheguard.cache.scripts import FILL_BEGIN, FILL_END
 from cacheguard.cache.settings import GuardSettings
+from cacheguard.cache.shared_loads import AwaitLoad, LoadShared, SharedLoads, shared_load
+from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.exceptions import BackendUnavailable, FillFailed, LockTimeout
 from cacheguard.keys import ResourceKeys
 from cacheguard.steps import Subscribe, Wait
@@ -79,6 +82,7 @@ class Job:
         self.stamp_keys: tuple[str, ...] = ()
         self.floor = 0
         self.writing_here = False
+        self.shared_loads = SharedLoads(timer=self.timer)
 
     def make(self) -> FillJob:
         return FillJob(
@@ -97,6 +101,7 @@ class Job:
             decode=decode,
             decode_quiet=decode,
             backend_failed=lambda name, exc: self.failures.append(exc),
+            shared_loads=self.shared_loads,
         )
 
 
@@ -327,7 +332,7 @@ def test_the_timeout_policy_decides_at_the_deadline(policy: str) -> None:
         outcome, _ = play(flow, script)
         assert outcome == Outcome("old", "stale")
     else:
-        outcome, _steps = play(flow, [*script, (Seal, None), (LoadUnlocked, "fresh")])
+        outcome, _steps = play(flow, [*script, (Seal, None), (LoadShared, "fresh")])
         assert outcome == Outcome("fresh", "unlocked")
     assert job.counts[0] == "wait_timeouts"
 
@@ -339,7 +344,7 @@ def test_a_local_writer_past_the_budget_applies_the_policy() -> None:
         [
             (HoldLocal, LockTimeout(name="k", mode="read", waited=5)),
             (Seal, None),
-            (LoadUnlocked, 1),
+            (LoadShared, 1),
         ],
     )
     assert outcome == Outcome(1, "unlocked")
@@ -355,6 +360,125 @@ def test_the_writer_itself_loads_privately_and_stores_nothing() -> None:
     assert outcome.private
     assert outcome.value == "uncommitted"
     assert len(steps) == 1
+
+
+def unlocked_load_running(job: Job, began: float) -> Generator[Any, Any, Any]:
+    """Another timed-out caller's unlocked load of the key, begun at ``began``."""
+    assert isinstance(job.timer, Clock)
+    job.timer.now = began
+    other = shared_load(job.shared_loads, "k", 0.0, lambda *_: None)
+    assert isinstance(next(other), LoadShared)
+    return other
+
+
+def test_the_writers_private_load_never_joins_a_shared_one() -> None:
+    job = Job()
+    other = unlocked_load_running(job, began=1.0)
+    job.writing_here = True
+    outcome, _ = play(
+        fill_flow(job.make(), refresh=False, background=False, stale=None, budget=5),
+        [(LoadUnlocked, "uncommitted")],
+    )
+    assert outcome == Outcome("uncommitted", "unlocked", private=True)
+    assert len(job.shared_loads) == 1  # the other load alone: ours was never offered
+    other.close()
+
+
+def test_a_timed_out_leader_takes_only_a_load_begun_after_its_seal() -> None:
+    """The leader's outcome serves the followers that joined before its seal: their
+    calls may have begun after a load already running, so it must not take that one."""
+    job = Job(on_timeout="load")
+    other = unlocked_load_running(job, began=1.0)
+
+    def past_the_budget(step: Any) -> Any:
+        job.timer.now = 10.0
+        return None
+
+    def running_load_ends(step: AwaitLoad) -> bool:
+        assert step.wave.began == 1.0  # it waits for the running load to end...
+        with pytest.raises(StopIteration):
+            other.send("old")
+        job.timer.now = 12.0
+        return True
+
+    outcome, _ = play(
+        fill_flow(job.make(), refresh=False, background=False, stale=None, budget=5),
+        [
+            *START,
+            (Call, busy()),
+            (Subscribe, True),
+            (Lookup, past_the_budget),
+            (Seal, None),
+            (AwaitLoad, running_load_ends),
+            (LoadShared, "fresh"),  # ...then loads anew, for those who gathered
+        ],
+    )
+    assert outcome == Outcome("fresh", "unlocked")
+    assert job.counts == ["wait_timeouts", "lock_waits"]
+
+
+@pytest.mark.parametrize(("follower_began", "takes_it"), [(0.5, True), (2.0, False)])
+def test_a_timed_out_leader_takes_a_running_load_begun_after_every_call_it_serves(
+    follower_began: float, takes_it: bool
+) -> None:
+    """The leader's outcome serves its followers: it may take a load already running
+    only if that load began after the newest of their calls (and its own) began."""
+    job = Job(on_timeout="load")
+    other = unlocked_load_running(job, began=1.0)
+    flights = SingleFlight()
+    flight, _, _ = flights.join("k", 0.2)  # the leader's call began at 0.2
+    flights.join("k", follower_began)
+
+    def past_the_budget(step: Any) -> Any:
+        job.timer.now = 10.0
+        return None
+
+    def running_load_ends(step: AwaitLoad) -> bool:
+        assert step.wave.began == 1.0
+        with pytest.raises(StopIteration):
+            other.send("running")
+        return True
+
+    flow = fill_flow(
+        job.make(),
+        refresh=False,
+        background=False,
+        stale=None,
+        budget=5,
+        since=lambda: flight.newest_start,
+    )
+    script = [
+        *START,
+        (Call, busy()),
+        (Subscribe, True),
+        (Lookup, past_the_budget),
+        (Seal, None),
+        (AwaitLoad, running_load_ends),
+    ]
+    if takes_it:
+        assert play(flow, script)[0] == Outcome("running", "unlocked")
+    else:
+        assert play(flow, [*script, (LoadShared, "next")])[0] == Outcome("next", "unlocked")
+
+
+def test_a_timed_out_follower_takes_a_load_begun_after_its_call() -> None:
+    job = Job(on_timeout="load")
+    other = unlocked_load_running(job, began=1.0)
+    job.timer.now = 10.0
+
+    def running_load_ends(step: AwaitLoad) -> bool:
+        assert step.wave.began == 1.0
+        with pytest.raises(StopIteration):
+            other.send("loaded after the call began")
+        return True
+
+    outcome, _ = play(
+        timed_out_flow(job.make(), None, waited=5.0, since=lambda: 0.5),
+        [(Seal, None), (AwaitLoad, running_load_ends)],
+    )
+    assert outcome == Outcome("loaded after the call began", "unlocked")
+    assert job.counts == ["wait_timeouts", "shared_timeout_loads"]
+    assert len(job.shared_loads) == 0
 
 
 def test_a_background_refresh_gives_up_when_someone_else_fills() -> None:

@@ -42,7 +42,7 @@ from cacheguard.locks import wire
 from cacheguard.locks.giveback import give_backs
 from cacheguard.locks.notifier import close_notifier_of
 from cacheguard.locks.scripts import GIVE_BACK, ScriptCall
-from cacheguard.testing import OwnedRedisServer
+from cacheguard.testing import OwnedRedisServer, free_port
 from tests.lock_drivers import Driver, Lock, fields, release
 
 LEASE = 30.0  # s: every deadline below is far under it
@@ -436,3 +436,50 @@ async def test_through_the_asyncio_guard_write_path(
         resume(server)
         await lost.aclose()
         await other.aclose()
+
+
+# -- what needs no give-back --------------------------------------------------------------------
+
+
+async def test_an_acquisition_refused_before_it_left_leaves_nothing_to_give_back(
+    namespace: str, kind: str
+) -> None:
+    """A refused connection: the call never left, so nothing waits to be given back
+    (a Redis that is down would otherwise queue one give-back per write)."""
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: refused at once
+    short = client_options(1.0, 0.3)
+    driver = Driver(
+        kind,
+        redis.Redis.from_url(url, **short),
+        redis.asyncio.Redis.from_url(url, **short),
+        namespace,
+    )
+    client = driver.client if kind == "sync" else driver.aclient
+    lock = driver.lock(lease=LEASE)
+    try:
+        with pytest.raises(BackendUnavailable):
+            await lock.acquire_write(timeout=5, owner="refused")
+        assert give_backs.pending(client, lock.keys, "refused") == []
+    finally:
+        driver.client.close()
+        await driver.aclient.aclose()
+
+
+def test_a_closed_guard_s_lost_calls_are_forgotten(
+    server: OwnedRedisServer, namespace: str
+) -> None:
+    """The guard closed the client its lost calls would be given back through: they
+    are dropped (their holds end with their leases), not sent through a reopened pool."""
+    lost = CacheGuard.from_url(server.url, socket_timeout=0.3, namespace=namespace)
+    try:
+        with lost.write("k"):
+            pass
+        with paused(server), pytest.raises(BackendUnavailable), lost.write("k"):
+            pass
+        keys = ResourceKeys(namespace, "k")
+        owner = lost.rwlock("k").owner
+        assert give_backs.pending(lost.client, keys, owner) != []
+    finally:
+        lost.close()
+        resume(server)
+    assert give_backs.pending(lost.client, keys, owner) == []

@@ -230,6 +230,7 @@ async def test_every_counter_is_wired(make: Make, registry: CollectorRegistry) -
         "bypasses": ("cacheguard_bypasses_total", {}),
         "lock_waits": ("cacheguard_lock_waits_total", {}),
         "wait_timeouts": ("cacheguard_wait_timeouts_total", {}),
+        "shared_timeout_loads": ("cacheguard_shared_timeout_loads_total", {}),
         "stale_served": ("cacheguard_stale_served_total", {}),
         "early_refreshes": ("cacheguard_early_refreshes_total", {}),
         "backend_errors": ("cacheguard_backend_errors_total", {}),

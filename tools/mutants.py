@@ -1167,7 +1167,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a loader's own OSError or redis.ConnectionError is its error: raised once, "
         "never taken for Redis being down (no bypass that loads again, no breaker count)",
         "cacheguard/cache/driver.py",
-        "    return isinstance(step, (Load, LoadUnlocked, RunFill, Gutter, Replay))\n",
+        "    return isinstance(step, (Load, LoadUnlocked, LoadShared, RunFill, Gutter, Replay))\n",
         "    return False\n",
         (
             "tests/test_guard_both_drivers.py::"
@@ -3218,6 +3218,119 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lost_acquire_replies.py::"
             "test_the_owner_s_next_acquisition_gives_its_lost_call_back_first[async]",
         ),
+    ),
+    # -- timeouts do not stampede (cacheguard/cache/shared_loads.py, issue #24) ---------------
+    Mutant(
+        "timeout-loads-shared",
+        'under on_timeout="load" the callers of a process whose waits for a key timed out '
+        "share one load without the lock at a time, instead of each loading",
+        "cacheguard/cache/flow.py",
+        "    value = yield from shared_load(job.shared_loads, job.name, began, job.count)\n",
+        "    value = yield LOAD_UNLOCKED\n",
+        (
+            "tests/test_timeout_loads.py::"
+            "test_timed_out_callers_share_one_load_and_later_ones_the_next[sync]",
+            "tests/test_timeout_loads.py::"
+            "test_timed_out_callers_share_one_load_and_later_ones_the_next[async]",
+        ),
+    ),
+    Mutant(
+        "timeout-loads-linearizable",
+        "a timed-out caller takes a shared load only if the load began after its call "
+        "began; later callers share the next load",
+        "cacheguard/cache/shared_loads.py",
+        "            if loading is not None and loading.began > since:\n",
+        "            if loading is not None:\n",
+        (
+            "tests/test_timeout_loads.py::"
+            "test_timed_out_callers_share_one_load_and_later_ones_the_next[sync]",
+            "tests/test_timeout_loads.py::"
+            "test_timed_out_callers_share_one_load_and_later_ones_the_next[async]",
+            "tests/test_shared_loads.py::"
+            "test_callers_that_began_before_the_load_take_it_later_ones_share_the_next",
+        ),
+    ),
+    Mutant(
+        "timeout-leader-load-after-its-followers",
+        "a timed-out leader, whose outcome its followers take, shares only a load begun "
+        "after the newest of their calls began",
+        "cacheguard/cache/singleflight.py",
+        "            flight.newest_start = max(flight.newest_start, since)\n",
+        "",
+        (
+            "tests/test_flow_scripted.py::"
+            "test_a_timed_out_leader_takes_a_running_load_begun_after_every_call_it_serves"
+            "[2.0-False]",
+        ),
+    ),
+    Mutant(
+        "timeout-loads-writer-private",
+        "the load of a caller holding the key's write lock (its uncommitted view) is never "
+        "shared: timed-out readers neither take it nor wait for it, nor does it wait for theirs",
+        "cacheguard/cache/flow.py",
+        '        return Outcome((yield LOAD_UNLOCKED), "unlocked", private=True)\n',
+        "        value = yield from shared_load(\n"
+        "            job.shared_loads, job.name, job.timer(), job.count\n"
+        "        )\n"
+        '        return Outcome(value, "unlocked", private=True)\n',
+        (
+            "tests/test_timeout_loads.py::test_readers_never_take_a_sync_writers_private_load",
+            "tests/test_timeout_loads.py::test_readers_never_take_an_async_writers_private_load",
+            "tests/test_timeout_loads.py::test_a_sync_writers_read_during_a_shared_load_is_its_own",
+            "tests/test_timeout_loads.py::"
+            "test_an_async_writers_read_during_a_shared_load_is_its_own",
+        ),
+    ),
+    Mutant(
+        "timeout-loads-presumed-hung",
+        "no caller waits for a shared load for good: one running max_load_time is presumed "
+        "hung (loaders reading each other's keys in a cycle end instead of waiting forever)",
+        "cacheguard/cache/core.py",
+        "        self._shared_loads = SharedLoads(flight_event, timer, settings.max_load_time)\n",
+        "        self._shared_loads = SharedLoads(flight_event, timer)\n",
+        (
+            "tests/test_timeout_loads.py::"
+            "test_loaders_reading_each_others_keys_do_not_wait_forever[sync]",
+            "tests/test_timeout_loads.py::"
+            "test_loaders_reading_each_others_keys_do_not_wait_forever[async]",
+        ),
+    ),
+    Mutant(
+        "timeout-loads-interrupted-runner",
+        "the callers of a shared load whose runner is interrupted (a cancelled task, a "
+        "BaseException in its thread) go on without it, one of them loading",
+        "cacheguard/cache/shared_loads.py",
+        "    except Exception as exc:\n        loads.finish(name, wave, error=exc)\n",
+        "    except BaseException as exc:\n        loads.finish(name, wave, error=exc)\n",
+        (
+            "tests/test_timeout_loads.py::"
+            "test_the_callers_of_an_interrupted_load_go_on_without_it[sync]",
+            "tests/test_timeout_loads.py::"
+            "test_the_callers_of_an_interrupted_load_go_on_without_it[async]",
+        ),
+    ),
+    Mutant(
+        "refused-acquire-gives-nothing-back",
+        "an acquisition whose only call was refused before it left leaves nothing to give "
+        "back (a Redis that is down queues no give-back per write)",
+        "cacheguard/locks/giveback.py",
+        "        if isinstance(cause, ConnectionRefusedError):\n",
+        "        if False:\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_an_acquisition_refused_before_it_left_leaves_nothing_to_give_back[sync]",
+            "tests/test_lost_acquire_replies.py::"
+            "test_an_acquisition_refused_before_it_left_leaves_nothing_to_give_back[async]",
+        ),
+    ),
+    Mutant(
+        "closed-guard-forgets-lost-calls",
+        "a guard closing its own client drops that client's lost calls (nothing reopens "
+        "its pool to give them back)",
+        "cacheguard/cache/guard.py",
+        "            give_backs.forget_client(self.client)  # nothing may reopen it\n",
+        "",
+        ("tests/test_lost_acquire_replies.py::test_a_closed_guard_s_lost_calls_are_forgotten",),
     ),
 )
 

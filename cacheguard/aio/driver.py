@@ -33,6 +33,7 @@ from cacheguard.cache.flow import (
     Step,
 )
 from cacheguard.cache.loading import Loads
+from cacheguard.cache.shared_loads import AwaitLoad, LoadShared
 from cacheguard.cache.watermark import collecting
 from cacheguard.clients import AsyncClient
 from cacheguard.exceptions import REDIS_DOWN
@@ -115,8 +116,10 @@ class _Fill(FillState):
             with collecting() as snapshots:
                 value, seconds = await arun_load(self.loads, self.name, self.load, self.template)
             return value, seconds, min(snapshots, default=None)
-        if isinstance(step, LoadUnlocked):
+        if isinstance(step, (LoadUnlocked, LoadShared)):
             return (await arun_load(self.loads, self.name, self.load, self.template))[0]
+        if isinstance(step, AwaitLoad):
+            return await step.wave.wait_async(step.timeout)
         if isinstance(step, ReadStamps):
             pipe = self.client.pipeline(transaction=False)
             for key in step.keys:

@@ -61,7 +61,7 @@ from cacheguard.clients import AsyncClient
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockUpgradeError
 from cacheguard.keys import ResourceKeys
 from cacheguard.locks import wire
-from cacheguard.locks.giveback import attempt_id, give_backs
+from cacheguard.locks.giveback import attempt_id, give_backs, never_sent
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.redis_rwlock import check_positive, lock_settings, unavailable
 from cacheguard.locks.scripts import LuaScript
@@ -189,6 +189,11 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
         attempt = attempt_id()
         try:
             first = await self._attempt(mode, owner, queue=True, attempt=attempt)
+        except BackendUnavailable as exc:
+            if not never_sent(exc):  # refused before it left: it took nothing
+                self._give_back_later(mode, owner, attempt)
+            raise
+        try:
             if first.granted:  # the uncontended path: one round trip, no generator
                 return self._granted(mode, owner, first.epoch)
             flow = acquire_flow(
@@ -246,8 +251,9 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
         attempt_name = attempt_id()
         try:
             attempt = await self._attempt(mode, owner, queue=False, attempt=attempt_name)
-        except BackendUnavailable:
-            self._give_back_later(mode, owner, attempt_name)
+        except BackendUnavailable as exc:
+            if not never_sent(exc):  # refused before it left: it took nothing
+                self._give_back_later(mode, owner, attempt_name)
             raise
         if attempt.upgrade:
             raise LockUpgradeError(name=self.name, owner=owner)

@@ -36,6 +36,7 @@ from cacheguard.cache.loading import Loads
 from cacheguard.cache.recovery import Recovery
 from cacheguard.cache.server_clock import ServerClock
 from cacheguard.cache.settings import GuardSettings
+from cacheguard.cache.shared_loads import SharedLoads
 from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.cache.stats import EventHook, Stats, StatsRecorder
 from cacheguard.checks import MAX_SECONDS, check_positive
@@ -86,6 +87,8 @@ class GuardCore:
         self._rng = rng
         self._flights = SingleFlight(flight_event)
         self._refreshes = SingleFlight(flight_event)
+        # The unlocked loads of callers whose waits timed out, shared per key.
+        self._shared_loads = SharedLoads(flight_event, timer, settings.max_load_time)
         self._stats = StatsRecorder(on_event)
         self._breakers = Breakers(
             failures=settings.breaker_failures,
@@ -351,10 +354,11 @@ class GuardCore:
         stale: Entry | None,
         background: bool = False,
         budget: float | None = None,
+        since: Callable[[], float] | None = None,
         template: str | None = None,
     ) -> Generator[Step, Any, Outcome]:
         """The fill flow of ``name`` for either driver (a loader asking for its own
-        key is refused here, before any wait)."""
+        key is refused here, before any wait); ``since``: see :func:`fill_flow`."""
         self._loads.refuse_recursion(name, template)
         return fill_flow(
             self._job(name, lock, ttl, none_ttl, template),
@@ -362,6 +366,7 @@ class GuardCore:
             background=background,
             stale=stale,
             budget=self.settings.wait_timeout if budget is None else budget,
+            since=since,
         )
 
     def _job(
@@ -390,6 +395,7 @@ class GuardCore:
             decode=functools.partial(self._decode, name, template=template),
             decode_quiet=functools.partial(self._decode, name, count=False),
             backend_failed=functools.partial(self._backend_failed, template=template),
+            shared_loads=self._shared_loads,
             backoff=self._wait_backoff,
         )
 

@@ -32,6 +32,7 @@ from cacheguard.cache.flow import (
 )
 from cacheguard.cache.loading import Loads
 from cacheguard.cache.read_path import Gutter, Replay, RunFill
+from cacheguard.cache.shared_loads import AwaitLoad, LoadShared
 from cacheguard.cache.singleflight import VALID_FOR_ALL
 from cacheguard.cache.watermark import collecting
 from cacheguard.clients import SyncClient
@@ -58,7 +59,7 @@ def is_loader(step: object) -> bool:
     driver classified its own Redis errors already; or the outbox replays, whose
     errors are the database's or a guard's)? Its errors then pass as they are: a
     loader's own ``OSError`` is not Redis being down."""
-    return isinstance(step, (Load, LoadUnlocked, RunFill, Gutter, Replay))
+    return isinstance(step, (Load, LoadUnlocked, LoadShared, RunFill, Gutter, Replay))
 
 
 # Steps answered without I/O, alike in both drivers (FillState.answer_now).
@@ -152,8 +153,10 @@ class _Fill(FillState):
             with collecting() as snapshots:
                 value, seconds = self.loads.run(self.name, self.load, self.template)
             return value, seconds, min(snapshots, default=None)
-        if isinstance(step, LoadUnlocked):
+        if isinstance(step, (LoadUnlocked, LoadShared)):
             return self.loads.run(self.name, self.load, self.template)[0]
+        if isinstance(step, AwaitLoad):
+            return step.wave.wait(step.timeout)
         if isinstance(step, ReadStamps):
             pipe = self.client.pipeline(transaction=False)
             for key in step.keys:

@@ -29,8 +29,9 @@ The fill:
    need no further round trip; on an abort or a release they try again, on a
    timer they try again (a dead filler is taken over as its lease ends);
 5. at ``wait_timeout`` the ``on_timeout`` policy decides: load without the lock
-   (``load``), raise :class:`LockTimeout` (``raise``), or serve the last stored
-   value (``stale``).
+   (``load``: one load shared by the process's timed-out callers of the key, see
+   :mod:`cacheguard.cache.shared_loads`), raise :class:`LockTimeout` (``raise``),
+   or serve the last stored value (``stale``).
 
 Every loop is bounded by the deadline and by ``max_fill_retries``; none recurses.
 """
@@ -47,6 +48,7 @@ from typing import Any, Final, Literal
 from cacheguard.backoff import Backoff
 from cacheguard.cache.entry import MISSING, Entry, Missing, pack_entry
 from cacheguard.cache.settings import GuardSettings
+from cacheguard.cache.shared_loads import AwaitLoad, LoadShared, SharedLoads, shared_load
 from cacheguard.cache.wire import (
     Begin,
     Decode,
@@ -214,6 +216,8 @@ Step = (
     | ReleaseLater
     | Load
     | LoadUnlocked
+    | LoadShared
+    | AwaitLoad
     | Subscribe
     | Wait
 )
@@ -251,6 +255,7 @@ class FillJob:
     decode: Decode  # counts what does not decode
     decode_quiet: Decode  # bytes already counted by the GET before
     backend_failed: Callable[[str, BaseException], None]
+    shared_loads: SharedLoads  # the unlocked loads of timed-out callers, shared per key
     backoff: Callable[[], Backoff] = WAIT_BACKOFF  # the timer behind announcements
     # (server seconds, timer then): fill_begin read the server's clock
     saw_server_clock: Callable[[float, float], None] = lambda server, at: None
@@ -263,6 +268,7 @@ def fill_flow(
     background: bool,
     stale: Entry | None,
     budget: float,
+    since: Callable[[], float] | None = None,
 ) -> Generator[Step, Any, Outcome]:
     """Yield steps until the key has a value for the caller; return it.
 
@@ -270,7 +276,9 @@ def fill_flow(
     fill's value: it waits for that fill to end, then loads itself (a refresh
     means "load now"). ``background`` gives up at once when someone else is
     filling (a background refresh is best effort). ``stale`` is the expired entry
-    the caller saw (for ``on_timeout="stale"``); ``budget`` the seconds it may wait.
+    the caller saw (for ``on_timeout="stale"``); ``budget`` the seconds it may wait;
+    ``since`` when the newest of the callers sharing its outcome began (see
+    :func:`timed_out_flow`).
     """
     settings, timer = job.settings, job.timer
     if job.writing_here:
@@ -284,7 +292,7 @@ def fill_flow(
     except LockTimeout:  # a local writer holds the key: the same policy as any wait
         if background:
             raise
-        return (yield from timed_out_flow(job, stale, timer() - start))
+        return (yield from timed_out_flow(job, stale, timer() - start, since))
 
     waited_from: float | None = None
     force = refresh
@@ -329,7 +337,7 @@ def fill_flow(
                         return Outcome(entry.value, "peer", entry)
             remaining = deadline - timer()
             if remaining <= 0:
-                return (yield from timed_out_flow(job, stale, timer() - start))
+                return (yield from timed_out_flow(job, stale, timer() - start, since))
             if delays is None:
                 delays = job.backoff()
             delay = min(delays.next_delay(), remaining)
@@ -491,10 +499,20 @@ def plan_store(job: FillJob, value: Any, seconds: float, version: int) -> tuple[
 
 
 def timed_out_flow(
-    job: FillJob, stale: Entry | None, waited: float
+    job: FillJob,
+    stale: Entry | None,
+    waited: float,
+    since: Callable[[], float] | None = None,
 ) -> Generator[Step, Any, Outcome]:
     """A wait for ``job``'s key took too long: apply the ``on_timeout`` policy.
-    ``stale``: an expired entry the caller already has, if any."""
+    ``stale``: an expired entry the caller already has, if any; ``since``, asked
+    right after the seal: when the newest of the callers its outcome serves began
+    (the caller and the followers that joined before the seal); without it, the
+    time of the seal itself (an upper bound of theirs).
+
+    The load without the lock is shared with the other callers of this process
+    whose waits timed out (see :mod:`cacheguard.cache.shared_loads`). Never the
+    writer's own load: :func:`fill_flow` serves that before any wait."""
     job.count("wait_timeouts", job.name, waited)
     policy = job.settings.on_timeout
     if policy == "raise":
@@ -509,4 +527,6 @@ def timed_out_flow(
             job.count("stale_served", job.name)
             return Outcome(stale.value, "stale")
     yield SEAL  # an unlocked load serves only the followers that joined before
-    return Outcome((yield LOAD_UNLOCKED), "unlocked")
+    began = (since or job.timer)()  # the load it takes must begin after they all began
+    value = yield from shared_load(job.shared_loads, job.name, began, job.count)
+    return Outcome(value, "unlocked")

@@ -35,6 +35,7 @@ from cacheguard.cache.gutter import forward_loads, gutter_settings
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
 from cacheguard.cache.read_path import Gutter, Replay, RunFill, WaitFlight
 from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
+from cacheguard.cache.shared_loads import SharedLoads
 from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.cache.write_locks import StoreWriteLock, WriteLockStore, checked_store
 from cacheguard.cache.write_path import (
@@ -55,6 +56,7 @@ from cacheguard.clients import (
     sync_client_from_url,
 )
 from cacheguard.exceptions import REDIS_DOWN, classify
+from cacheguard.locks.giveback import give_backs
 from cacheguard.locks.notifier import close_notifier_of, notifier_for
 from cacheguard.locks.scripts import run_pipelined
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
@@ -291,6 +293,7 @@ class CacheGuard(WritePath):
         if self._gutter is not None:
             self._gutter.close()
         if self._owns_client:
+            give_backs.forget_client(self.client)  # nothing may reopen it
             close_notifier_of(self.client)
             close_sync_client(self.client)
 
@@ -461,6 +464,9 @@ def _reset_after_fork() -> None:
         guard._recovery.reset_after_fork()
         if guard._last_seen is not None:
             guard._last_seen.reset_after_fork()
+        guard._shared_loads = SharedLoads(
+            threading.Event, guard._timer, guard.settings.max_load_time
+        )
 
 
 on_fork_in_child(_reset_after_fork)

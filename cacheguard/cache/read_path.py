@@ -190,7 +190,7 @@ class ReadPath(GuardCore):
                 return kept
         start = self._timer()
         while True:  # bounded: every pass waits on a leader that was already running
-            flight, leader, joined = self._flights.join(name)
+            flight, leader, joined = self._flights.join(name, start)
             if leader:
                 break
             self._loads.refuse_recursion(name, template)  # the leader may be our loader
@@ -206,7 +206,7 @@ class ReadPath(GuardCore):
             if not (yield WaitFlight(flight, left)):
                 waited = self._timer() - start
                 job = self._job(name, lock, ttl, none_ttl, template)
-                flow = timed_out_flow(job, None, waited)
+                flow = timed_out_flow(job, None, waited, since=lambda: start)
                 return (yield RunFill(lock, flow, valid_for_all))[0].value
             if flight.serves(joined):
                 if flight.error is not None:
@@ -292,6 +292,7 @@ class ReadPath(GuardCore):
             refresh=False,
             stale=stale,
             budget=self.settings.wait_timeout - (self._timer() - start),
+            since=lambda: flight.newest_start,  # of the followers it serves, and its own
             template=template,
         )
         try:

@@ -11,11 +11,18 @@ after it may have started after a write that the read did not see, so it must
 read again (as a new flight: one shared round trip per wave of late joiners,
 not one per thread). A value the leader loaded itself under the key's read lock
 is valid for every follower (``VALID_FOR_ALL``).
+
+A flight also keeps when the newest of its callers' calls began
+(``newest_start``, on the guard's monotonic timer): a load without the lock
+that the leader shares after a timeout must have begun after that (see
+:mod:`cacheguard.cache.shared_loads`), or a follower could take a value read
+before its call began.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Callable
 from typing import Any, Final
@@ -31,6 +38,7 @@ class Flight:
         "event",
         "generation",
         "newest_follower",
+        "newest_start",
         "result",
         "valid_below",
     )
@@ -39,6 +47,7 @@ class Flight:
         self.event: Any = None  # a threading.Event, or an asyncio.Event for tasks
         self.generation = 0
         self.newest_follower = -1  # generation the latest follower joined at
+        self.newest_start = math.inf  # when the latest-begun call of leader and followers began
         self.result: Any = None
         self.error: BaseException | None = None
         self.valid_below = 0
@@ -75,9 +84,10 @@ class SingleFlight:
         self._mutex = threading.Lock()
         self._event = event
 
-    def join(self, key: str) -> tuple[Flight, bool, int]:
+    def join(self, key: str, since: float = math.inf) -> tuple[Flight, bool, int]:
         """The key's flight, whether the caller leads it (and must finish it), and
-        the generation the caller joined at."""
+        the generation the caller joined at; ``since``: when the caller's call began
+        (unknown: as late as can be)."""
         with self._mutex:
             flight = self._flights.get(key)
             if flight is None:
@@ -85,10 +95,12 @@ class SingleFlight:
                 # joining from now on is after it (one mutex round less per hit).
                 flight = self._flights[key] = Flight()
                 flight.generation = 1
+                flight.newest_start = since
                 return flight, True, 0
             if flight.event is None:
                 flight.event = self._event()
             flight.newest_follower = flight.generation
+            flight.newest_start = max(flight.newest_start, since)
             return flight, False, flight.generation
 
     def seal(self, flight: Flight) -> int:

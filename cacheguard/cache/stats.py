@@ -33,6 +33,9 @@ class Stats:
     lock_waits: int = 0
     lock_wait_seconds: float = 0.0
     wait_timeouts: int = 0
+    # Timed-out callers (on_timeout="load") that took the outcome of an unlocked load
+    # another caller of the process ran for them, instead of loading themselves.
+    shared_timeout_loads: int = 0
     stale_served: int = 0
     early_refreshes: int = 0
     backend_errors: int = 0

@@ -62,6 +62,10 @@ _COUNTED: Final = {
     ),
     "lock_waits": ("cacheguard_lock_waits", "Fills that waited for another filler or a writer"),
     "wait_timeouts": ("cacheguard_wait_timeouts", "Waits that reached wait_timeout"),
+    "shared_timeout_loads": (
+        "cacheguard_shared_timeout_loads",
+        "Timed-out callers that shared another caller's unlocked load instead of loading",
+    ),
     "stale_served": ("cacheguard_stale_served", "Expired entries served (stale policies)"),
     "early_refreshes": (
         "cacheguard_early_refreshes",
@@ -118,14 +122,15 @@ class CacheMetrics:
     Counters: ``cacheguard_hits_total`` (label ``tier``: ``l1`` or ``l2``) and one
     per other event kind (``cacheguard_misses_total``, ``_loads_total``,
     ``_load_errors_total``, ``_bypasses_total``, ``_lock_waits_total``,
-    ``_wait_timeouts_total``, ``_stale_served_total``, ``_early_refreshes_total``,
-    ``_backend_errors_total``, ``_corrupt_entries_total``, ``_stores_rejected_total``,
-    ``_values_too_large_total``, ``_outage_reuses_total``, ``_gutter_reads_total``,
-    ``_stale_on_error_total``, ``_replay_failures_total``, ``_outbox_writes_total``,
-    ``_outbox_replays_total``); histograms: ``cacheguard_lock_wait_seconds`` (each
-    wait for another filler or a writer) and ``cacheguard_load_seconds`` (each loader
-    run that returned). Labels: ``namespace``, ``template`` (see the module docs).
-    ``docs/guide.md`` (Metrics) has the table and example queries.
+    ``_wait_timeouts_total``, ``_shared_timeout_loads_total``, ``_stale_served_total``,
+    ``_early_refreshes_total``, ``_backend_errors_total``, ``_corrupt_entries_total``,
+    ``_stores_rejected_total``, ``_values_too_large_total``, ``_outage_reuses_total``,
+    ``_gutter_reads_total``, ``_stale_on_error_total``, ``_replay_failures_total``,
+    ``_outbox_writes_total``, ``_outbox_replays_total``); histograms:
+    ``cacheguard_lock_wait_seconds`` (each wait for another filler or a writer) and
+    ``cacheguard_load_seconds`` (each loader run that returned). Labels:
+    ``namespace``, ``template`` (see the module docs). ``docs/guide.md`` (Metrics)
+    has the table and example queries.
     """
 
     def __init__(

@@ -43,7 +43,7 @@ from cacheguard.keys import ResourceKeys
 from cacheguard.locks import wire
 from cacheguard.locks.scripts import ScriptCall
 
-__all__ = ["GiveBacks", "LostCalls", "attempt_id", "give_backs"]
+__all__ = ["GiveBacks", "LostCalls", "attempt_id", "give_backs", "never_sent"]
 
 log = logging.getLogger("cacheguard.lock")
 
@@ -56,6 +56,20 @@ def attempt_id() -> str:
 
 
 _Key = tuple[int, str, str]  # (id of the client, lock hash key, owner)
+
+
+def never_sent(error: BaseException) -> bool:
+    """Did ``error`` (a lock call's :class:`BackendUnavailable`, or the client's error
+    behind it) happen before the call left, so it cannot have run? Only a refused
+    connection says so for sure: redis-py connects before it writes a command."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 class LostCalls:
@@ -183,6 +197,14 @@ class GiveBacks:
             if self._lost.get(lost.key) is lost:
                 del self._lost[lost.key]
             return False
+
+    def forget_client(self, client: Any) -> None:
+        """``client`` is closed: its lost calls are given back by nobody (their holds
+        end with their leases, as they would have without this registry)."""
+        with self._mutex:
+            for key in [key for key, lost in self._lost.items() if lost.client is client]:
+                self._lost[key].ids.clear()
+                del self._lost[key]
 
     def _reset(self) -> None:
         self._mutex = threading.Lock()

@@ -45,7 +45,7 @@ from cacheguard.clients import SyncClient
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockUpgradeError
 from cacheguard.keys import ResourceKeys, check_namespace
 from cacheguard.locks import wire
-from cacheguard.locks.giveback import attempt_id, give_backs
+from cacheguard.locks.giveback import attempt_id, give_backs, never_sent
 from cacheguard.locks.notifier import ClusterNotifier, Notifier, Subscription, notifier_for
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.scripts import LuaScript
@@ -202,6 +202,11 @@ class RedisRWLock(RWLockShape[LockHandle]):
         attempt = attempt_id()
         try:
             first = self._attempt(mode, owner, queue=True, attempt=attempt)
+        except BackendUnavailable as exc:
+            if not never_sent(exc):  # refused before it left: it took nothing
+                self._give_back_later(mode, owner, attempt)
+            raise
+        try:
             if first.granted:  # the uncontended path: one round trip, no generator
                 return self._granted(mode, owner, first.epoch)
             flow = acquire_flow(
@@ -256,8 +261,9 @@ class RedisRWLock(RWLockShape[LockHandle]):
         attempt_name = attempt_id()
         try:
             attempt = self._attempt(mode, owner, queue=False, attempt=attempt_name)
-        except BackendUnavailable:
-            self._give_back_later(mode, owner, attempt_name)
+        except BackendUnavailable as exc:
+            if not never_sent(exc):  # refused before it left: it took nothing
+                self._give_back_later(mode, owner, attempt_name)
             raise
         if attempt.upgrade:
             raise LockUpgradeError(name=self.name, owner=owner)
