@@ -3126,7 +3126,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "an acquisition that failed without a reply (its call may have run, or run when a "
         "paused Redis resumes) has what it took given back in the background",
         "cacheguard/locks/redis_rwlock.py",
-        "            self._give_back_later(mode, owner, attempt)\n",
+        "            if not never_sent(exc):  # refused before it left: it took nothing\n"
+        "                self._give_back_later(mode, owner, attempt)\n",
         "            pass\n",
         (
             "tests/test_lost_acquire_replies.py::"
@@ -3138,8 +3139,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-lock-lost-acquire-given-back",
         "the same on asyncio: a failed acquisition's possible hold is given back",
         "cacheguard/aio/rwlock.py",
-        "            self._give_back_later(mode, owner, attempt)\n            raise\n",
-        "            raise\n",
+        "            if not never_sent(exc):  # refused before it left: it took nothing\n"
+        "                self._give_back_later(mode, owner, attempt)\n",
+        "            pass\n",
         (
             "tests/test_lost_acquire_replies.py::"
             "test_a_hold_whose_reply_was_lost_is_given_back_once_redis_answers[async-write]",
@@ -3331,6 +3333,31 @@ MUTANTS: tuple[Mutant, ...] = (
         "            give_backs.forget_client(self.client)  # nothing may reopen it\n",
         "",
         ("tests/test_lost_acquire_replies.py::test_a_closed_guard_s_lost_calls_are_forgotten",),
+    ),
+    Mutant(
+        "lock-lost-retry-given-back",
+        "an acquisition whose later call (a retry after its first was answered) failed "
+        "without a reply has what its calls took given back too (its waiting mark)",
+        "cacheguard/locks/redis_rwlock.py",
+        "        except BackendUnavailable:\n"
+        "            self._give_back_later(mode, owner, attempt)\n",
+        "        except BackendUnavailable:\n            pass\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_waiting_writer_s_mark_is_withdrawn_when_its_acquisition_fails[sync]",
+        ),
+    ),
+    Mutant(
+        "aio-lock-lost-retry-given-back",
+        "the same on asyncio: a failed retry's calls are given back",
+        "cacheguard/aio/rwlock.py",
+        "        except BackendUnavailable:\n"
+        "            self._give_back_later(mode, owner, attempt)\n            raise\n",
+        "        except BackendUnavailable:\n            raise\n",
+        (
+            "tests/test_lost_acquire_replies.py::"
+            "test_a_waiting_writer_s_mark_is_withdrawn_when_its_acquisition_fails[async]",
+        ),
     ),
 )
 
