@@ -15,8 +15,6 @@ from cacheguard.locks.protocol import TRY, WITHDRAW, Attempt, Withdraw, acquire_
 from cacheguard.locks.scripts import (
     ACQUIRE,
     ACQUIRE_CONTRACT,
-    GIVE_BACK,
-    GIVE_BACK_CONTRACT,
     RELEASE,
     RELEASE_CONTRACT,
     RENEW,
@@ -34,21 +32,15 @@ def test_acquire_call_follows_its_contract() -> None:
     assert wire.acquire_call(KEYS, "me", "write", lease_ms=30_000, mark_ms=3_000) == (
         ACQUIRE,
         [LOCK, FENCE],
-        ["me", "write", 30_000, 3_000, CHANNEL, ""],
+        ["me", "write", 30_000, 3_000, CHANNEL],
     )
-    assert wire.acquire_call(KEYS, "me", "read", lease_ms=5, mark_ms=0, attempt="a.1")[2] == [
+    assert wire.acquire_call(KEYS, "me", "read", lease_ms=5, mark_ms=0)[2] == [
         "me",
         "read",
         5,
         0,
         CHANNEL,
-        "a.1",
     ]
-    # Lost calls of the owner ride along at the end, to be given back first.
-    call = wire.acquire_call(
-        KEYS, "me", "read", lease_ms=5, mark_ms=0, attempt="a.3", give_back=["a.1", "a.2"]
-    )
-    assert call[2][5:] == ["a.3", "a.1", "a.2"]
 
 
 def test_release_renew_and_withdraw_calls_follow_their_contracts() -> None:
@@ -59,11 +51,6 @@ def test_release_renew_and_withdraw_calls_follow_their_contracts() -> None:
     )
     assert wire.renew_call(KEYS, "me", 17, 9_000) == (RENEW, [LOCK], ["me", 17, 9_000])
     assert wire.withdraw_call(KEYS, "me") == (WITHDRAW_SCRIPT, [LOCK], ["me", CHANNEL])
-    assert wire.give_back_call(KEYS, "me", 9_000, ["a.1", "a.2"]) == (
-        GIVE_BACK,
-        [LOCK],
-        ["me", 9_000, CHANNEL, "a.1", "a.2"],
-    )
 
 
 @pytest.mark.parametrize(
@@ -73,9 +60,8 @@ def test_release_renew_and_withdraw_calls_follow_their_contracts() -> None:
         (RELEASE_CONTRACT, wire.release_call(KEYS, "o", "read", 1)),
         (RENEW_CONTRACT, wire.renew_call(KEYS, "o", 1, 1)),
         (WITHDRAW_CONTRACT, wire.withdraw_call(KEYS, "o")),
-        (GIVE_BACK_CONTRACT, wire.give_back_call(KEYS, "o", 1, [])),
     ],
-    ids=["acquire", "release", "renew", "withdraw", "give_back"],
+    ids=["acquire", "release", "renew", "withdraw"],
 )
 def test_every_builder_passes_as_many_keys_and_args_as_its_contract_states(
     contract: str, call: Any
@@ -138,11 +124,6 @@ def test_parse_renewal_and_release() -> None:
     for bad in (2, None, True, b"1"):
         with pytest.raises(ValueError, match="release reply"):
             wire.parse_release(bad)
-    assert wire.parse_give_back(1) is True
-    assert wire.parse_give_back(0) is False
-    for bad in (2, None, True, b"1"):
-        with pytest.raises(ValueError, match="give-back reply"):
-            wire.parse_give_back(bad)
 
 
 # -- the acquire flow: a writer that gives up while waiting withdraws -------------------

@@ -1218,9 +1218,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-cancel-during-acquire-takes-back",
         "a task cancelled during the acquire round trip takes back the hold or mark it got",
         "cacheguard/aio/rwlock.py",
-        "                self._undo_attempt("
-        "running, mode, owner, queued=queue, attempt=attempt, lost=lost)\n",
-        "                asyncio.sleep(0)\n",
+        "            undo = self._spawn(self._undo_attempt(running, mode, owner, queued=queue))\n",
+        "            undo = self._spawn(asyncio.sleep(0))\n",
         (
             "tests/test_aio_locks.py::"
             "test_a_task_cancelled_during_the_acquire_round_trip_leaks_nothing",
@@ -1276,8 +1275,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "wire-acquire-argument-order",
         "the acquire call passes its ARGV in the order of the script's contract",
         "cacheguard/locks/wire.py",
-        "        [owner, mode, lease_ms, mark_ms, keys.released_channel, attempt, *give_back],\n",
-        "        [owner, mode, mark_ms, lease_ms, keys.released_channel, attempt, *give_back],\n",
+        "        [owner, mode, lease_ms, mark_ms, keys.released_channel],\n",
+        "        [owner, mode, mark_ms, lease_ms, keys.released_channel],\n",
         ("tests/test_lock_wire.py::test_acquire_call_follows_its_contract",),
     ),
     # -- deployments: cluster, Sentinel (issue #13) -------------------------------------------
@@ -3120,108 +3119,6 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[async]",
         ),
     ),
-    # -- acquire calls whose reply was lost (locks/giveback.py, scripts.py; issue #24) ----------
-    Mutant(
-        "lock-lost-acquire-given-back",
-        "an acquisition that failed without a reply (its call may have run, or run when a "
-        "paused Redis resumes) has what it took given back in the background",
-        "cacheguard/locks/redis_rwlock.py",
-        "            if not never_sent(exc):  # refused before it left: it took nothing\n"
-        "                self._give_back_later(mode, owner, attempt)\n",
-        "            pass\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_hold_whose_reply_was_lost_is_given_back_once_redis_answers[sync-write]",
-            "tests/test_lost_acquire_replies.py::test_through_the_guard_write_path",
-        ),
-    ),
-    Mutant(
-        "aio-lock-lost-acquire-given-back",
-        "the same on asyncio: a failed acquisition's possible hold is given back",
-        "cacheguard/aio/rwlock.py",
-        "            if not never_sent(exc):  # refused before it left: it took nothing\n"
-        "                self._give_back_later(mode, owner, attempt)\n",
-        "            pass\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_hold_whose_reply_was_lost_is_given_back_once_redis_answers[async-write]",
-            "tests/test_lost_acquire_replies.py::test_through_the_asyncio_guard_write_path",
-        ),
-    ),
-    Mutant(
-        "lock-give-back-takes-the-hold",
-        "the give-back takes back the hold its lost call made",
-        "cacheguard/locks/scripts.py",
-        "        drop(s, owner, kind)\n        taken = kind\n",
-        "        taken = kind\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_lost_call_s_hold_is_taken_back_and_the_lock_freed",
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_hold_whose_reply_was_lost_is_given_back_once_redis_answers[sync-read]",
-        ),
-    ),
-    Mutant(
-        "lock-give-back-only-what-its-call-made",
-        "a give-back never takes a hold or mark that another call of the owner made (the "
-        "owner's record must name the lost call)",
-        "cacheguard/locks/scripts.py",
-        "    if attempt == id then\n",
-        "    if id then\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_give_back_leaves_alone_what_a_later_call_of_the_owner_took",
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_give_back_never_takes_a_hold_another_call_of_the_owner_made[sync]",
-        ),
-    ),
-    Mutant(
-        "lock-lost-call-cancelled",
-        "a lost call that reaches Redis after its give-back does nothing",
-        "cacheguard/locks/scripts.py",
-        "if s.c[attempt] then\n",
-        "if false then\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_call_arriving_after_its_give_back_does_nothing",
-        ),
-    ),
-    Mutant(
-        "lock-lost-acquire-mark-withdrawn",
-        "a waiting writer's mark left by an acquisition that failed is withdrawn",
-        "cacheguard/locks/scripts.py",
-        "        if s.q[owner] then\n          unmark(s, owner)\n",
-        "        if s.q[owner] then\n",
-        (
-            "tests/test_lost_acquire_replies.py::test_a_lost_call_s_mark_is_withdrawn",
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_waiting_writer_s_mark_is_withdrawn_when_its_acquisition_fails[sync]",
-        ),
-    ),
-    Mutant(
-        "lock-lost-acquire-carried",
-        "the owner's next acquire call gives its lost calls back first, in the same script (a "
-        "reused owner id never re-enters a hold it lost track of)",
-        "cacheguard/locks/redis_rwlock.py",
-        "            give_back=lost,\n",
-        "            give_back=(),\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_the_owner_s_next_acquisition_gives_its_lost_call_back_first[sync]",
-        ),
-    ),
-    Mutant(
-        "aio-lock-lost-acquire-carried",
-        "the same on asyncio: the owner's next acquire call gives its lost calls back first",
-        "cacheguard/aio/rwlock.py",
-        "            give_back=lost,\n",
-        "            give_back=(),\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_the_owner_s_next_acquisition_gives_its_lost_call_back_first[async]",
-        ),
-    ),
-    # -- timeouts do not stampede (cacheguard/cache/shared_loads.py, issue #24) ---------------
     Mutant(
         "timeout-loads-shared",
         'under on_timeout="load" the callers of a process whose waits for a key timed out '
@@ -3309,54 +3206,6 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_the_callers_of_an_interrupted_load_go_on_without_it[sync]",
             "tests/test_timeout_loads.py::"
             "test_the_callers_of_an_interrupted_load_go_on_without_it[async]",
-        ),
-    ),
-    Mutant(
-        "refused-acquire-gives-nothing-back",
-        "an acquisition whose only call was refused before it left leaves nothing to give "
-        "back (a Redis that is down queues no give-back per write)",
-        "cacheguard/locks/giveback.py",
-        "        if isinstance(cause, ConnectionRefusedError):\n",
-        "        if False:\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_an_acquisition_refused_before_it_left_leaves_nothing_to_give_back[sync]",
-            "tests/test_lost_acquire_replies.py::"
-            "test_an_acquisition_refused_before_it_left_leaves_nothing_to_give_back[async]",
-        ),
-    ),
-    Mutant(
-        "closed-guard-forgets-lost-calls",
-        "a guard closing its own client drops that client's lost calls (nothing reopens "
-        "its pool to give them back)",
-        "cacheguard/cache/guard.py",
-        "            give_backs.forget_client(self.client)  # nothing may reopen it\n",
-        "",
-        ("tests/test_lost_acquire_replies.py::test_a_closed_guard_s_lost_calls_are_forgotten",),
-    ),
-    Mutant(
-        "lock-lost-retry-given-back",
-        "an acquisition whose later call (a retry after its first was answered) failed "
-        "without a reply has what its calls took given back too (its waiting mark)",
-        "cacheguard/locks/redis_rwlock.py",
-        "        except BackendUnavailable:\n"
-        "            self._give_back_later(mode, owner, attempt)\n",
-        "        except BackendUnavailable:\n            pass\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_waiting_writer_s_mark_is_withdrawn_when_its_acquisition_fails[sync]",
-        ),
-    ),
-    Mutant(
-        "aio-lock-lost-retry-given-back",
-        "the same on asyncio: a failed retry's calls are given back",
-        "cacheguard/aio/rwlock.py",
-        "        except BackendUnavailable:\n"
-        "            self._give_back_later(mode, owner, attempt)\n            raise\n",
-        "        except BackendUnavailable:\n            raise\n",
-        (
-            "tests/test_lost_acquire_replies.py::"
-            "test_a_waiting_writer_s_mark_is_withdrawn_when_its_acquisition_fails[async]",
         ),
     ),
 )

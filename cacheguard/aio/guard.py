@@ -68,7 +68,6 @@ from cacheguard.clients import (
     replicas_expected,
 )
 from cacheguard.exceptions import REDIS_DOWN, classify
-from cacheguard.locks.giveback import give_backs
 from cacheguard.locks.scripts import aclose_node_clients, arun_pipelined
 
 __all__ = ["AsyncCacheGuard"]
@@ -286,7 +285,6 @@ class AsyncCacheGuard(WritePath):
         if self._gutter is not None:
             await self._gutter.aclose()
         if self._owns_client:
-            give_backs.forget_client(self.client)  # nothing may reopen it
             await aclose_notifiers_of(self.client)
             await aclose_node_clients(self.client)  # a cluster's per-node pipelines
             await aclose_async_client(self.client)

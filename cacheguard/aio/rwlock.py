@@ -24,12 +24,6 @@ Cancellation
     body inside ``async with lock.write()`` releases; a cancelled release finishes
     in the background.
 
-Lost replies
-    As on the sync lock: an acquisition that raises ``BackendUnavailable`` (or
-    whose cancelled round trip then failed) may still have taken a hold or left a
-    mark; it is given back in the background, and by the owner's next acquire call
-    on the lock (:mod:`cacheguard.locks.giveback`).
-
 One event loop
     A lock, like its client, belongs to the loop it is first used on; used from
     another it raises :class:`~cacheguard.exceptions.WrongEventLoop`.
@@ -61,7 +55,6 @@ from cacheguard.clients import AsyncClient
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockUpgradeError
 from cacheguard.keys import ResourceKeys
 from cacheguard.locks import wire
-from cacheguard.locks.giveback import attempt_id, give_backs, never_sent
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.redis_rwlock import check_positive, lock_settings, unavailable
 from cacheguard.locks.scripts import LuaScript
@@ -186,35 +179,22 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
         owner = owner or task_owner()
         limit = self.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
-        attempt = attempt_id()
-        try:
-            first = await self._attempt(mode, owner, queue=True, attempt=attempt)
-        except BackendUnavailable as exc:
-            if not never_sent(exc):  # refused before it left: it took nothing
-                self._give_back_later(mode, owner, attempt)
-            raise
-        try:
-            if first.granted:  # the uncontended path: one round trip, no generator
-                return self._granted(mode, owner, first.epoch)
-            flow = acquire_flow(
-                first,
-                name=self.name,
-                mode=mode,
-                owner=owner,
-                start=start,
-                timeout=limit,
-                timer=self._timer,
-                backoff=self._backoff,
-            )
-            epoch = await self._drive(flow, mode, owner, attempt)
-        except BackendUnavailable:
-            self._give_back_later(mode, owner, attempt)
-            raise
-        return self._granted(mode, owner, epoch)
+        first = await self._attempt(mode, owner, queue=True)
+        if first.granted:  # the uncontended path: one round trip, no generator
+            return self._granted(mode, owner, first.epoch)
+        flow = acquire_flow(
+            first,
+            name=self.name,
+            mode=mode,
+            owner=owner,
+            start=start,
+            timeout=limit,
+            timer=self._timer,
+            backoff=self._backoff,
+        )
+        return self._granted(mode, owner, await self._drive(flow, mode, owner))
 
-    async def _drive(
-        self, flow: Generator[Step, Any, int], mode: Mode, owner: str, attempt: str
-    ) -> int:
+    async def _drive(self, flow: Generator[Step, Any, int], mode: Mode, owner: str) -> int:
         """Answer the flow's steps with awaits; I/O errors and cancellation are thrown in."""
         subscription: AsyncSubscription | None = None
         try:
@@ -223,7 +203,7 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
                 try:
                     reply: Any = None
                     if isinstance(step, TryAcquire):
-                        reply = await self._attempt(mode, owner, queue=True, attempt=attempt)
+                        reply = await self._attempt(mode, owner, queue=True)
                     elif isinstance(step, Subscribe):
                         channel = self.keys.released_channel
                         subscription = self._notifier_or_default().subscription(channel)
@@ -248,93 +228,45 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
     async def _try_once(self, mode: Mode, owner: str | None) -> AsyncLockHandle | None:
         self._binding.check()
         owner = owner or task_owner()
-        attempt_name = attempt_id()
-        try:
-            attempt = await self._attempt(mode, owner, queue=False, attempt=attempt_name)
-        except BackendUnavailable as exc:
-            if not never_sent(exc):  # refused before it left: it took nothing
-                self._give_back_later(mode, owner, attempt_name)
-            raise
+        attempt = await self._attempt(mode, owner, queue=False)
         if attempt.upgrade:
             raise LockUpgradeError(name=self.name, owner=owner)
         return self._granted(mode, owner, attempt.epoch) if attempt.granted else None
 
-    async def _attempt(
-        self, mode: Mode, owner: str, *, queue: bool, attempt: str | None = None
-    ) -> Attempt:
-        """One acquire script call of the acquisition ``attempt`` (an attempt id; a new
-        one when not given); ``queue`` leaves a waiting writer's mark if busy. It
-        carries the owner's lost calls on this lock, to give them back first.
+    async def _attempt(self, mode: Mode, owner: str, *, queue: bool) -> Attempt:
+        """One acquire script call; ``queue`` leaves a waiting writer's mark if busy.
 
         The call runs to its end even if the caller is cancelled meanwhile; what it
         did is then taken back before the cancellation goes on."""
         mark_ms = self._mark_ms if queue else 0
-        attempt = attempt or attempt_id()
-        lost = give_backs.pending(self.client, self.keys, owner)
-        call = wire.acquire_call(
-            self.keys,
-            owner,
-            mode,
-            lease_ms=self.lease_ms,
-            mark_ms=mark_ms,
-            attempt=attempt,
-            give_back=lost,
-        )
+        call = wire.acquire_call(self.keys, owner, mode, lease_ms=self.lease_ms, mark_ms=mark_ms)
         running = self._spawn(self._call(*call))
         try:
             reply = await asyncio.shield(running)
         except asyncio.CancelledError:
-            undo = self._spawn(
-                self._undo_attempt(running, mode, owner, queued=queue, attempt=attempt, lost=lost)
-            )
+            undo = self._spawn(self._undo_attempt(running, mode, owner, queued=queue))
             with contextlib.suppress(asyncio.CancelledError):  # cancelled again: undo goes on
                 await asyncio.shield(undo)
             raise
-        if lost:
-            give_backs.answered(self.client, self.keys, owner, lost)
         return wire.parse_attempt(reply)
 
     async def _undo_attempt(
-        self,
-        running: asyncio.Future[Any],
-        mode: Mode,
-        owner: str,
-        *,
-        queued: bool,
-        attempt: str,
-        lost: list[str],
+        self, running: asyncio.Future[Any], mode: Mode, owner: str, *, queued: bool
     ) -> None:
         try:
-            outcome = wire.parse_attempt(await running)
+            attempt = wire.parse_attempt(await running)
         except Exception:
-            # No reply: the call may have run, or may still: give it back by its id.
-            self._give_back_later(mode, owner, attempt)
-            return
-        if lost:
-            give_backs.answered(self.client, self.keys, owner, lost)
-        call = wire.undo_attempt_call(self.keys, owner, mode, outcome, queued=queued)
+            return  # the call failed: it granted nothing we could know of
+        call = wire.undo_attempt_call(self.keys, owner, mode, attempt, queued=queued)
         if call is None:
             return
         try:
             await self._call(*call)
         except BackendUnavailable as exc:
             log.warning("could not take back the %s attempt on %r: %s", mode, self.name, exc)
-            if outcome.granted:  # retried in the background like any failed release
-                handle = AsyncLockHandle(self, mode, owner, outcome.epoch, None)
+            if attempt.granted:  # retried in the background like any failed release
+                handle = AsyncLockHandle(self, mode, owner, attempt.epoch, None)
                 self.release_in_background(handle, None)
-            else:  # its mark: the give-back withdraws it if no later call re-marked
-                self._give_back_later(mode, owner, attempt)
-
-    def _give_back_later(self, mode: Mode, owner: str, attempt: str) -> None:
-        """The acquisition ``attempt`` failed: what its calls may have done (a hold
-        whose reply was lost, a mark left when it gave up) is given back in the
-        background, by this lock's watchdog or, without one, the loop's."""
-        lost = give_backs.lose(
-            self.client, self.keys, owner, attempt, lease=self.lease, lease_ms=self.lease_ms
-        )
-        if lost is not None:
-            watchdog = self._watchdog_or_default() or default_async_watchdog()
-            watchdog.give_back(AsyncLockHandle(self, mode, owner, 0, None), lost)
 
     def _granted(
         self, mode: Mode, owner: str, token: int, renew_for: float | None = None

@@ -56,7 +56,6 @@ from cacheguard.clients import (
     sync_client_from_url,
 )
 from cacheguard.exceptions import REDIS_DOWN, classify
-from cacheguard.locks.giveback import give_backs
 from cacheguard.locks.notifier import close_notifier_of, notifier_for
 from cacheguard.locks.scripts import run_pipelined
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
@@ -293,7 +292,6 @@ class CacheGuard(WritePath):
         if self._gutter is not None:
             self._gutter.close()
         if self._owns_client:
-            give_backs.forget_client(self.client)  # nothing may reopen it
             close_notifier_of(self.client)
             close_sync_client(self.client)
 

@@ -29,15 +29,6 @@ writer withdraws its mark first, as at the deadline. A driver whose caller gave
 up in the middle of a :class:`TryAcquire` round trip takes back what that call
 did itself (``wire.undo_attempt_call``), after it completed. The scripts' KEYS,
 ARGV and replies are in :mod:`cacheguard.locks.wire`.
-
-Lost replies: every acquisition has an attempt id, which each of its acquire
-calls carries and the script records with the hold or mark it makes. An
-acquisition that ends in :class:`~cacheguard.exceptions.BackendUnavailable`
-(the first try, a :class:`TryAcquire` or a :class:`Withdraw` of the flow) may
-have left either behind: a call whose reply was lost may have run, or may still
-run. Its driver reports the id to :mod:`cacheguard.locks.giveback`, which gives
-it back in the background and with the owner's next acquire call; the scripts
-take back only what the owner's record proves that call made.
 """
 
 from __future__ import annotations

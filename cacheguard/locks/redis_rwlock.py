@@ -23,12 +23,6 @@ Leases
     Holds expire ``lease`` seconds after the last renewal. With the watchdog on
     (the default), the process's watchdog thread renews every ``lease / 3`` while
     the handle is held, and marks the handle ``lost`` if the holding vanished.
-
-Lost replies
-    An acquisition that raises ``BackendUnavailable`` may still have taken a hold
-    or left a waiting mark (an acquire call whose reply was lost ran, or runs when
-    a paused server resumes): it is given back in the background, and by the
-    owner's next acquire call on the lock (:mod:`cacheguard.locks.giveback`).
 """
 
 from __future__ import annotations
@@ -45,7 +39,6 @@ from cacheguard.clients import SyncClient
 from cacheguard.exceptions import REDIS_DOWN, BackendUnavailable, LockUpgradeError
 from cacheguard.keys import ResourceKeys, check_namespace
 from cacheguard.locks import wire
-from cacheguard.locks.giveback import attempt_id, give_backs, never_sent
 from cacheguard.locks.notifier import ClusterNotifier, Notifier, Subscription, notifier_for
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.scripts import LuaScript
@@ -199,33 +192,22 @@ class RedisRWLock(RWLockShape[LockHandle]):
         owner = owner or thread_owner()
         limit = self.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
-        attempt = attempt_id()
-        try:
-            first = self._attempt(mode, owner, queue=True, attempt=attempt)
-        except BackendUnavailable as exc:
-            if not never_sent(exc):  # refused before it left: it took nothing
-                self._give_back_later(mode, owner, attempt)
-            raise
-        try:
-            if first.granted:  # the uncontended path: one round trip, no generator
-                return self._granted(mode, owner, first.epoch)
-            flow = acquire_flow(
-                first,
-                name=self.name,
-                mode=mode,
-                owner=owner,
-                start=start,
-                timeout=limit,
-                timer=self._timer,
-                backoff=self._backoff,
-            )
-            epoch = self._drive(flow, mode, owner, attempt)
-        except BackendUnavailable:
-            self._give_back_later(mode, owner, attempt)
-            raise
-        return self._granted(mode, owner, epoch)
+        first = self._attempt(mode, owner, queue=True)
+        if first.granted:  # the uncontended path: one round trip, no generator
+            return self._granted(mode, owner, first.epoch)
+        flow = acquire_flow(
+            first,
+            name=self.name,
+            mode=mode,
+            owner=owner,
+            start=start,
+            timeout=limit,
+            timer=self._timer,
+            backoff=self._backoff,
+        )
+        return self._granted(mode, owner, self._drive(flow, mode, owner))
 
-    def _drive(self, flow: Generator[Step, Any, int], mode: Mode, owner: str, attempt: str) -> int:
+    def _drive(self, flow: Generator[Step, Any, int], mode: Mode, owner: str) -> int:
         """Answer the flow's steps with blocking I/O; I/O errors are thrown into it."""
         subscription: Subscription | None = None
         try:
@@ -234,7 +216,7 @@ class RedisRWLock(RWLockShape[LockHandle]):
                 try:
                     reply: Any = None
                     if isinstance(step, TryAcquire):
-                        reply = self._attempt(mode, owner, queue=True, attempt=attempt)
+                        reply = self._attempt(mode, owner, queue=True)
                     elif isinstance(step, Subscribe):
                         channel = self.keys.released_channel
                         subscription = self._notifier_or_default().subscription(channel)
@@ -258,49 +240,16 @@ class RedisRWLock(RWLockShape[LockHandle]):
 
     def _try_once(self, mode: Mode, owner: str | None) -> LockHandle | None:
         owner = owner or thread_owner()
-        attempt_name = attempt_id()
-        try:
-            attempt = self._attempt(mode, owner, queue=False, attempt=attempt_name)
-        except BackendUnavailable as exc:
-            if not never_sent(exc):  # refused before it left: it took nothing
-                self._give_back_later(mode, owner, attempt_name)
-            raise
+        attempt = self._attempt(mode, owner, queue=False)
         if attempt.upgrade:
             raise LockUpgradeError(name=self.name, owner=owner)
         return self._granted(mode, owner, attempt.epoch) if attempt.granted else None
 
-    def _attempt(
-        self, mode: Mode, owner: str, *, queue: bool, attempt: str | None = None
-    ) -> Attempt:
-        """One acquire script call of the acquisition ``attempt`` (an attempt id; a new
-        one when not given); ``queue`` leaves a waiting writer's mark if busy. It
-        carries the owner's lost calls on this lock, to give them back first."""
+    def _attempt(self, mode: Mode, owner: str, *, queue: bool) -> Attempt:
+        """One acquire script call; ``queue`` leaves a waiting writer's mark if busy."""
         mark_ms = self._mark_ms if queue else 0
-        lost = give_backs.pending(self.client, self.keys, owner)
-        call = wire.acquire_call(
-            self.keys,
-            owner,
-            mode,
-            lease_ms=self.lease_ms,
-            mark_ms=mark_ms,
-            attempt=attempt or attempt_id(),
-            give_back=lost,
-        )
-        reply = self._call(*call)
-        if lost:
-            give_backs.answered(self.client, self.keys, owner, lost)
-        return wire.parse_attempt(reply)
-
-    def _give_back_later(self, mode: Mode, owner: str, attempt: str) -> None:
-        """The acquisition ``attempt`` failed: what its calls may have done (a hold
-        whose reply was lost, a mark left when it gave up) is given back in the
-        background, by this lock's watchdog or, without one, the process's."""
-        lost = give_backs.lose(
-            self.client, self.keys, owner, attempt, lease=self.lease, lease_ms=self.lease_ms
-        )
-        if lost is not None:
-            watchdog = self._watchdog or default_watchdog()
-            watchdog.give_back(LockHandle(self, mode, owner, 0, None), lost)
+        call = wire.acquire_call(self.keys, owner, mode, lease_ms=self.lease_ms, mark_ms=mark_ms)
+        return wire.parse_attempt(self._call(*call))
 
     def _granted(
         self, mode: Mode, owner: str, token: int, renew_for: float | None = None

@@ -27,28 +27,11 @@ field              meaning
 ``q:<owner>``      a waiting writer's mark, valid until this server ms
 ``n:<owner>``      that writer's ticket; the lowest ticket goes in first
 ``seq``            ticket counter
-``a:<owner>``      the owner's last acquire call that took a hold or left a
-                   mark: ``<attempt id> <r|w> <epoch>`` or ``<attempt id> q``;
-                   it goes with the owner's holds and mark
-``c:<attempt>``    an acquire call given back before it ran (its reply was
-                   lost), valid until this server ms: it does nothing if it
-                   reaches Redis now
 =================  ==========================================================
 
 Every script first sweeps out owners and marks whose time ran out, so a
 crashed reader stops counting when its own lease ends even while other readers
-keep the hash alive. The hash's own TTL is the latest lease, mark or
-cancellation in it.
-
-Lost replies: an acquire call whose reply never came (a socket timeout, a
-connection reset, a server paused with the call in its socket buffer) may have
-run, or may still run. Its caller gives it back by its attempt id (GIVE_BACK, or
-carried by the owner's next acquire call): the hold or mark it made is taken back
-only if the owner's record still names that call (no later acquire call of the
-owner changed the owner's state since), and the id is cancelled so the call does
-nothing if it arrives later. A hold the owner got from any other call is never
-taken back: holds of one owner at one epoch are counted, not named, and the
-record proves that the lost call's count is still among them.
+keep the hash alive. The hash's own TTL is the latest lease or mark in it.
 
 The fencing counter ``<ns>:{<name>}:fence`` expires :data:`FENCE_TTL_MS` after the
 last write holding took a token from it. A missing counter starts again from the
@@ -81,7 +64,6 @@ from cacheguard.exceptions import REDIS_DOWN, REDIS_UNREACHABLE, WriteNotConfirm
 __all__ = [
     "ACQUIRE",
     "FENCE_TTL_MS",
-    "GIVE_BACK",
     "LOCK_PRELUDE",
     "RELEASE",
     "RENEW",
@@ -141,19 +123,6 @@ local function forget(s, field)
   s.put[field] = nil
 end
 
--- Forget the owner's record of its last acquire call (its holds and mark are gone,
--- or that call was taken back).
-local function forget_record(s, who)
-  s.a[who] = nil
-  forget(s, 'a:' .. who)
-end
-
--- Remove a waiting writer's mark and ticket.
-local function unmark(s, who)
-  s.q[who], s.n[who] = nil, nil
-  forget(s, 'q:' .. who); forget(s, 'n:' .. who)
-end
-
 -- A cache fill is over: forget its owner and its start time.
 local function end_fill(s)
   s.fill, s.fb, s.fv = false, false, false
@@ -163,9 +132,8 @@ end
 -- Read the lock hash; drop (in memory) holders and waiting marks whose time ran out.
 local function load(key, now)
   local raw = redis.call('HGETALL', key)
-  local s = {r = {}, w = {}, e = {}, g = {}, q = {}, n = {}, a = {}, c = {}, mode = false,
-             token = false, fill = false, fb = false, fv = false, seq = 0, existed = #raw > 0,
-             put = {}, gone = {}}
+  local s = {r = {}, w = {}, e = {}, g = {}, q = {}, n = {}, mode = false, token = false,
+             fill = false, fb = false, fv = false, seq = 0, existed = #raw > 0, put = {}, gone = {}}
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
     if f == 'mode' then
@@ -182,8 +150,6 @@ local function load(key, now)
       s.seq = tonumber(v)
     elseif string.sub(f, 1, 2) == 'g:' then
       s.g[string.sub(f, 3)] = v  -- epochs stay exact strings
-    elseif string.sub(f, 1, 2) == 'a:' then
-      s.a[string.sub(f, 3)] = v
     elseif string.sub(f, 2, 2) == ':' then
       local bucket = s[string.sub(f, 1, 1)]
       if type(bucket) == 'table' then bucket[string.sub(f, 3)] = tonumber(v) end
@@ -200,15 +166,6 @@ local function load(key, now)
     if ends <= now then
       s.q[who], s.n[who] = nil, nil
       forget(s, 'q:' .. who); forget(s, 'n:' .. who)
-    end
-  end
-  for who in pairs(s.a) do
-    if not s.e[who] and not s.q[who] then forget_record(s, who) end
-  end
-  for attempt, ends in pairs(s.c) do
-    if ends <= now then
-      s.c[attempt] = nil
-      forget(s, 'c:' .. attempt)
     end
   end
   if s.fill and not s.e[s.fill] then
@@ -241,7 +198,10 @@ local function grant(fence, s, owner, kind, lease, now)
   s.e[owner] = now + lease
   put(s, 'e:' .. owner, s.e[owner])
   if kind == 'w' then
-    if s.q[owner] then unmark(s, owner) end
+    if s.q[owner] then
+      s.q[owner], s.n[owner] = nil, nil
+      forget(s, 'q:' .. owner); forget(s, 'n:' .. owner)
+    end
     if s.w[owner] == 1 then
       put(s, 'token', s.g[owner])
       s.token = true
@@ -259,7 +219,6 @@ local function drop(s, owner, kind)
     if not s.r[owner] and not s.w[owner] then
       s.e[owner], s.g[owner] = nil, nil
       forget(s, 'e:' .. owner); forget(s, 'g:' .. owner)
-      if not s.q[owner] then forget_record(s, owner) end
       if s.fill == owner then
         end_fill(s)
       end
@@ -277,7 +236,6 @@ local function settle(key, s, now)
   local horizon = 0
   for _, ends in pairs(s.e) do if ends > horizon then horizon = ends end end
   for _, ends in pairs(s.q) do if ends > horizon then horizon = ends end end
-  for _, ends in pairs(s.c) do if ends > horizon then horizon = ends end end
   if horizon <= now then
     if s.existed then redis.call('DEL', key) end
     s.existed = false
@@ -327,85 +285,30 @@ local function may_read(s, owner, mode)
   end
   return true
 end
-
--- Record the owner's acquire call that just took a hold ('r' or 'w' at epoch) or left
--- a mark ('q'); a call without an attempt id leaves no record (nothing can match it).
-local function remember(s, owner, attempt, what)
-  if attempt == '' then
-    forget_record(s, owner)
-    return
-  end
-  s.a[owner] = attempt .. ' ' .. what
-  put(s, 'a:' .. owner, s.a[owner])
-end
-
--- Give back the owner's acquire calls with these attempt ids (their replies were
--- lost): take back the hold or mark of the one the owner's record names, if that
--- hold (same epoch) or mark still stands, and cancel them all for ttl ms (one
--- that reaches Redis later does nothing). Returns 'r', 'w' or 'q' (what was taken
--- back) or false.
-local function take_back(s, owner, attempts, ttl, now)
-  local taken = false
-  local id, kind, epoch
-  if s.a[owner] then
-    id, kind, epoch = string.match(s.a[owner], '^(%S+) (%a) ?(%S*)$')
-  end
-  for _, attempt in ipairs(attempts) do
-    if attempt == id then
-      if kind == 'q' then
-        if s.q[owner] then
-          unmark(s, owner)
-          taken = 'q'
-        end
-      elseif s.g[owner] == epoch and (s[kind][owner] or 0) > 0 then
-        drop(s, owner, kind)
-        taken = kind
-      end
-      forget_record(s, owner)
-      id = nil
-    end
-    s.c[attempt] = now + ttl
-    put(s, 'c:' .. attempt, s.c[attempt])
-  end
-  return taken
-end
 """
 )
 
 _ACQUIRE_BODY = """
 local key, fence, owner, want = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local lease, mark, channel = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local attempt = ARGV[6] or ''
 local now = now_ms()
 local s = load(key, now)
-local taken = take_back(s, owner, {unpack(ARGV, 7)}, lease, now)
 local mode = current_mode(s)
 if s.mode and mode ~= s.mode then
-  -- A dead holder was swept out (or a lost call's hold taken back): others waiting on
-  -- it may go too.
+  -- A dead holder was swept out: others waiting on it may go too.
   redis.call('SPUBLISH', channel, mode or 'free')
 end
 
--- Write the state back; readers held off only by a mark taken back here may go.
-local function finish(reply)
-  settle(key, s, now)
-  if taken == 'q' and next(s.q) == nil then redis.call('SPUBLISH', channel, 'withdrawn') end
-  return reply
-end
-
-if s.c[attempt] then
-  -- Given back before it got here (its caller saw no reply): it does nothing.
-  return finish({0, 0})
-end
 if want == 'read' then
   if may_read(s, owner, mode) then
     local epoch = grant(fence, s, owner, 'r', lease, now)
-    remember(s, owner, attempt, 'r ' .. epoch)
-    return finish({1, epoch})
+    settle(key, s, now)
+    return {1, epoch}
   end
 else
   if (s.w[owner] or 0) == 0 and (s.r[owner] or 0) > 0 then
-    return finish({-1, 0})
+    settle(key, s, now)
+    return {-1, 0}
   end
   local first = true
   if (s.w[owner] or 0) == 0 then
@@ -417,8 +320,8 @@ else
   end
   if first then
     local epoch = grant(fence, s, owner, 'w', lease, now)
-    remember(s, owner, attempt, 'w ' .. epoch)
-    return finish({1, epoch})
+    settle(key, s, now)
+    return {1, epoch}
   end
   if mark > 0 then
     -- Stay queued: the mark holds off new readers until we get in or give up.
@@ -430,10 +333,11 @@ else
     end
     s.q[owner] = now + mark
     put(s, 'q:' .. owner, s.q[owner])
-    remember(s, owner, attempt, 'q')
   end
 end
-return finish({0, soonest_end(s, now, owner)})
+local wait = soonest_end(s, now, owner)
+settle(key, s, now)
+return {0, wait}
 """
 
 _RELEASE_BODY = """
@@ -461,28 +365,12 @@ if not s.q[owner] then
   settle(key, s, now)
   return 0
 end
-unmark(s, owner)
-if not s.e[owner] then forget_record(s, owner) end
+s.q[owner], s.n[owner] = nil, nil
+forget(s, 'q:' .. owner); forget(s, 'n:' .. owner)
 settle(key, s, now)
 -- Readers held off by this writer may go now, if it was the last one waiting.
 if next(s.q) == nil then redis.call('SPUBLISH', channel, 'withdrawn') end
 return 1
-"""
-
-_GIVE_BACK_BODY = """
-local key, owner, ttl, channel = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local now = now_ms()
-local s = load(key, now)
-local before = current_mode(s)
-local taken = take_back(s, owner, {unpack(ARGV, 4)}, ttl, now)
-local after = settle(key, s, now)
-if after ~= before then
-  redis.call('SPUBLISH', channel, after or 'free')
-elseif taken == 'q' and next(s.q) == nil then
-  redis.call('SPUBLISH', channel, 'withdrawn')
-end
-if taken then return 1 end
-return 0
 """
 
 _RENEW_BODY = """
@@ -512,14 +400,9 @@ ACQUIRE_CONTRACT = """\
 -- ARGV[3]  lease in ms
 -- ARGV[4]  lifetime of a waiting writer's mark in ms (0: a one-shot try, do not queue)
 -- ARGV[5]  release channel, sharded (a sweep of a dead holder is announced on it)
--- ARGV[6]  this call's attempt id, recorded with the hold or mark it makes ('': none)
--- ARGV[7..] attempt ids of the owner's earlier calls whose replies were lost: given
---          back first, as GIVE_BACK does (the owner's next call carries them)
 -- Returns {1, epoch} when granted (epoch = fencing token for writes, a string),
 --         {0, ms until the soonest other lease or mark ends} when busy,
---         {-1, 0} when a read holder asks for the write lock,
---         {0, 0} when this attempt id was given back before the call arrived (it
---         does nothing).
+--         {-1, 0} when a read holder asks for the write lock.
 """
 
 RELEASE_CONTRACT = """\
@@ -541,22 +424,6 @@ RENEW_CONTRACT = """\
 -- ARGV[3]  lease in ms
 -- Returns 1 when extended, 2 when extended and a writer of another owner waits,
 -- 0 when the holding is gone (never re-creates it).
-"""
-
-
-GIVE_BACK_CONTRACT = """\
--- give_back: undo an owner's acquire calls whose replies were lost (they may have run,
--- or may still arrive): take back the hold or mark that the one the owner's record
--- names made, if it still stands, and cancel them all so that one arriving later
--- does nothing. Never touches a hold or mark that another call made.
--- KEYS[1]  lock hash         <ns>:{<name>}:rw
--- ARGV[1]  owner id
--- ARGV[2]  how long the cancellations last, in ms (the lease: a call delayed longer
---          than that takes a hold that ends with its own lease)
--- ARGV[3]  release channel, sharded (announced when the lock frees or downgrades, or
---          when the mark taken back was the last writer waiting)
--- ARGV[4..] the attempt ids of those calls
--- Returns 1 when a hold or mark was taken back, 0 when none of them stood.
 """
 
 
@@ -836,4 +703,3 @@ ACQUIRE = LuaScript(ACQUIRE_CONTRACT + LOCK_PRELUDE + _ACQUIRE_BODY)
 RELEASE = LuaScript(RELEASE_CONTRACT + LOCK_PRELUDE + _RELEASE_BODY)
 RENEW = LuaScript(RENEW_CONTRACT + LOCK_PRELUDE + _RENEW_BODY)
 WITHDRAW = LuaScript(WITHDRAW_CONTRACT + LOCK_PRELUDE + _WITHDRAW_BODY)
-GIVE_BACK = LuaScript(GIVE_BACK_CONTRACT + LOCK_PRELUDE + _GIVE_BACK_BODY)

@@ -18,8 +18,6 @@ pipelined round trip.
   local readers into a shared read hold, so remote writers are not starved.
 * A release that failed because Redis was unreachable is retried here until it
   succeeds or the lease would have expired anyway, so it never leaks a hold.
-* So is the give-back of acquire calls whose replies were lost (they may have
-  taken a hold or left a mark: :mod:`cacheguard.locks.giveback`).
 * After ``fork()`` every watchdog forgets the parent's handles and thread.
 """
 
@@ -41,7 +39,6 @@ from cacheguard.locks import wire
 from cacheguard.locks.scripts import ScriptCall, run_pipelined
 
 if TYPE_CHECKING:
-    from cacheguard.locks.giveback import LostCalls
     from cacheguard.locks.protocol import Mode
     from cacheguard.locks.redis_rwlock import LockHandle
 
@@ -88,7 +85,6 @@ class _Entry(Generic[H]):
         "_remains",
         "_strong",
         "due",
-        "give_back",
         "key",
         "last_renewed",
         "releasing",
@@ -114,8 +110,6 @@ class _Entry(Generic[H]):
         self.releasing = releasing
         self.renew_until = renew_until
         self.due = now + (_RETRY_AFTER_ERROR if releasing else handle.lease / 3)
-        # Giving back lost acquire calls instead (``handle`` stands for their lock).
-        self.give_back: LostCalls | None = None
 
     @property
     def handle(self) -> H:
@@ -131,10 +125,8 @@ class _Entry(Generic[H]):
         return self._ref is not None and self._ref() is None
 
     def call(self) -> ScriptCall:
-        """This entry's script call: give back lost calls, finish the release, or renew."""
+        """This entry's script call: finish the release, or renew."""
         h = self.handle
-        if self.give_back is not None:
-            return self.give_back.call()
         if self.releasing:
             return wire.release_call(h.keys, h.owner, h.mode, h.token)
         return wire.renew_call(h.keys, h.owner, h.token, h.lease_ms)
@@ -169,14 +161,6 @@ class LeaseBook(Generic[H]):
         entry = _Entry(handle, self._timer(), releasing=True)
         if last_renewed is not None:
             entry.last_renewed = last_renewed
-        self._add(entry)
-
-    def give_back(self, handle: H, lost: LostCalls) -> None:
-        """Keep trying to give back what ``lost`` acquire calls may have taken, until
-        Redis answers or their leases would have ended; ``handle`` (a handle of no
-        holding) stands for their lock: its client, keys and lease."""
-        entry = _Entry(handle, self._timer(), releasing=True)
-        entry.give_back = lost
         self._add(entry)
 
     def _add(self, entry: _Entry[H]) -> None:
@@ -215,9 +199,6 @@ class LeaseBook(Generic[H]):
         now = self._timer()
         by_client: dict[int, list[_Entry[H]]] = {}
         for entry in due:
-            if entry.give_back is not None and not entry.give_back.prepare():
-                self._forget(entry)  # given back by the owner's next call, or too late
-                continue
             if not entry.releasing and entry.abandoned:
                 # Dropped unreleased (the thread that held it ended): give it back.
                 log.warning(
@@ -247,14 +228,6 @@ class LeaseBook(Generic[H]):
             log.warning("lease renewal of %r got an error reply, will retry: %s", handle, result)
             self._after_error([entry])
             return
-        if entry.give_back is not None:
-            if wire.parse_give_back(result):
-                log.info("gave back what a lost acquire call left on %r", entry.give_back)
-            if entry.give_back.settled():
-                entry.due = now  # more were lost meanwhile: at once
-            else:
-                self._forget(entry)
-            return
         if entry.releasing:  # a release that had failed went through now
             self._forget(entry)
             return
@@ -270,8 +243,7 @@ class LeaseBook(Generic[H]):
     def _after_error(self, entries: list[_Entry[H]]) -> None:
         now = self._timer()
         for entry in entries:
-            # (A give-back's own ids run out after a lease: see LostCalls.prepare.)
-            if entry.give_back is None and now - entry.last_renewed >= entry.handle.lease:
+            if now - entry.last_renewed >= entry.handle.lease:
                 if entry.releasing:
                     self._forget(entry)  # expired by now anyway: nothing left to release
                 else:

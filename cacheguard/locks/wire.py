@@ -10,33 +10,28 @@ spelled out twice.
 builder         KEYS                                  ARGV
 ==============  ====================================  ===========================
 acquire_call    lock hash, fence                      owner, mode, lease ms,
-                                                      mark ms, release channel,
-                                                      attempt id, ids to give back
+                                                      mark ms, release channel
 release_call    lock hash                             owner, mode, epoch,
                                                       release channel
 renew_call      lock hash                             owner, epoch, lease ms
 withdraw_call   lock hash                             owner, release channel
-give_back_call  lock hash                             owner, lease ms, release
-                                                      channel, attempt ids
 ==============  ====================================  ===========================
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from cacheguard.keys import ResourceKeys
 from cacheguard.locks.protocol import Attempt, Mode
-from cacheguard.locks.scripts import ACQUIRE, GIVE_BACK, RELEASE, RENEW, WITHDRAW, ScriptCall
+from cacheguard.locks.scripts import ACQUIRE, RELEASE, RENEW, WITHDRAW, ScriptCall
 
 __all__ = [
     "Renewal",
     "acquire_call",
-    "give_back_call",
     "parse_attempt",
-    "parse_give_back",
     "parse_release",
     "parse_renewal",
     "release_call",
@@ -47,23 +42,14 @@ __all__ = [
 
 
 def acquire_call(
-    keys: ResourceKeys,
-    owner: str,
-    mode: Mode,
-    *,
-    lease_ms: int,
-    mark_ms: int,
-    attempt: str = "",
-    give_back: Iterable[str] = (),
+    keys: ResourceKeys, owner: str, mode: Mode, *, lease_ms: int, mark_ms: int
 ) -> ScriptCall:
     """Take ``mode`` for ``owner``; a busy writer leaves a mark for ``mark_ms`` (0: a
-    one-shot try that leaves none). ``attempt`` names the call (for a give-back, should
-    its reply be lost); ``give_back``: the attempt ids of the owner's earlier calls
-    whose replies were lost, undone first. See ``ACQUIRE_CONTRACT``."""
+    one-shot try that leaves none). See ``ACQUIRE_CONTRACT``."""
     return (
         ACQUIRE,
         [keys.lock, keys.fence],
-        [owner, mode, lease_ms, mark_ms, keys.released_channel, attempt, *give_back],
+        [owner, mode, lease_ms, mark_ms, keys.released_channel],
     )
 
 
@@ -80,14 +66,6 @@ def renew_call(keys: ResourceKeys, owner: str, epoch: int, lease_ms: int) -> Scr
 def withdraw_call(keys: ResourceKeys, owner: str) -> ScriptCall:
     """Remove ``owner``'s waiting writer's mark. See ``WITHDRAW_CONTRACT``."""
     return (WITHDRAW, [keys.lock], [owner, keys.released_channel])
-
-
-def give_back_call(
-    keys: ResourceKeys, owner: str, lease_ms: int, attempts: Iterable[str]
-) -> ScriptCall:
-    """Undo ``owner``'s acquire calls of these attempt ids, whose replies were lost,
-    and cancel them for ``lease_ms``. See ``GIVE_BACK_CONTRACT``."""
-    return (GIVE_BACK, [keys.lock], [owner, lease_ms, keys.released_channel, *attempts])
 
 
 def undo_attempt_call(
@@ -118,13 +96,6 @@ def parse_attempt(reply: Sequence[Any]) -> Attempt:
     if status == 0:
         return Attempt(granted=False, retry_in=max(value, 0) / 1000.0)
     raise ValueError(f"unexpected acquire reply {reply!r}")
-
-
-def parse_give_back(reply: Any) -> bool:
-    """The give-back script's reply: ``True`` when a hold or mark was taken back."""
-    if isinstance(reply, bool) or reply not in (0, 1):
-        raise ValueError(f"unexpected give-back reply {reply!r}")
-    return bool(reply == 1)
 
 
 class Renewal(enum.IntEnum):
