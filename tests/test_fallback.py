@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 import redis
 
-from cacheguard import BackendUnavailable, CacheGuard, SerializationError
+from cacheguard import BackendUnavailable, CacheGuard, RecursiveLoadError, SerializationError
 from cacheguard.cache.fallback import NOT_SEEN, LastSeen, from_loader, mark_from_loader
 from cacheguard.cache.recovery import Recovery
+from cacheguard.cache.watermark import note_snapshot
 from cacheguard.testing import free_port
 from tests.faults.proxy import TcpProxy
 from tests.guard_drivers import KINDS, Guard, guard_from_url
@@ -372,7 +373,7 @@ async def test_fills_go_through_the_gutter_once_across_guards(
     # Each guard's leaders read through the gutter (their followers share the value).
     assert all(g.stats().gutter_reads >= 1 for g in guards)
     assert sum(g.stats().loads for g in guards) == 1  # the gutter's load counted here
-    key = guards[0].keys("menu:list").value
+    key = guards[0].guard._gutter.keys("menu:list").value  # the gutter's own namespace
     assert 0 < client.pttl(key) <= 2000  # kept gutter_ttl, not the read's 300 s
 
 
@@ -406,7 +407,7 @@ def test_the_gutter_keeps_none_no_longer_than_gutter_ttl(
         dead_url, namespace=namespace, gutter=redis_url, gutter_ttl=1.5, none_ttl=600
     ) as guard:
         assert guard.get_or_load("menu:none", lambda: None, ttl=600) is None
-        assert 0 < client.pttl(guard.keys("menu:none").value) <= 1500
+        assert 0 < client.pttl(guard._gutter.keys("menu:none").value) <= 1500
 
 
 def test_a_gutter_client_of_the_wrong_kind_is_refused(dead_url: str) -> None:
@@ -494,3 +495,123 @@ async def test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value(
     loop_release.set()
     assert await leader == 1  # began before the write: its own answer
     assert await follower == 2  # began after it: never the older value
+
+
+# -- what the review of the outage mode found ------------------------------------------------
+
+
+async def test_stale_if_error_leaves_the_cache_s_own_errors_raised_in_a_loader(
+    make: Make, client: redis.Redis, redis_url: str
+) -> None:
+    """A loader that reads its own key gets RecursiveLoadError: the cache's refusal,
+    not the database failing, so no stale value answers it."""
+    guard = make(redis_url, stale_if_error=30.0)
+    assert await guard.get_or_load("menu:7", lambda: "v1", ttl=60) == "v1"
+    client.delete(guard.keys("menu:7").value)
+    inner = guard.guard
+
+    def recursive() -> Any:
+        return inner.get_or_load("menu:7", recursive, ttl=60)
+
+    async def arecursive() -> Any:
+        return await inner.get_or_load("menu:7", arecursive, ttl=60)  # type: ignore[misc]
+
+    with pytest.raises(RecursiveLoadError):
+        await guard.get_or_load("menu:7", recursive if guard.kind == "sync" else arecursive, ttl=60)
+    assert guard.stats().stale_on_error == 0
+
+
+async def test_a_gutter_on_the_primary_s_own_server_keeps_to_keys_of_its_own(
+    make: Make, proxy: TcpProxy, redis_url: str, client: redis.Redis
+) -> None:
+    """A gutter given the primary's server by mistake never touches the primary's
+    entries: its guard has a namespace of its own."""
+    guard = make(proxy.url, gutter=redis_url, socket_timeout=0.3)
+    assert await guard.get_or_load("menu:7", lambda: "old", ttl=60) == "old"  # cached
+    proxy.set_mode("blackhole")
+    assert await guard.get_or_load("menu:8", lambda: "through the gutter", ttl=60) == (
+        "through the gutter"
+    )
+    assert client.exists(guard.guard._gutter.keys("menu:8").value)
+    assert not client.exists(guard.keys("menu:8").value)  # nothing in the primary's keys
+    assert client.get(guard.keys("menu:7").value) is not None  # the primary's entry as it was
+
+
+async def test_the_gutter_stores_loads_whose_snapshot_the_primary_could_not_number(
+    make: Make, dead_url: str, redis_url: str
+) -> None:
+    """A tracked session that began while the primary was down has no watermark (-1):
+    the primary would refuse its loads' stores, the gutter (never invalidated) keeps
+    them: one load for two guards."""
+    calls: list[int] = []
+
+    def load() -> str:
+        calls.append(1)
+        note_snapshot(-1)  # what a tracked session's query reports then
+        return "from a session"
+
+    one = make(dead_url, gutter=redis_url)
+    two = make(dead_url, gutter=redis_url)
+    assert await one.get_or_load("menu:7", load, ttl=60) == "from a session"
+    assert await two.get_or_load("menu:7", load, ttl=60) == "from a session"
+    assert calls == [1]
+    assert one.stats().stores_rejected == 0
+
+
+async def test_l1_is_not_served_while_a_replay_is_pending(make: Make, redis_url: str) -> None:
+    """An L1 copy may predate writes waiting in an outbox: while the guard is pending,
+    a read goes to Redis and replays first."""
+    guard = make(redis_url, l1_maxsize=100)
+    for _ in range(3):  # a fill, then hits: in L1 once it holds the value
+        assert await guard.get_or_load("menu:7", lambda: "cached", ttl=60) == "cached"
+    l1_hits = guard.stats().l1_hits
+    assert l1_hits >= 1
+    replays: list[int] = []
+
+    async def areplay() -> None:
+        replays.append(1)
+
+    def replay() -> None:
+        replays.append(1)
+
+    guard.guard._recovery.add(replay if guard.kind == "sync" else areplay)
+    assert await guard.get_or_load("menu:7", lambda: "cached", ttl=60) == "cached"
+    assert len(replays) == 1  # the read went past L1 to Redis and replayed
+    assert guard.stats().l1_hits == l1_hits
+
+
+def test_peek_entry_replays_before_it_shows_what_redis_holds(
+    client: redis.Redis, redis_url: str, namespace: str
+) -> None:
+    with CacheGuard.from_url(redis_url, namespace=namespace) as guard:
+        guard.get_or_load("menu:7", lambda: "cached", ttl=60)
+        failures = [RuntimeError("the outbox is unreadable")]
+
+        def replay() -> None:
+            if failures:
+                raise failures.pop()
+
+        guard._recovery.add(replay)
+        assert guard.peek_entry("menu:7") is None  # the replay failed: nothing shown
+        entry = guard.peek_entry("menu:7")
+        assert entry is not None
+        assert entry.value == "cached"
+
+
+async def test_a_replay_failure_answers_with_on_backend_error_only(
+    make: Make, redis_url: str
+) -> None:
+    """Redis answers but the replay fails: the read loads (on_backend_error); it is not
+    an outage, so neither a remembered value nor the gutter answers it."""
+    guard = make(redis_url, outage_ttl=30.0)
+    assert await guard.get_or_load("menu:7", lambda: "seen", ttl=60) == "seen"
+
+    def replay() -> None:
+        raise RuntimeError("the outbox is unreadable")
+
+    async def areplay() -> None:
+        replay()
+
+    guard.guard._recovery.add(replay if guard.kind == "sync" else areplay)
+    assert await guard.get_or_load("menu:7", lambda: "loaded", ttl=60) == "loaded"
+    assert guard.stats().outage_reuses == 0

@@ -83,6 +83,7 @@ class Job:
         self.floor = 0
         self.writing_here = False
         self.shared_loads = SharedLoads(timer=self.timer)
+        self.replay_pending = False
 
     def make(self) -> FillJob:
         return FillJob(
@@ -102,6 +103,7 @@ class Job:
             decode_quiet=decode,
             backend_failed=lambda name, exc: self.failures.append(exc),
             shared_loads=self.shared_loads,
+            replay_pending=lambda: self.replay_pending,
         )
 
 
@@ -566,3 +568,16 @@ def test_invalidate_calls_and_the_lift() -> None:
     assert lifted[1:] == (["ns:wm"], [9])
     assert invalidation.name_of("ns:{a:b}:v") == "a:b"
     assert invalidation.name_of("ns:{a:b}:ver") is None
+
+
+def test_the_stale_policy_serves_nothing_stored_while_replays_are_pending() -> None:
+    """Outbox replays pending: what Redis holds may be replaced, so a timed-out
+    caller under on_timeout="stale" does not read it; it loads as under "load"."""
+    job = Job(on_timeout="stale")
+    job.replay_pending = True
+    outcome, steps = play(
+        timed_out_flow(job.make(), None, waited=5.0, since=lambda: 0.5),
+        [(Seal, None), (LoadShared, "loaded")],
+    )
+    assert outcome == Outcome("loaded", "unlocked")
+    assert not any(isinstance(step, Lookup) for step in steps)

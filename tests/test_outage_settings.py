@@ -278,7 +278,7 @@ async def test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_g
     assert one.stats().loads + two.stats().loads == 1  # the gutter's load, counted here
     assert one.stats().gutter_reads + two.stats().gutter_reads >= 2
     with redis.Redis(port=gutter.port) as direct:
-        lifetime = direct.pttl(value_key("menu"))
+        lifetime = direct.pttl(value_key("menu", f"{NAMESPACE}-gutter"))
     assert 0 < lifetime <= 3000
     assert await read(two, slow, "menu") == "from the gutter's fill"
     assert slow.calls == 1

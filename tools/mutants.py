@@ -3107,7 +3107,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "while Redis is down, a caller that joins a load already under way (it may have "
         "started after a write the load did not see) loads again instead of taking its value",
         "cacheguard/cache/read_path.py",
-        "        sealed = self._flights.seal(flight)\n"
         "        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
         "        return value, sealed\n",
         "        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
@@ -3206,6 +3205,112 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_the_callers_of_an_interrupted_load_go_on_without_it[sync]",
             "tests/test_timeout_loads.py::"
             "test_the_callers_of_an_interrupted_load_go_on_without_it[async]",
+        ),
+    ),
+    # -- the outage mode's review (issue #24) ------------------------------------------------
+    Mutant(
+        "outbox-transaction-holds-local-write",
+        "a transaction whose keys went to the outbox holds their local write tier: its own "
+        "fills are private (its uncommitted writes are never stored for everyone)",
+        "cacheguard/sqlalchemy/tracker.py",
+        "            if name not in state.locks and name not in state.local_holds:\n",
+        "            if False:\n",
+        (
+            "tests/test_outbox_privacy.py::"
+            "test_a_fill_in_such_a_transaction_after_redis_returns_stores_nothing",
+        ),
+    ),
+    Mutant(
+        "bypass-keeps-a-writer-s-load-private",
+        "while Redis is down, a caller writing the key loads its own view: not remembered, "
+        "not shared, not through the gutter",
+        "cacheguard/cache/read_path.py",
+        "        if self.rwlock(name).local.is_write_held_by_me():\n",
+        "        if False:\n",
+        (
+            "tests/test_outbox_privacy.py::"
+            "test_a_transaction_s_reads_of_its_outboxed_keys_are_its_own",
+        ),
+    ),
+    Mutant(
+        "stale-policy-waits-for-replay",
+        'under on_timeout="stale" nothing stored in Redis is served while outbox replays '
+        "are pending",
+        "cacheguard/cache/flow.py",
+        '    if policy == "stale" and not job.replay_pending():\n',
+        '    if policy == "stale":\n',
+        (
+            "tests/test_flow_scripted.py::"
+            "test_the_stale_policy_serves_nothing_stored_while_replays_are_pending",
+        ),
+    ),
+    Mutant(
+        "gutter-ignores-snapshots",
+        "the gutter stores loads whose database snapshot the primary could not number "
+        "(it is never invalidated)",
+        "cacheguard/cache/gutter.py",
+        "    guard._checks_snapshots = False  # type: ignore[attr-defined]\n",
+        "",
+        (
+            "tests/test_fallback.py::test_the_gutter_stores_loads_whose_snapshot_the_primary_could_not_number[sync]",
+            "tests/test_fallback.py::test_the_gutter_stores_loads_whose_snapshot_the_primary_could_not_number[async]",
+        ),
+    ),
+    Mutant(
+        "gutter-namespace-of-its-own",
+        "a gutter on the primary's own server never touches the primary's entries",
+        "cacheguard/cache/gutter.py",
+        '        namespace=f"{settings.namespace}-gutter",\n',
+        "",
+        (
+            "tests/test_fallback.py::test_a_gutter_on_the_primary_s_own_server_keeps_to_keys_of_its_own[sync]",
+            "tests/test_fallback.py::test_a_gutter_on_the_primary_s_own_server_keeps_to_keys_of_its_own[async]",
+        ),
+    ),
+    Mutant(
+        "l1-skipped-while-replay-pending",
+        "an L1 copy is not served while outbox replays are pending",
+        "cacheguard/cache/read_path.py",
+        "        if l1 is not None and not self._recovery.pending:"
+        "  # L1 may predate outbox writes\n",
+        "        if l1 is not None:\n",
+        (
+            "tests/test_fallback.py::test_l1_is_not_served_while_a_replay_is_pending[sync]",
+            "tests/test_fallback.py::test_l1_is_not_served_while_a_replay_is_pending[async]",
+        ),
+    ),
+    Mutant(
+        "loader-errors-not-the-cache-s-own",
+        "stale_if_error does not answer the cache's own refusals raised inside a loader "
+        "(a recursive load, a closed guard)",
+        "cacheguard/cache/loading.py",
+        "                not isinstance(exc, CacheGuardError)"
+        " or isinstance(exc, BackendUnavailable)\n",
+        "                True\n",
+        (
+            "tests/test_fallback.py::test_stale_if_error_leaves_the_cache_s_own_errors_raised_in_a_loader[sync]",
+            "tests/test_fallback.py::test_stale_if_error_leaves_the_cache_s_own_errors_raised_in_a_loader[async]",
+        ),
+    ),
+    Mutant(
+        "peek-entry-replays",
+        "peek_entry replays pending outbox writes before it shows what Redis holds",
+        "cacheguard/cache/read_path.py",
+        "        if self._recovery.pending:\n"
+        "            raw = yield from self._replayed_then_reread(name, None)\n",
+        "        if False:\n            raw = yield from self._replayed_then_reread(name, None)\n",
+        ("tests/test_fallback.py::test_peek_entry_replays_before_it_shows_what_redis_holds",),
+    ),
+    Mutant(
+        "replay-failure-is-no-outage",
+        "a read whose replay failed (Redis answers) loads: no remembered value, no gutter",
+        "cacheguard/cache/read_path.py",
+        "                            name, flight, None, template, ttl, none_ttl,"
+        " fallbacks=False\n",
+        "                            name, flight, None, template, ttl, none_ttl\n",
+        (
+            "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[sync]",
+            "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[async]",
         ),
     ),
 )

@@ -44,7 +44,7 @@ from cacheguard.cache.core import value_key
 from cacheguard.cache.driver import backend_down, is_loader
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flow import Call, LoadUnlocked, Lookup
-from cacheguard.cache.gutter import forward_loads, gutter_settings
+from cacheguard.cache.gutter import gutter_guard_made, gutter_settings
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
 from cacheguard.cache.read_path import Gutter, Replay, RunFill, WaitFlight
 from cacheguard.cache.settings import GuardSettings, client_options
@@ -137,7 +137,7 @@ class AsyncCacheGuard(WritePath):
                 if isinstance(gutter, str)
                 else AsyncCacheGuard(gutter, timer=timer, clock=clock, rng=rng, **settings)
             )  # see cacheguard/cache/gutter.py; closed with this guard
-            self._gutter.add_event_hook(forward_loads(self._stats))
+            gutter_guard_made(self._gutter, self._stats)
 
     @classmethod
     def from_url(

@@ -62,13 +62,16 @@ class CircuitBreaker:
             self._probing, self._probe_at = True, now
             return True
 
-    def success(self) -> None:
+    def success(self) -> bool:
+        """A call went through; True if that closed an open circuit (its probe)."""
         if self._opened_at is None and self._consecutive == 0:
-            return
+            return False
         with self._mutex:
+            closed = self._opened_at is not None
             self._consecutive = 0
             self._opened_at = None
             self._probing = False
+            return closed
 
     def failure(self) -> None:
         with self._mutex:

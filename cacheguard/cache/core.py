@@ -106,6 +106,7 @@ class GuardCore:
             self._last_seen = LastSeen(maxsize=settings.fallback_maxsize, timer=timer)
         self._recovery = Recovery()  # outbox replays before serving after an outage
         self._gutter: Any = None  # the guard on the gutter Redis, if one is given
+        self._checks_snapshots = True  # False in a gutter's guard (cache/gutter.py)
         self._closed = False
         self._owns_client = False  # from_url made the client: close() closes it
         self._max_key_length = settings.max_key_length
@@ -300,6 +301,9 @@ class GuardCore:
         write of ``name`` here meanwhile voids the note (see :mod:`cacheguard.cache.fallback`)."""
         return self._last_seen.ticket(name) if self._last_seen is not None else 0
 
+    def _replay_pending(self) -> bool:
+        return self._recovery.pending
+
     def _forget_here(self, names: Iterable[str]) -> None:
         """Drop what this process keeps of ``names`` (L1, the last values seen): they
         are being written or invalidated."""
@@ -397,6 +401,8 @@ class GuardCore:
             backend_failed=functools.partial(self._backend_failed, template=template),
             shared_loads=self._shared_loads,
             backoff=self._wait_backoff,
+            replay_pending=self._replay_pending,
+            checks_snapshots=self._checks_snapshots,
         )
 
 

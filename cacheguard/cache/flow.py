@@ -259,6 +259,10 @@ class FillJob:
     backoff: Callable[[], Backoff] = WAIT_BACKOFF  # the timer behind announcements
     # (server seconds, timer then): fill_begin read the server's clock
     saw_server_clock: Callable[[float, float], None] = lambda server, at: None
+    # Outbox replays are pending: nothing stored in Redis may be served (cache/recovery.py)
+    replay_pending: Callable[[], bool] = lambda: False
+    # Stores are checked against the loads' database snapshots (a gutter's are not)
+    checks_snapshots: bool = True
 
 
 def fill_flow(
@@ -389,7 +393,10 @@ def _fill(job: FillJob, begin: Begin) -> Generator[Step, Any, Outcome]:
     except BaseException:
         yield from _end(job, begin, None, 0.0, failed=True, snapshot=None)
         raise
-    snapshot = yield from _oldest_allowed(job, snapshot)
+    if job.checks_snapshots:
+        snapshot = yield from _oldest_allowed(job, snapshot)
+    else:  # a gutter: never invalidated, its versions another Redis's
+        snapshot = None
     yield from _end(job, begin, value, seconds, failed=False, snapshot=snapshot)
     return Outcome(value, "loaded")
 
@@ -517,7 +524,7 @@ def timed_out_flow(
     policy = job.settings.on_timeout
     if policy == "raise":
         raise LockTimeout(name=job.name, mode="read", waited=waited)
-    if policy == "stale":
+    if policy == "stale" and not job.replay_pending():
         if stale is None:
             try:
                 stale = job.decode((yield LOOKUP))  # even past its expiry

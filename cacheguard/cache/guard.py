@@ -31,7 +31,7 @@ from cacheguard.cache.core import value_key
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flow import Call, LoadUnlocked, Lookup
-from cacheguard.cache.gutter import forward_loads, gutter_settings
+from cacheguard.cache.gutter import gutter_guard_made, gutter_settings
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
 from cacheguard.cache.read_path import Gutter, Replay, RunFill, WaitFlight
 from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
@@ -115,14 +115,19 @@ class CacheGuard(WritePath):
         self._write_locks = checked_store(write_locks)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_mutex = threading.Lock()
+        if gutter is not None:
+            self._gutter = self._gutter_guard(gutter, config, timer, clock, rng)
         if config.l1_maxsize:
             self._l1 = L1Feed(
                 LocalTier(maxsize=config.l1_maxsize, ttl=config.l1_ttl, timer=timer),
                 self._listen_l1,
             )
-            self._l1.start(timeout=5.0)
-        if gutter is not None:
-            self._gutter = self._gutter_guard(gutter, config, timer, clock, rng)
+            try:
+                self._l1.start(timeout=5.0)
+            except BaseException:
+                if self._gutter is not None:
+                    self._gutter.close()
+                raise
         _guards.add(self)
 
     @classmethod
@@ -413,8 +418,7 @@ class CacheGuard(WritePath):
             inner = CacheGuard.from_url(gutter, timer=timer, clock=clock, rng=rng, **settings)
         else:
             inner = CacheGuard(gutter, timer=timer, clock=clock, rng=rng, **settings)
-        inner.add_event_hook(forward_loads(self._stats))
-        return inner
+        return gutter_guard_made(inner, self._stats)
 
     def _start_background(
         self,

@@ -18,12 +18,12 @@ alone (``docs/outage.md``).
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.stats import CacheEvent, StatsRecorder
 
-__all__ = ["FORWARDED", "forward_loads", "gutter_settings"]
+__all__ = ["FORWARDED", "forward_loads", "gutter_guard_made", "gutter_settings"]
 
 # The gutter guard's events the primary counts as its own: database work.
 FORWARDED: Final = frozenset({"loads", "load_errors"})
@@ -33,6 +33,9 @@ def gutter_settings(settings: GuardSettings) -> dict[str, Any]:
     """The gutter guard's settings, made from the primary's."""
     mine = {f.name: getattr(settings, f.name) for f in fields(settings)}
     mine.update(
+        # Keys of its own: a gutter pointed at the primary's server by mistake never
+        # touches the primary's entries (or its outbox replay's guarantees).
+        namespace=f"{settings.namespace}-gutter",
         on_backend_error="raise",  # the primary's read has fallbacks of its own
         on_timeout="load" if settings.on_timeout == "stale" else settings.on_timeout,
         ttl_jitter=0.0,  # a jittered lifetime could outlive gutter_ttl
@@ -44,6 +47,18 @@ def gutter_settings(settings: GuardSettings) -> dict[str, Any]:
         confirm_replicas=0,  # never invalidated: nothing to confirm
     )
     return mine
+
+
+G = TypeVar("G")
+
+
+def gutter_guard_made(guard: G, primary_stats: StatsRecorder) -> G:
+    """Finish a gutter's guard: its loads counted on the primary's stats; its stores
+    not checked against database snapshots (a tracked session's snapshot is judged
+    by the primary's invalidations, which the gutter never sees)."""
+    guard._checks_snapshots = False  # type: ignore[attr-defined]
+    guard.add_event_hook(forward_loads(primary_stats))  # type: ignore[attr-defined]
+    return guard
 
 
 def forward_loads(stats: StatsRecorder) -> Any:

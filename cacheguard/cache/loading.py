@@ -17,7 +17,7 @@ from typing import Any
 
 from cacheguard.cache.fallback import mark_from_loader
 from cacheguard.cache.stats import StatsRecorder
-from cacheguard.exceptions import RecursiveLoadError
+from cacheguard.exceptions import BackendUnavailable, CacheGuardError, RecursiveLoadError
 
 __all__ = ["Loads"]
 
@@ -54,8 +54,12 @@ class Loads:
             yield lambda: self._timer() - start
         except BaseException as exc:
             self._stats.count("load_errors", name, self._timer() - start, exc, template)
-            if isinstance(exc, Exception):
-                mark_from_loader(exc)  # stale_if_error may answer it (cache/fallback.py)
+            if isinstance(exc, Exception) and (
+                not isinstance(exc, CacheGuardError) or isinstance(exc, BackendUnavailable)
+            ):
+                # stale_if_error may answer it (cache/fallback.py); the cache's own
+                # refusals raised inside a loader (recursion, a closed guard) stand.
+                mark_from_loader(exc)
             raise
         else:
             self._stats.count("loads", name, self._timer() - start, None, template)

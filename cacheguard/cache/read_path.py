@@ -183,7 +183,7 @@ class ReadPath(GuardCore):
         ``template`` labels its events (see :mod:`cacheguard.cache.stats`)."""
         ttl = self._ttl(ttl)
         l1 = self._l1
-        if l1 is not None:
+        if l1 is not None and not self._recovery.pending:  # L1 may predate outbox writes
             kept = l1.tier.get(name)
             if kept is not ABSENT:
                 self._stats.count("l1_hits", name, 0.0, None, template)
@@ -232,13 +232,15 @@ class ReadPath(GuardCore):
                         name, flight, exc.__cause__, template, ttl, none_ttl
                     )
                 else:
-                    breaker.success()
+                    if breaker.success():  # its node is back: writes may wait in the outbox
+                        self._recovery.mark()
                     if self._recovery.pending:
                         raw = yield from self._replayed_then_reread(name, template)
                     if raw is NOT_REPLAYED:
-                        # Redis may hold values the outbox's writes replaced: not served.
+                        # Redis may hold values the outbox's writes replaced: not served,
+                        # nor a value remembered or the gutter's (Redis answers: no outage).
                         value, valid_below = yield from self._bypassed(
-                            name, flight, None, template, ttl, none_ttl
+                            name, flight, None, template, ttl, none_ttl, fallbacks=False
                         )
                     else:
                         served, entry = self._served(
@@ -322,11 +324,20 @@ class ReadPath(GuardCore):
         template: str | None,
         ttl: float,
         none_ttl: float | Missing | None,
+        *,
+        fallbacks: bool = True,
     ) -> Generator[ReadStep, Any, tuple[Any, int]]:
         """:meth:`_bypass` for the flight's leader: its value, for the followers that
         joined before it was sought (sealed first: one who joins during the load may
         have started after a write the load did not see, and must load again)."""
+        if self.rwlock(name).local.is_write_held_by_me():
+            # Our own write's key (guard.write, a tracked transaction): what we load
+            # may be uncommitted. Ours alone: not remembered, not shared, no gutter.
+            self._refuse_bypass(name, exc, template)
+            return (yield LOAD_UNLOCKED), 0
         sealed = self._flights.seal(flight)
+        if not fallbacks:  # on_backend_error only
+            return (yield from self._bypass(name, exc, template)), sealed
         value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)
         return value, sealed
 
@@ -442,7 +453,7 @@ class ReadPath(GuardCore):
 
     def _peek_flow(self, name: str, template: str | None = None) -> Generator[ReadStep, Any, Any]:
         """``peek``: the cached value of ``name`` or MISSING; never loads, never locks."""
-        if self._l1 is not None:
+        if self._l1 is not None and not self._recovery.pending:
             value = self._l1.tier.get(name)
             if value is not ABSENT:
                 return value
@@ -466,7 +477,8 @@ class ReadPath(GuardCore):
                     f"Redis unreachable reading {name!r}: {client_error(exc)}"
                 ) from client_error(exc)
             return MISSING
-        self._breaker(name).success()
+        if self._breaker(name).success():
+            self._recovery.mark()
         if self._recovery.pending:
             raw = yield from self._replayed_then_reread(name, template)
             if raw is NOT_REPLAYED:
@@ -477,11 +489,17 @@ class ReadPath(GuardCore):
         return self._peeked(entry)
 
     def _peek_entry_flow(self, name: str) -> Generator[ReadStep, Any, Any]:
-        """``peek_entry``: the stored entry even past its expiry, or None."""
+        """``peek_entry``: the stored entry even past its expiry, or None (also while
+        pending outbox replays fail: what Redis holds may be replaced)."""
         try:
-            return self._decode(name, (yield LOOKUP))
+            raw = yield LOOKUP
         except BackendUnavailable:
             return None
+        if self._recovery.pending:
+            raw = yield from self._replayed_then_reread(name, None)
+            if raw is NOT_REPLAYED:
+                return None
+        return self._decode(name, raw)
 
     def _refresh_in_background(
         self,

@@ -43,6 +43,10 @@ class GuardIO(Protocol):
     def rwlock(self, name: str) -> Any: ...  # the write path's lock of name
     def acquire_write(self, lock: Any, timeout: float | None, holder: Any) -> Any: ...
     def release_write(self, lock: Any, holder: Any) -> None: ...
+    # The key's local write tier alone (keys whose invalidation went to the outbox):
+    # this process's other callers wait, and the holder's own reads stay private.
+    def hold_local(self, name: str, timeout: float | None, holder: Any) -> Any: ...
+    def release_local(self, lock: Any, holder: Any) -> None: ...
 
 
 class _Blocking:
@@ -76,6 +80,14 @@ class _Blocking:
 
     def release_write(self, lock: Any, holder: Any) -> None:
         lock.release_write(holder=holder)
+
+    def hold_local(self, name: str, timeout: float | None, holder: Any) -> Any:
+        lock = self.guard.rwlock(name)  # the two-tier lock the read path consults
+        lock.local.acquire_write(timeout, holder=holder)
+        return lock
+
+    def release_local(self, lock: Any, holder: Any) -> None:
+        lock.local.release_write(holder=holder)
 
 
 class _Awaiting:
@@ -121,6 +133,14 @@ class _Awaiting:
 
     def release_write(self, lock: Any, holder: Any) -> None:
         self._run(lock.release_write(holder=holder))
+
+    def hold_local(self, name: str, timeout: float | None, holder: Any) -> Any:
+        lock = self.guard.rwlock(name)
+        self._run(lock.local.acquire_write(timeout))  # for the calling task, the holder
+        return lock
+
+    def release_local(self, lock: Any, holder: Any) -> None:
+        lock.local.release_write(holder=holder)
 
 
 def guard_io(guard: Any) -> GuardIO:

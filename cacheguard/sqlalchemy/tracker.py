@@ -116,6 +116,8 @@ class _TransactionLocks:
     snapshot_watermark: int | None = None
     # name -> (lock, its hold's handle); every hold is ``holder``'s
     locks: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    # name -> two-tier lock whose local write tier alone is held (outboxed keys)
+    local_holds: dict[str, Any] = field(default_factory=dict)
     # Keyed by id(): holding the transactions would keep the session alive, and a
     # dropped session must be collected to release its locks. Entries end with them.
     by_transaction: dict[int, set[str]] = field(default_factory=dict)
@@ -478,6 +480,13 @@ class ModelTracker:
         to the outbox, in the session's transaction, and the statement goes on."""
         assert self._outbox is not None
         rows = self._outbox.write(session, keys, prefixes)
+        # No write lock in Redis: hold the keys' local write tier instead, so this
+        # transaction's own reads load privately (its writes are uncommitted: never
+        # stored, remembered nor shared) and this process's other callers wait.
+        for name in sorted(keys):
+            if name not in state.locks and name not in state.local_holds:
+                timeout = self.lock_timeout or self._io.settings.wait_timeout
+                state.local_holds[name] = self._io.hold_local(name, timeout, state.holder)
         transaction = session.get_nested_transaction() or session.get_transaction()
         state.outboxed.setdefault(id(transaction), {}).update(rows)
         state.outbox = self._outbox
@@ -737,6 +746,12 @@ def _release(guard: GuardIO, state: _TransactionLocks, names: list[str]) -> set[
     except Exception:
         log.exception("invalidating %d keys at the end of a transaction failed", len(names))
     for name in reversed(names):
+        local = state.local_holds.pop(name, None)
+        if local is not None:
+            try:
+                guard.release_local(local, state.holder)
+            except Exception:
+                log.exception("releasing the local write hold of %r failed", name)
         held = state.locks.pop(name, None)
         if held is None:
             continue

@@ -261,7 +261,9 @@ def test_the_gutter_loads_each_key_once_per_window_across_processes(
         outage.begin()
         with redis.Redis(port=gutter.port) as direct:
             while time.monotonic() < down + OUTAGE_SECONDS:  # the outage's length
-                lifetimes += [direct.pttl(value_key(key, SPEC_NAMESPACE)) for key in HOT_KEYS]
+                lifetimes += [
+                    direct.pttl(value_key(key, f"{SPEC_NAMESPACE}-gutter")) for key in HOT_KEYS
+                ]
                 time.sleep(0.05)
         up = time.monotonic()
         outage.end()
@@ -537,8 +539,9 @@ async def test_a_dead_cluster_shard_sends_only_its_own_keys_to_reuse_and_the_gut
             hits = {key for event, key in events[label] if event == "l2_hits"}
             assert set(names) - {doomed} <= hits
         with redis.Redis(port=gutter.port) as direct:
-            stored = {key.decode() for key in direct.scan_iter(match=f"{namespace}:*")}
-        assert stored == {ResourceKeys(namespace, doomed).value}
+            gutter_namespace = f"{namespace}-gutter"  # the gutter guard's keys
+            stored = {key.decode() for key in direct.scan_iter(match=f"{gutter_namespace}:*")}
+        assert stored == {ResourceKeys(gutter_namespace, doomed).value}
     finally:
         for guard in made:
             await guard.close()
