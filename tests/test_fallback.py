@@ -21,7 +21,7 @@ import redis
 
 from cacheguard import BackendUnavailable, CacheGuard, RecursiveLoadError, SerializationError
 from cacheguard.cache.fallback import NOT_SEEN, LastSeen, from_loader, mark_from_loader
-from cacheguard.cache.recovery import Recovery
+from cacheguard.cache.recovery import RETRY_DELAY, Recovery, ReplayFailed
 from cacheguard.cache.watermark import note_snapshot
 from cacheguard.testing import free_port
 from tests.faults.proxy import TcpProxy
@@ -136,7 +136,8 @@ def test_loader_errors_are_told_from_the_cache_s_own() -> None:
 
 
 def test_recovery_is_pending_from_the_first_hook_until_a_run_succeeds() -> None:
-    recovery = Recovery()
+    clock = Clock()
+    recovery = Recovery(timer=clock)
     recovery.mark()
     assert not recovery.pending  # nothing to replay without hooks
     ran: list[int] = []
@@ -152,6 +153,7 @@ def test_recovery_is_pending_from_the_first_hook_until_a_run_succeeds() -> None:
     with pytest.raises(RuntimeError):
         recovery.run()
     assert recovery.pending  # a failed run leaves it pending
+    clock.offset += RETRY_DELAY
     recovery.run()
     assert not recovery.pending
     assert len(ran) == 2
@@ -204,6 +206,126 @@ async def test_the_asyncio_run_awaits_its_hooks() -> None:
     await asyncio.gather(recovery.arun(), recovery.arun(), recovery.arun())
     assert ran == [1]
     assert not recovery.pending
+
+
+class CountingLock:
+    """A lock that counts the threads waiting to enter it (Recovery's run lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mutex = threading.Lock()
+        self.waiting = 0
+
+    def __enter__(self) -> None:
+        with self._mutex:
+            self.waiting += 1
+        self._lock.acquire()
+        with self._mutex:
+            self.waiting -= 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_callers_queued_behind_a_failed_run_take_its_failure() -> None:
+    recovery = Recovery(retry_delay=0)  # no delay: only the queueing is tested
+    entry = CountingLock()
+    recovery._running = entry  # type: ignore[assignment]
+    started, release = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def hook() -> None:
+        runs.append(1)
+        started.set()
+        assert release.wait(10)
+        raise RuntimeError("the database is unreachable")
+
+    recovery.add(hook)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            recovery.run()
+        except Exception as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=run)
+    first.start()
+    assert started.wait(10)
+    queued = [threading.Thread(target=run) for _ in range(4)]
+    for thread in queued:
+        thread.start()
+    assert wait_until(lambda: entry.waiting == 4, 10)
+    release.set()
+    for thread in [first, *queued]:
+        thread.join(10)
+    assert runs == [1]  # one attempt for the five callers
+    assert sorted(type(e).__name__ for e in errors) == ["ReplayFailed"] * 4 + ["RuntimeError"]
+    taken = [e for e in errors if isinstance(e, ReplayFailed)]
+    assert all(isinstance(e.__cause__, RuntimeError) for e in taken)
+    assert recovery.pending
+    with pytest.raises(RuntimeError):  # a later caller tries again
+        recovery.run()
+    assert runs == [1, 1]
+
+
+def test_after_a_failed_run_callers_fail_fast_until_the_retry_delay_passed() -> None:
+    clock = Clock()
+    recovery = Recovery(retry_delay=2.0, timer=clock)
+    runs: list[int] = []
+    failing = [True]
+
+    def hook() -> None:
+        runs.append(1)
+        if failing[0]:
+            raise RuntimeError("the database is unreachable")
+
+    recovery.add(hook)
+    with pytest.raises(RuntimeError):
+        recovery.run()
+    clock.offset += 1.9
+    with pytest.raises(ReplayFailed, match="the database is unreachable") as refused:
+        recovery.run()
+    assert isinstance(refused.value.__cause__, RuntimeError)
+    assert runs == [1]  # not tried within the delay
+    clock.offset += 0.2
+    with pytest.raises(RuntimeError):
+        recovery.run()
+    assert runs == [1, 1]
+    with pytest.raises(ReplayFailed):
+        recovery.run()  # the delay starts again at each failure
+    failing[0] = False
+    clock.offset += 2.0
+    recovery.run()
+    assert runs == [1, 1, 1]
+    assert not recovery.pending
+    recovery.mark()  # a new outage: the old failure holds nobody back
+    recovery.run()
+    assert runs == [1, 1, 1, 1]
+
+
+async def test_asyncio_callers_queued_behind_a_failed_run_take_its_failure() -> None:
+    recovery = Recovery(retry_delay=0)  # no delay: only the queueing is tested
+    release = asyncio.Event()
+    runs: list[int] = []
+
+    async def hook() -> None:
+        runs.append(1)
+        await release.wait()
+        raise RuntimeError("the database is unreachable")
+
+    recovery.add(hook)
+    callers = [asyncio.ensure_future(recovery.arun()) for _ in range(5)]
+    for _ in range(5):  # each runs to its wait: the first in the hook, the others queued
+        await asyncio.sleep(0)
+    assert runs == [1]
+    release.set()
+    results = await asyncio.gather(*callers, return_exceptions=True)
+    assert [type(r).__name__ for r in results] == ["RuntimeError"] + ["ReplayFailed"] * 4
+    assert runs == [1]  # one attempt for the five callers
+    with pytest.raises(RuntimeError):  # a later caller tries again (the hook fails at once)
+        await recovery.arun()
+    assert runs == [1, 1]
 
 
 # -- outage_ttl ---------------------------------------------------------------------------
@@ -422,6 +544,8 @@ def test_a_gutter_client_of_the_wrong_kind_is_refused(dead_url: str) -> None:
 
 async def test_a_read_replays_before_it_serves_from_redis(make: Make, redis_url: str) -> None:
     guard = make(redis_url)
+    clock = Clock()
+    guard.guard._recovery._timer = clock  # the retry delay's
     await guard.get_or_load("menu:7", lambda: "cached", ttl=60)
     order: list[str] = []
     failures = [RuntimeError("the outbox is unreadable")]
@@ -444,10 +568,15 @@ async def test_a_read_replays_before_it_serves_from_redis(make: Make, redis_url:
     assert await guard.get_or_load("menu:7", load, ttl=60) == "loaded"
     assert order == ["replay", "load"]
     assert guard.stats().replay_failures == 1
+    # Within the retry delay it is not tried again, and still nothing is served from Redis.
+    assert await guard.get_or_load("menu:7", load, ttl=60) == "loaded"
+    assert order == ["replay", "load", "load"]
+    assert guard.stats().replay_failures == 2
+    clock.offset += RETRY_DELAY
     assert await guard.get_or_load("menu:7", load, ttl=60) == "cached"
-    assert order == ["replay", "load", "replay"]
+    assert order == ["replay", "load", "load", "replay"]
     assert await guard.get_or_load("menu:7", load, ttl=60) == "cached"
-    assert order == ["replay", "load", "replay"]  # done: not run again
+    assert order == ["replay", "load", "load", "replay"]  # done: not run again
     assert await guard.peek("menu:7") == "cached"
 
 
@@ -585,7 +714,8 @@ async def test_l1_is_not_served_while_a_replay_is_pending(make: Make, redis_url:
 def test_peek_entry_replays_before_it_shows_what_redis_holds(
     client: redis.Redis, redis_url: str, namespace: str
 ) -> None:
-    with CacheGuard.from_url(redis_url, namespace=namespace) as guard:
+    clock = Clock()
+    with CacheGuard.from_url(redis_url, namespace=namespace, timer=clock) as guard:
         guard.get_or_load("menu:7", lambda: "cached", ttl=60)
         failures = [RuntimeError("the outbox is unreadable")]
 
@@ -595,6 +725,7 @@ def test_peek_entry_replays_before_it_shows_what_redis_holds(
 
         guard._recovery.add(replay)
         assert guard.peek_entry("menu:7") is None  # the replay failed: nothing shown
+        clock.offset += RETRY_DELAY  # the next attempt after the retry delay
         entry = guard.peek_entry("menu:7")
         assert entry is not None
         assert entry.value == "cached"

@@ -21,10 +21,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from cacheguard import MISSING, BackendUnavailable, CacheGuard
+from cacheguard.cache.recovery import RETRY_DELAY
+from cacheguard.deployments import OwnedRedisCluster
+from cacheguard.keys import ResourceKeys
 from cacheguard.sqlalchemy import (
     AsyncOutboxReplayer,
     OutboxReplayer,
@@ -33,7 +37,8 @@ from cacheguard.sqlalchemy import (
     outbox_table,
     track_models,
 )
-from cacheguard.testing import OwnedRedisServer
+from cacheguard.sqlalchemy import outbox as outbox_module
+from cacheguard.testing import OwnedRedisServer, free_port
 from tests import outbox_support, sa_support
 from tests.faults.proxy import TcpProxy
 from tests.helpers import wait_until
@@ -41,6 +46,8 @@ from tests.lock_stores import postgres_engine, postgres_url
 from tests.outbox_support import FAST, AsyncOutboxStack, OutboxStack, outbox_for
 from tests.procs import CTX, result_within, start_process_reporting
 from tests.sa_support import MENU_KEYS
+
+pytest_plugins = ["tests.deployment_fixtures"]
 
 MENU_2_KEYS = {("key", "menu:list"), ("key", "menu:2"), ("key", "menu:children:1")}
 
@@ -329,6 +336,94 @@ def test_a_guard_replays_at_start_up(
         stack.close()
 
 
+def test_readers_of_a_guard_whose_replay_cannot_reach_the_database_share_one_attempt(
+    server: OwnedRedisServer,
+) -> None:
+    """The database is unreachable (nothing listens on its port), Redis is up and the
+    guard pending: the readers do not each attempt the replay (one at a time, a
+    connect timeout each): one attempt, its failure for all, the next after
+    RETRY_DELAY. Nothing is served from Redis meanwhile."""
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    names = [f"menu:{i}" for i in range(8)]
+    warm = CacheGuard.from_url(server.url, namespace=namespace)
+    for name in names:
+        warm.get_or_load(name, lambda: "cached", ttl=60)
+    warm.close()
+    engine = sa.create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test")
+    attempts: list[int] = []
+    sa.event.listen(engine, "do_connect", lambda *args: attempts.append(1))
+    guard = CacheGuard.from_url(server.url, namespace=namespace, **FAST)
+    offset = [0.0]
+    guard._recovery._timer = lambda: time.monotonic() + offset[0]  # the retry delay's clock
+    tracker = track_models(
+        guard,
+        sessionmaker(engine),
+        {sa_support.menu_model("menu_unreachable"): MENU_KEYS},
+        outbox=outbox_for("cg_outbox_unreachable"),
+        outbox_poll=3600,
+    )
+    try:
+        results: dict[str, object] = {}
+        readers = [
+            threading.Thread(
+                target=lambda name=name: results.update(
+                    {name: guard.get_or_load(name, lambda: "loaded", ttl=60)}
+                )
+            )
+            for name in names
+        ]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(30)
+        assert results == {name: "loaded" for name in names}  # none served from Redis
+        assert guard.stats().replay_failures == len(names)
+        assert len(attempts) == 1  # one attempt, not one per reader
+        assert guard.get_or_load("menu:0", lambda: "loaded", ttl=60) == "loaded"
+        assert len(attempts) == 1  # within the retry delay: not tried again
+        offset[0] += RETRY_DELAY
+        assert guard.get_or_load("menu:0", lambda: "loaded", ttl=60) == "loaded"
+        assert len(attempts) == 2
+    finally:
+        tracker.remove()
+        guard.close()
+        engine.dispose()
+
+
+# SQLite's write lock is the whole database's: PostgreSQL has none to wait for.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_sqlite_transaction_reading_through_a_pending_guard_does_not_wait_for_itself(
+    server: OwnedRedisServer, db_url: str, table: str, outbox: str
+) -> None:
+    """On SQLite the transaction holds the database's write lock: the replay its read
+    runs does not wait for it (until the busy timeout) to delete the replayed rows;
+    they stay, invalidated, for a later replay."""
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    stack = OutboxStack(server.url, namespace, db_url, table, outbox, poll=3600)
+    try:
+        assert stack.name_of(1) == "menu 1"
+        assert stack.name_of(3) == "menu 3"
+        with stack.engine.begin() as connection:  # an earlier write's row
+            connection.execute(sa.insert(stack.outbox), [
+                {"namespace": namespace, "kind": "key", "name": "menu:3"}
+            ])  # fmt: skip
+        stack.guard._recovery.mark()  # this guard saw Redis fail
+        before = stack.guard.stats()
+        with stack.sessions.begin() as session:
+            session.get(stack.menu, 2).name = "soups"
+            session.flush()  # the write lock is this transaction's now
+            assert stack.name_of(1) == "menu 1"
+        after = stack.guard.stats()
+        assert after.replay_failures == before.replay_failures  # replayed, not failed
+        assert after.l2_hits == before.l2_hits + 1  # and served from Redis
+        assert stack.guard.peek("menu:3") is MISSING  # invalidated
+        assert stack.depth() == 1  # the row stays: a later replay deletes it
+        assert OutboxReplayer(stack.guard, stack.engine, stack.outbox).replay() == 1
+        assert stack.depth() == 0
+    finally:
+        stack.close()
+
+
 @pytest.fixture
 def postgres_reachable() -> Iterator[None]:
     """PostgreSQL answers (a failure under CACHEGUARD_REQUIRE_REDIS, else a skip)."""
@@ -345,7 +440,8 @@ def test_a_replay_waits_for_the_rows_another_replayer_holds(
     them: if that replayer fails (a process cut off from Redis), they are replayed
     here before anything is served, never skipped."""
     namespace = f"t{uuid.uuid4().hex[:12]}"
-    stack = OutboxStack(server.url, namespace, db_url, table, outbox, poll=3600)
+    # The replay waits at most wait_timeout: longer than the test holds the rows.
+    stack = OutboxStack(server.url, namespace, db_url, table, outbox, poll=3600, wait_timeout=60)
     other = stack.engine.connect()  # another process's replayer, mid-invalidation
     try:
         assert stack.name_of(2) == "menu 2"  # cached; the start-up replay ran
@@ -381,6 +477,114 @@ def test_a_replay_waits_for_the_rows_another_replayer_holds(
     finally:
         other.close()  # (rolls back: the tables can be dropped)
         stack.close()
+
+
+@pytest.mark.parametrize("db_url", [pytest.param(postgres_url(), id="postgresql")], indirect=True)
+def test_a_replay_waits_for_held_rows_at_most_wait_timeout(
+    postgres_reachable: None, server: OwnedRedisServer, db_url: str, table: str, outbox: str
+) -> None:
+    """Another replayer holds the rows and does not let go (a frozen process): the
+    read does not wait for it past wait_timeout; it is not served from Redis."""
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    stack = OutboxStack(server.url, namespace, db_url, table, outbox, poll=3600, wait_timeout=0.5)
+    other = stack.engine.connect()
+    try:
+        assert stack.name_of(2) == "menu 2"
+        with stack.engine.begin() as connection:
+            connection.execute(sa.update(stack.menu).where(stack.menu.id == 2).values(name="soups"))
+            rows = [{"namespace": namespace, "kind": k, "name": n} for k, n in MENU_2_KEYS]
+            connection.execute(sa.insert(stack.outbox), rows)
+        locking = other.begin()
+        other.execute(
+            sa.select(stack.outbox.c.id).where(stack.outbox.c.namespace == namespace)
+            .with_for_update()
+        ).all()  # fmt: skip
+        stack.guard._recovery.mark()
+        read: list[str | None] = []
+        reader = threading.Thread(target=lambda: read.append(stack.name_of(2)), daemon=True)
+        reader.start()
+        reader.join(20)  # (a deadline for a broken bound, not a speed test)
+        assert not reader.is_alive(), "the read waited for the held rows past wait_timeout"
+        assert read == ["soups"]  # loaded: the cached "menu 2" is not served
+        assert stack.guard.stats().replay_failures == 1
+        assert stack.depth() == 3
+        locking.rollback()  # that replayer is gone: the next replay (after the delay) takes them
+        assert wait_until(lambda: stack.name_of(2) == "soups" and stack.depth() == 0, 10)
+        assert stack.guard.stats().outbox_replays == 3
+    finally:
+        other.close()
+        stack.close()
+
+
+# -- a cluster with a shard down ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_dead_shards_rows_wait_while_the_other_shards_keys_are_served_from_redis(
+    redis_server_binary: str, db_url: str, outbox: str
+) -> None:
+    """A cluster master is paused (SIGSTOP: its data is kept) and a tracked write of a
+    key it serves goes to the outbox: the replay invalidates the other shards' keys
+    and leaves that shard's rows waiting (its keys' reads bypass Redis), so the
+    other shards' keys are still served from Redis. Once the shard answers again,
+    its rows are replayed: the value it kept is not served."""
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    table = f"menu_{uuid.uuid4().hex[:10]}"
+    sa_support.create_table(db_url, table, rows=30)
+    cluster = OwnedRedisCluster(masters=3, replicas_per_master=0)
+    stack: OutboxStack | None = None
+    paused: int | None = None
+    try:
+        url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster.nodes)
+        stack = OutboxStack(
+            url, namespace, db_url, table, outbox, poll=3600,
+            breaker_failures=1, breaker_cooldown=1,
+        )  # fmt: skip
+
+        def port_of(name: str) -> int:
+            return cluster.master_for_key(ResourceKeys(namespace, name).value).port
+
+        sequence = cluster.master_for_key(f"{namespace}:wm").port
+        doomed = next(i for i in range(2, 31) if port_of(f"menu:{i}") != sequence)
+        down = port_of(f"menu:{doomed}")
+        written = {f"menu:{doomed}", "menu:list", "menu:children:1"}
+        waits = {("key", name) for name in written if port_of(name) == down}
+        healthy = [i for i in range(2, 31) if port_of(f"menu:{i}") != down][:8]
+        for menu_id in [doomed, *healthy]:
+            assert stack.name_of(menu_id) == f"menu {menu_id}"  # cached
+        pid = next(node.pid for node in cluster.nodes if node.port == down)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        paused = pid
+        assert stack.name_of(doomed) == f"menu {doomed}"  # its circuit opens: loaded
+        stack.rename(doomed, "soups")
+        assert stack.depth() >= len(waits)
+        before = stack.guard.stats()
+        for _ in range(3):
+            for menu_id in healthy:
+                assert stack.name_of(menu_id) == f"menu {menu_id}"
+        after = stack.guard.stats()
+        assert after.replay_failures == before.replay_failures
+        assert after.l2_hits - before.l2_hits == 3 * len(healthy)  # served from Redis
+        with stack.engine.connect() as connection:
+            assert rows_of(connection, stack.outbox, namespace) == waits  # the others replayed
+
+        os.kill(pid, signal.SIGCONT)
+        paused = None
+        with redis.Redis(port=down) as direct:  # the shard kept the old value
+            assert direct.exists(ResourceKeys(namespace, f"menu:{doomed}").value) == 1
+        # (A guard replays before it serves once the circuit closes; here the
+        # replay is called directly, as the poller would.)
+        replayer = OutboxReplayer(stack.guard, stack.engine, stack.outbox)
+        assert wait_until(lambda: replayer.replay() >= 0 and stack.depth() == 0, 30)
+        assert stack.name_of(doomed) == "soups"
+    finally:
+        if paused is not None:
+            os.kill(paused, signal.SIGCONT)
+        if stack is not None:
+            stack.close()
+        cluster.close()
+        sa_support.drop_table(db_url, table)
 
 
 # -- a partial partition: the timer ------------------------------------------------------------
@@ -605,6 +809,32 @@ def test_the_asyncio_poller_starts_on_the_loop_and_aclose_cancels_it(
         assert not task.done()
         await stack.guard.aclose()
         assert task.done()
+        await stack.close()
+
+    asyncio.run(use())
+
+
+def test_the_asyncio_poller_starts_only_on_the_loop_the_guard_is_bound_to(
+    server: OwnedRedisServer, db_url: str, table: str, outbox: str
+) -> None:
+    stack = AsyncOutboxStack(server.url, f"t{uuid.uuid4().hex[:12]}", db_url, table, outbox)
+    tracked = stack.tracker._outbox
+    assert tracked is not None
+    poller = tracked._poller
+    assert isinstance(poller, outbox_module._TaskPoller)
+
+    async def elsewhere() -> None:  # a loop the guard is never used on
+        tracked.touch()
+        assert poller._task is None
+
+    asyncio.run(elsewhere())
+
+    async def use() -> None:
+        tracked.touch()
+        assert poller._task is None  # not bound yet: the loop may not be the guard's
+        assert await stack.name_of(2) == "menu 2"  # bound now; the replay starts it
+        assert poller._task is not None
+        assert not poller._task.done()
         await stack.close()
 
     asyncio.run(use())

@@ -706,6 +706,55 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "outbox-dead-shard-rows-wait",
+        "on a cluster the rows of keys whose node's circuit is open wait in the outbox while "
+        "the others are replayed: a dead shard does not keep the others' keys from Redis",
+        "cacheguard/sqlalchemy/outbox.py",
+        '        waiting.update(row.id for row in rows if circuits.get(row.name) == "open")\n',
+        "",
+        (
+            "tests/test_outbox.py::"
+            "test_a_dead_shards_rows_wait_while_the_other_shards_keys_are_served_from_redis"
+            "[sqlite]",
+        ),
+    ),
+    Mutant(
+        "outbox-replay-wait-bounded",
+        "on PostgreSQL a replay waits for the rows another replayer holds at most the guard's "
+        "wait_timeout: a frozen replayer elsewhere does not block reads",
+        "cacheguard/sqlalchemy/outbox.py",
+        "                _bound_lock_waits(connection, deadline)\n",
+        "",
+        (
+            "tests/test_outbox.py::"
+            "test_a_replay_waits_for_held_rows_at_most_wait_timeout[postgresql]",
+        ),
+    ),
+    Mutant(
+        "outbox-sqlite-replay-never-waits-for-itself",
+        "on SQLite the replay before serving does not wait for the write lock to delete its "
+        "rows (it may be the reader's own transaction's)",
+        "cacheguard/sqlalchemy/outbox.py",
+        "                self._delete_sqlite([row.id for row in replayed], wait=not serving)\n",
+        "                self._delete_sqlite([row.id for row in replayed], wait=True)\n",
+        (
+            "tests/test_outbox.py::"
+            "test_a_sqlite_transaction_reading_through_a_pending_guard_does_not_wait_for_itself"
+            "[sqlite]",
+        ),
+    ),
+    Mutant(
+        "outbox-asyncio-poller-on-the-guards-loop",
+        "the asyncio poller starts only on the loop the guard is bound to",
+        "cacheguard/sqlalchemy/outbox.py",
+        "        if self._guard._binding.loop is not loop:\n",
+        "        if self._guard._binding.loop not in (None, loop):\n",
+        (
+            "tests/test_outbox.py::"
+            "test_the_asyncio_poller_starts_only_on_the_loop_the_guard_is_bound_to[sqlite]",
+        ),
+    ),
+    Mutant(
         "write-body-error-wins",
         "the body's error reaches the caller even when the closing invalidation fails",
         "cacheguard/cache/write_path.py",
@@ -3101,6 +3150,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self.pending = self._done < self._marks and bool(self._hooks)\n",
         "            self.pending = False\n",
         ("tests/test_fallback.py::test_a_failure_seen_during_a_run_keeps_the_guard_pending",),
+    ),
+    Mutant(
+        "replay-queued-callers-take-the-failure",
+        "callers that waited for a replay run that failed take its failure instead of "
+        "running it again one after the other",
+        "cacheguard/cache/recovery.py",
+        "        if self._ended > ended:\n",
+        "        if False:\n",
+        (
+            "tests/test_fallback.py::test_callers_queued_behind_a_failed_run_take_its_failure",
+            "tests/test_fallback.py::"
+            "test_asyncio_callers_queued_behind_a_failed_run_take_its_failure",
+        ),
+    ),
+    Mutant(
+        "replay-retry-delay",
+        "after a failed replay the next attempt waits the retry delay: callers meanwhile fail "
+        "at once",
+        "cacheguard/cache/recovery.py",
+        "            if age >= self.retry_delay:\n",
+        "            if True:\n",
+        (
+            "tests/test_fallback.py::"
+            "test_after_a_failed_run_callers_fail_fast_until_the_retry_delay_passed",
+            "tests/test_outbox.py::"
+            "test_readers_of_a_guard_whose_replay_cannot_reach_the_database_share_one_attempt",
+        ),
     ),
     Mutant(
         "bypass-seals-before-loading",

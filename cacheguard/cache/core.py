@@ -104,7 +104,7 @@ class GuardCore:
         self._last_seen: LastSeen | None = None
         if settings.outage_ttl or settings.stale_if_error:
             self._last_seen = LastSeen(maxsize=settings.fallback_maxsize, timer=timer)
-        self._recovery = Recovery()  # outbox replays before serving after an outage
+        self._recovery = Recovery(timer=timer)  # outbox replays before serving after an outage
         self._gutter: Any = None  # the guard on the gutter Redis, if one is given
         self._checks_snapshots = True  # False in a gutter's guard (cache/gutter.py)
         self._closed = False

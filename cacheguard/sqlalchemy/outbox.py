@@ -16,10 +16,13 @@ through; otherwise the rows wait for a replay:
 
 A replay reads its namespace's rows oldest first, a batch at a time (on
 PostgreSQL ``FOR UPDATE SKIP LOCKED``, so replayers in many processes share the
-rows out, then one pass that waits for the rows others hold and takes what they
-could not replay), invalidates them through the guard and only then deletes them.
-Invalidating twice is harmless, so a replayer that dies between the two only
-leaves rows to replay again. See ``docs/outage.md``.
+rows out, then one pass that waits, at most the guard's ``wait_timeout``, for the
+rows others hold and takes what they could not replay), invalidates them through
+the guard and only then deletes them. Invalidating twice is harmless, so a
+replayer that dies between the two only leaves rows to replay again. On a
+cluster, the rows of keys whose node's circuit is open wait (reads of those keys
+bypass Redis until it closes) while the others are replayed. See
+``docs/outage.md``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -59,6 +63,7 @@ KEY, PREFIX = "key", "prefix"  # what a row's name is
 _NAMESPACE_LENGTH = 255
 _DELETE_CHUNK = 500  # ids per DELETE ... WHERE id IN (...)
 _STOP_JOIN = 5.0  # s: how long remove() waits for a poll under way
+_BEFORE_EVERY_ID = -(2**63)  # where a pass's id cursor starts
 
 
 def outbox_table(
@@ -153,17 +158,20 @@ class _Replay:
         self.namespace = namespace = guard.namespace
         oldest = sa.select(table.c.id).where(table.c.namespace == namespace).order_by(table.c.id)
         self._peek = oldest.limit(1)
+        # Each pass walks the ids up: rows left in the outbox (a dead shard's) are
+        # not claimed again by the same pass.
         claim = (
             sa.select(table.c.id, table.c.kind, table.c.name)
-            .where(table.c.namespace == namespace)
+            .where(table.c.namespace == namespace, table.c.id > sa.bindparam("after"))
             .order_by(table.c.id)
             .limit(self.batch)
         )
-        # (claim, until empty): on PostgreSQL the rows are locked while their batch is
+        # (claim, waits): on PostgreSQL the rows are locked while their batch is
         # invalidated, and other replayers skip them; then a pass that waits for the
         # rows others hold and takes what they could not replay (a replay that
         # returns must leave no row committed before it behind: guards serve after
-        # it). Rows deleted during that wait shorten a batch: it goes on until empty.
+        # it), until empty (rows deleted during a wait shorten a batch). It waits at
+        # most wait_timeout in all: a frozen replayer elsewhere fails this replay.
         self._skip_locked = engine.dialect.name == "postgresql"
         self._claims = (
             [(claim.with_for_update(skip_locked=True), False), (claim.with_for_update(), True)]
@@ -178,46 +186,141 @@ class _Replay:
         with self.engine.connect().execution_options(**self._peek_options) as connection:
             return connection.execute(self._peek).first() is not None
 
-    def replay(self) -> int:
-        """Replay batches until the namespace's outbox is empty; how many rows. A
-        batch that fails raises (its rows stay)."""
+    def replay(self, *, serving: bool = False) -> int:
+        """Replay batches until the namespace's outbox is empty (but for rows that
+        wait for their cluster node); how many rows. A batch that fails raises once
+        the rows that went through are deleted. ``serving``: a guard waits for this
+        replay before it serves (on SQLite the deletes then never wait for the
+        database's write lock: it may be the reader's own transaction's)."""
+        deadline = time.monotonic() + self.guard.settings.wait_timeout
+        waiting: set[int] = set()  # ids of rows whose node's circuit is open
         total = 0
-        for claim, until_empty in self._claims:
+        for claim, waits in self._claims:
+            after = _BEFORE_EVERY_ID
             while True:
-                done = self._replay_batch(claim)
-                total += done
-                if done == 0 or (done < self.batch and not until_empty):
+                claimed, replayed, after = self._replay_batch(
+                    claim, after, waiting, deadline, serving
+                )
+                total += replayed
+                if claimed == 0 or (claimed < self.batch and not waits):
                     break
+        if waiting:
+            log.debug("%d outbox rows wait for their cluster node (circuit open)", len(waiting))
         return total
 
-    def _replay_batch(self, claim: sa.Select[Any]) -> int:
+    def _replay_batch(
+        self,
+        claim: sa.Select[Any],
+        after: int,
+        waiting: set[int],
+        deadline: float,
+        serving: bool,
+    ) -> tuple[int, int, int]:
+        """One batch of ids above ``after``: (rows claimed, rows replayed, the last id)."""
+        failure: Exception | None = None
         if self._skip_locked:
             with self.engine.begin() as connection:
-                rows = connection.execute(claim).all()
-                if rows:
-                    self._invalidate(rows)
-                    _delete(connection, self.table, [row.id for row in rows])
+                _bound_lock_waits(connection, deadline)
+                rows = connection.execute(claim, {"after": after}).all()
+                replayed, failure = self._invalidate(rows, waiting)
+                _delete(connection, self.table, [row.id for row in replayed])
         else:  # no transaction held across Redis calls: SQLite would lock writers out
             with self.engine.connect() as connection:
-                rows = connection.execute(claim).all()
-            if rows:
-                self._invalidate(rows)
-                with self.engine.begin() as connection:
-                    _delete(connection, self.table, [row.id for row in rows])
-        for row in rows:
+                rows = connection.execute(claim, {"after": after}).all()
+            replayed, failure = self._invalidate(rows, waiting)
+            if replayed:
+                self._delete_sqlite([row.id for row in replayed], wait=not serving)
+        for row in replayed:
             self.guard._stats.count("outbox_replays", row.name, 0.0, None, None)
-        return len(rows)
+        if failure is not None:
+            raise failure
+        return len(rows), len(replayed), rows[-1].id if rows else after
 
-    def _invalidate(self, rows: Sequence[Any]) -> None:
-        keys = sorted({row.name for row in rows if row.kind == KEY})
-        prefixes = sorted({row.name for row in rows if row.kind == PREFIX})
+    def _invalidate(
+        self, rows: Sequence[Any], waiting: set[int]
+    ) -> tuple[list[Any], Exception | None]:
+        """Invalidate ``rows`` (but those in ``waiting``, and those that join it):
+        the rows that went through, and the first failure."""
         strange = {row.kind for row in rows} - {KEY, PREFIX}
         if strange:
             raise ValueError(f"outbox rows of unknown kinds {sorted(strange)} in {self.table.name}")
-        if keys:
-            self.io.invalidate(*keys)
-        for prefix in prefixes:
-            self.io.invalidate_prefix(prefix)
+        guard = self.guard
+        cluster = not guard._breakers.single
+        rows = [row for row in rows if row.id not in waiting]  # (an earlier pass's)
+        # On a cluster, by the circuit of a key's node before this batch's calls (a
+        # node that fails only now may be the reader's own: that fails the replay):
+        # open -> the row waits: reads of the key bypass Redis until the circuit
+        # closes, and a guard replays again then; half-open -> the key is tried alone
+        # (the probe) and waits if that fails; closed -> a failure fails the replay.
+        circuits = {
+            row.name: guard._breaker(row.name).state for row in rows if cluster and row.kind == KEY
+        }
+        waiting.update(row.id for row in rows if circuits.get(row.name) == "open")
+        rows = [row for row in rows if row.id not in waiting]
+        probes = sorted(name for name, state in circuits.items() if state == "half-open")
+        keys = sorted({row.name for row in rows if row.kind == KEY} - set(probes))
+        prefixes = sorted({row.name for row in rows if row.kind == PREFIX})
+        went: set[tuple[str, str]] = set()
+        failure: Exception | None = None
+        try:
+            if keys:
+                self.io.invalidate(*keys)
+                went.update((KEY, key) for key in keys)
+        except BackendUnavailable:
+            if not cluster:
+                raise  # one node: the others would fail too
+            # One node failing fails the call of all: each key on its own, then.
+            for key in keys:
+                try:
+                    self.io.invalidate(key)
+                    went.add((KEY, key))
+                except BackendUnavailable as exc:
+                    failure = failure or exc
+        for key in probes:
+            try:
+                self.io.invalidate(key)
+                went.add((KEY, key))
+            except BackendUnavailable:
+                waiting.update(row.id for row in rows if row.kind == KEY and row.name == key)
+        for prefix in prefixes:  # a prefix spans every node: it waits for none
+            try:
+                self.io.invalidate_prefix(prefix)
+                went.add((PREFIX, prefix))
+            except BackendUnavailable as exc:
+                if not cluster:
+                    raise
+                failure = failure or exc
+        return [row for row in rows if (row.kind, row.name) in went], failure
+
+    def _delete_sqlite(self, ids: list[int], *, wait: bool) -> None:
+        """Delete replayed rows. Before serving, without waiting for the write lock:
+        held (by the reader's own open transaction, maybe) the rows stay; their
+        invalidation went through, a later replay only repeats it."""
+        if wait:
+            with self.engine.begin() as connection:
+                _delete(connection, self.table, ids)
+            return
+        with self.engine.connect() as connection:
+            busy = int(connection.exec_driver_sql("PRAGMA busy_timeout").scalar_one())
+            connection.exec_driver_sql("PRAGMA busy_timeout = 0")
+            connection.commit()
+            try:
+                with connection.begin():
+                    _delete(connection, self.table, ids)
+            except sa.exc.OperationalError as exc:
+                if "locked" not in str(exc.orig):
+                    raise
+                log.debug("%d replayed outbox rows stay: the database is locked", len(ids))
+            finally:
+                connection.exec_driver_sql(f"PRAGMA busy_timeout = {busy}")
+                connection.commit()
+
+
+def _bound_lock_waits(connection: sa.Connection, deadline: float) -> None:
+    """PostgreSQL: a wait of this transaction for a lock (rows another replayer
+    holds) ends at ``deadline``: the statement fails. (``lock_timeout`` 0 is no bound.)"""
+    left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+    connection.exec_driver_sql(f"SET LOCAL lock_timeout = {left_ms}")
 
 
 class OutboxReplayer:
@@ -247,7 +350,10 @@ class OutboxReplayer:
 
     def replay(self) -> int:
         """Invalidate every row of the namespace's outbox, then delete it; returns
-        how many rows. Raises the first failure (the rows not yet deleted stay)."""
+        how many rows. Raises the first failure (the rows not yet deleted stay). On a
+        cluster the rows of keys whose node's circuit is open stay, for a later
+        replay. On PostgreSQL it waits at most the guard's ``wait_timeout`` for rows
+        another replayer holds (then the database's lock timeout error is raised)."""
         return self._replay.replay()
 
     def has_rows(self) -> bool:
@@ -335,14 +441,12 @@ class TrackerOutbox:
         self._poller.ensure_running()
 
     def _replay(self) -> None:
-        assert isinstance(self.replayer, OutboxReplayer)
         self._poller.ensure_running()
-        self.replayer.replay()
+        self.replayer._replay.replay(serving=True)
 
     async def _areplay(self) -> None:
-        assert isinstance(self.replayer, AsyncOutboxReplayer)
         self._poller.ensure_running()
-        await self.replayer.replay()
+        await greenlet_spawn(self.replayer._replay.replay, serving=True)
 
     def write(
         self, session: Session, keys: Sequence[str], prefixes: Sequence[str]
@@ -450,8 +554,9 @@ class _ThreadPoller:
 
 class _TaskPoller:
     """The poller of an asyncio guard: a task on the guard's loop, started from
-    inside the loop (the first hook or replay that runs there); ``aclose()``
-    cancels it with the guard's other tasks."""
+    inside that loop once the guard is bound to it (by the first hook or replay
+    that runs there after a call of the guard); ``aclose()`` cancels it with the
+    guard's other tasks."""
 
     def __init__(self, replayer: AsyncOutboxReplayer, every: float, guard: AsyncCacheGuard) -> None:
         self._replayer = replayer
@@ -468,9 +573,10 @@ class _TaskPoller:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # not on a loop yet: the next hook that runs on one starts it
-        bound = self._guard._binding.loop
-        if bound is not None and bound is not loop:
-            return  # only on the guard's own loop
+        if self._guard._binding.loop is not loop:
+            # Only on the guard's own loop: not on one it may never use (it binds at
+            # its first call; the first replay, or the next transaction, starts it).
+            return
         self._task = self._guard._spawn(self._run(), "cacheguard-outbox")
 
     def stop(self) -> None:
