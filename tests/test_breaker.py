@@ -57,3 +57,21 @@ def test_one_breaker_per_node_and_a_shared_one_for_keys_of_no_known_node() -> No
     single = Breakers(failures=1, cooldown=1.0)
     assert single.single
     assert single.of("anything") is single.shared
+
+
+def test_a_circuit_closing_after_it_was_open_calls_on_close_whoever_probed() -> None:
+    """The guard marks its outbox replay pending there: any call's success (a write's,
+    a lock's, not only a read's) may be the probe that finds the node back."""
+    now = [0.0]
+    closed: list[int] = []
+    breaker = CircuitBreaker(
+        failures=1, cooldown=1.0, timer=lambda: now[0], on_close=lambda: closed.append(1)
+    )
+    assert breaker.success() is False  # closed all along: nothing to tell
+    breaker.failure()
+    now[0] += 1.0
+    assert breaker.allow()  # the probe
+    assert breaker.success() is True
+    assert closed == [1]
+    assert breaker.success() is False
+    assert closed == [1]

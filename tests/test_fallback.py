@@ -748,3 +748,33 @@ async def test_a_replay_failure_answers_with_on_backend_error_only(
     guard.guard._recovery.add(replay if guard.kind == "sync" else areplay)
     assert await guard.get_or_load("menu:7", lambda: "loaded", ttl=60) == "loaded"
     assert guard.stats().outage_reuses == 0
+
+
+def test_a_write_that_probes_a_circuit_back_marks_the_replay_pending(
+    proxy: TcpProxy, namespace: str
+) -> None:
+    """Rows of a node whose circuit is open wait in the outbox while the replay counts
+    as done; whichever call then finds the node back (here an invalidation) makes the
+    guard replay before it serves from Redis again."""
+    clock = Clock()
+    with CacheGuard.from_url(
+        proxy.url,
+        namespace=namespace,
+        socket_timeout=0.3,
+        breaker_failures=1,
+        breaker_cooldown=1.0,
+        timer=clock,
+    ) as guard:
+        guard._recovery.add(lambda: None)
+        guard.get_or_load("menu:7", lambda: "cached", ttl=60)  # replays, then serves
+        assert not guard._recovery.pending
+        proxy.set_mode("blackhole")
+        with pytest.raises(BackendUnavailable):
+            guard.invalidate("menu:8")  # the circuit opens
+        guard._recovery.run()  # a replay that left the node's rows waiting: "done"
+        assert not guard._recovery.pending
+        proxy.set_mode("pass")
+        proxy.drop_all()
+        clock.offset += 1.0
+        guard.invalidate("menu:8")  # the probe: a write finds the node back
+        assert guard._recovery.pending

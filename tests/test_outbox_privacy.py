@@ -7,10 +7,12 @@ Redis is unreachable (a port nothing listens on), so every flush goes to the out
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -18,7 +20,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from cacheguard import CacheGuard
+from cacheguard.aio import AsyncCacheGuard
+from cacheguard.aio.local import AsyncLocalRWLock
 from cacheguard.sqlalchemy import outbox_table, sqlite_engine, track_models
+from cacheguard.sqlalchemy.guards import guard_io
 from cacheguard.testing import free_port
 from tests.faults.proxy import TcpProxy
 
@@ -144,3 +149,36 @@ def test_a_fill_in_such_a_transaction_after_redis_returns_stores_nothing(
         direct.close()
         proxy.close()
         engine.dispose()
+
+
+async def test_a_local_hold_released_from_another_thread_wakes_the_loop_s_waiters(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dropped session's holds are released by a background thread; an asyncio
+    guard's local lock belongs to its loop: the release is handed to the loop, so a
+    task waiting there gets the lock at once, not at its timeout."""
+    guard = AsyncCacheGuard.from_url(redis_url, namespace=namespace)
+    io = guard_io(guard)
+    try:
+        await guard.get_or_load("k", lambda: 1, ttl=60)  # binds the guard to this loop
+        lock = guard.rwlock("k")
+        holder = asyncio.current_task()
+        await lock.local.acquire_write(5)
+        waiter = asyncio.ensure_future(lock.local.acquire_write(5))
+        await asyncio.sleep(0)  # it waits for the hold
+        assert not waiter.done()
+        released_in: list[threading.Thread] = []
+        release = AsyncLocalRWLock.release_write
+
+        def recorded(self: AsyncLocalRWLock, **kwargs: Any) -> None:  # where it changes
+            released_in.append(threading.current_thread())
+            release(self, **kwargs)
+
+        monkeypatch.setattr(AsyncLocalRWLock, "release_write", recorded)
+        threading.Thread(target=io.release_local, args=(lock, holder)).start()
+        await asyncio.wait_for(waiter, 2)  # woken by the release, long before 5 s
+        assert released_in == [threading.current_thread()]  # on the loop's thread
+        monkeypatch.undo()
+        lock.local.release_write(holder=waiter)  # held by the waiter's task now
+    finally:
+        await guard.aclose()

@@ -3389,6 +3389,32 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[async]",
         ),
     ),
+    Mutant(
+        "circuit-closing-marks-replay",
+        "a circuit that closes after it was open, whichever call probed it (a write's too), "
+        "makes the guard replay its outbox before it serves from Redis again",
+        "cacheguard/cache/core.py",
+        "            on_close=self._recovery.mark,\n",
+        "",
+        (
+            "tests/test_fallback.py::"
+            "test_a_write_that_probes_a_circuit_back_marks_the_replay_pending",
+            "tests/test_breaker.py::"
+            "test_a_circuit_closing_after_it_was_open_calls_on_close_whoever_probed",
+        ),
+    ),
+    Mutant(
+        "asyncio-local-release-on-its-loop",
+        "a local write hold of an asyncio guard released from another thread (a dropped "
+        "session's) is released on the guard's loop, waking its waiters at once",
+        "cacheguard/sqlalchemy/guards.py",
+        "        if loop is None or running is loop:\n",
+        "        if True:\n",
+        (
+            "tests/test_outbox_privacy.py::"
+            "test_a_local_hold_released_from_another_thread_wakes_the_loop_s_waiters",
+        ),
+    ),
 )
 
 

@@ -26,12 +26,14 @@ class CircuitBreaker:
         failures: int = 3,
         cooldown: float = 2.0,
         timer: Callable[[], float] = time.monotonic,
+        on_close: Callable[[], None] = lambda: None,
     ) -> None:
         if failures < 1 or cooldown <= 0:
             raise ValueError("breaker failures must be >= 1 and cooldown > 0")
         self.failures = failures
         self.cooldown = cooldown
         self._timer = timer
+        self._on_close = on_close  # its node answered again (whichever call probed)
         self._mutex = threading.Lock()
         self._consecutive = 0
         self._opened_at: float | None = None
@@ -71,7 +73,9 @@ class CircuitBreaker:
             self._consecutive = 0
             self._opened_at = None
             self._probing = False
-            return closed
+        if closed:
+            self._on_close()
+        return closed
 
     def failure(self) -> None:
         with self._mutex:
@@ -90,8 +94,9 @@ class Breakers:
     a single server or a Sentinel master.
 
     ``node_of(key)`` names the node that serves a Redis key now (None: a single
-    server). A key whose node cannot be named (no node serves its slot yet) shares
-    the breaker of keys on no known node.
+    server). ``on_close`` is called when a circuit closes after it was open (any
+    call's success: a read's, a write's, a lock's). A key whose node cannot be
+    named (no node serves its slot yet) shares the breaker of keys on no known node.
     """
 
     def __init__(
@@ -101,8 +106,10 @@ class Breakers:
         cooldown: float,
         timer: Callable[[], float] = time.monotonic,
         node_of: Callable[[str], str] | None = None,
+        on_close: Callable[[], None] = lambda: None,
     ) -> None:
         self._settings = (failures, cooldown, timer)
+        self._on_close = on_close
         self.single = node_of is None
         self.shared = self._new()  # the only one on a single server
         self._node_of = node_of
@@ -111,7 +118,9 @@ class Breakers:
 
     def _new(self) -> CircuitBreaker:
         failures, cooldown, timer = self._settings
-        return CircuitBreaker(failures=failures, cooldown=cooldown, timer=timer)
+        return CircuitBreaker(
+            failures=failures, cooldown=cooldown, timer=timer, on_close=self._on_close
+        )
 
     def of(self, key: str) -> CircuitBreaker:
         """The breaker of the node serving Redis key ``key``."""

@@ -90,11 +90,15 @@ class GuardCore:
         # The unlocked loads of callers whose waits timed out, shared per key.
         self._shared_loads = SharedLoads(flight_event, timer, settings.max_load_time)
         self._stats = StatsRecorder(on_event)
+        # Outbox replays before serving after an outage: pending again whenever a
+        # circuit closes (its node is back: rows for it may wait in the outbox).
+        self._recovery = Recovery(timer=timer)
         self._breakers = Breakers(
             failures=settings.breaker_failures,
             cooldown=settings.breaker_cooldown,
             timer=timer,
             node_of=node_of,
+            on_close=self._recovery.mark,
         )
         self._replicas = replicas  # how many the deployment has, for confirm_replicas=None
         self._loads = Loads(self._stats, timer)
@@ -104,7 +108,6 @@ class GuardCore:
         self._last_seen: LastSeen | None = None
         if settings.outage_ttl or settings.stale_if_error:
             self._last_seen = LastSeen(maxsize=settings.fallback_maxsize, timer=timer)
-        self._recovery = Recovery(timer=timer)  # outbox replays before serving after an outage
         self._gutter: Any = None  # the guard on the gutter Redis, if one is given
         self._checks_snapshots = True  # False in a gutter's guard (cache/gutter.py)
         self._closed = False

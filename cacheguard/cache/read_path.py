@@ -52,6 +52,7 @@ from cacheguard.cache.flow import (
     timed_out_flow,
 )
 from cacheguard.cache.l1 import ABSENT
+from cacheguard.cache.recovery import ReplayFailed
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
 from cacheguard.cache.wire import parse_timed_get, timed_get_call
 from cacheguard.exceptions import BackendUnavailable, GuardClosed
@@ -232,8 +233,7 @@ class ReadPath(GuardCore):
                         name, flight, exc.__cause__, template, ttl, none_ttl
                     )
                 else:
-                    if breaker.success():  # its node is back: writes may wait in the outbox
-                        self._recovery.mark()
+                    breaker.success()  # closing, it marks the recovery pending
                     if self._recovery.pending:
                         raw = yield from self._replayed_then_reread(name, template)
                     if raw is NOT_REPLAYED:
@@ -352,7 +352,9 @@ class ReadPath(GuardCore):
             yield REPLAY
         except Exception as exc:
             self._stats.count("replay_failures", name, 0.0, exc, template)
-            log.warning("outbox replay failed, %r is not served from Redis: %s", name, exc)
+            # Logged once per failed run; the reads it turns away meanwhile are counted.
+            if not isinstance(exc, ReplayFailed):
+                log.warning("outbox replay failed, %r is not served from Redis: %s", name, exc)
             return NOT_REPLAYED
         try:
             return (yield LOOKUP)
@@ -477,8 +479,7 @@ class ReadPath(GuardCore):
                     f"Redis unreachable reading {name!r}: {client_error(exc)}"
                 ) from client_error(exc)
             return MISSING
-        if self._breaker(name).success():
-            self._recovery.mark()
+        self._breaker(name).success()
         if self._recovery.pending:
             raw = yield from self._replayed_then_reread(name, template)
             if raw is NOT_REPLAYED:

@@ -13,6 +13,7 @@ coroutine is sent to the guard's event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
@@ -140,7 +141,15 @@ class _Awaiting:
         return lock
 
     def release_local(self, lock: Any, holder: Any) -> None:
-        lock.local.release_write(holder=holder)
+        loop = self.guard._binding.loop
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop:
+            lock.local.release_write(holder=holder)
+        else:  # a dropped session's release, from another thread: on the loop, so it wakes
+            loop.call_soon_threadsafe(functools.partial(lock.local.release_write, holder=holder))
 
 
 def guard_io(guard: Any) -> GuardIO:

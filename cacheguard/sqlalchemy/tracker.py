@@ -485,7 +485,9 @@ class ModelTracker:
         # stored, remembered nor shared) and this process's other callers wait.
         for name in sorted(keys):
             if name not in state.locks and name not in state.local_holds:
-                timeout = self.lock_timeout or self._io.settings.wait_timeout
+                timeout = self.lock_timeout
+                if timeout is None:
+                    timeout = self._io.settings.wait_timeout
                 state.local_holds[name] = self._io.hold_local(name, timeout, state.holder)
         transaction = session.get_nested_transaction() or session.get_transaction()
         state.outboxed.setdefault(id(transaction), {}).update(rows)
