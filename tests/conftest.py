@@ -99,3 +99,11 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'menu.sqlite3'}"
     return str(request.param)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """dogpile.cache's own suites mark their threaded tests ``time_intensive``: here
+    they run with the slow tests (the whole suite, in CI), not in ``-m "not slow"``."""
+    for item in items:
+        if item.get_closest_marker("time_intensive") is not None:
+            item.add_marker(pytest.mark.slow)

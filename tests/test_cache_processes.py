@@ -19,6 +19,7 @@ from tests.helpers import make_guard, start_gated_fill
 from tests.procs import CTX, result_within, run_processes, start_process_reporting
 
 
+@pytest.mark.slow
 def test_cold_key_stampede_loads_once(client: redis.Redis, redis_url: str, namespace: str) -> None:
     """4 processes x 25 threads ask for one cold key whose loader takes 100 ms."""
     start_at = time.time() + 2.0  # all threads start together, after the spawns
@@ -58,6 +59,7 @@ def test_waiter_in_another_process_is_woken_by_the_fills_announcement(
             child.kill()
 
 
+@pytest.mark.slow
 def test_many_cold_keys_each_load_once(client: redis.Redis, redis_url: str, namespace: str) -> None:
     names = [f"item:{i}" for i in range(1000)]
     start_at = time.time() + 2.0
@@ -99,6 +101,7 @@ def database(tmp_path: Path) -> Iterator[tuple[str, str]]:
         yield path, table
 
 
+@pytest.mark.slow
 def test_no_read_after_a_write_returns_an_older_version(
     client: redis.Redis, redis_url: str, namespace: str, database: tuple[str, str]
 ) -> None:

@@ -329,6 +329,7 @@ async def test_writes_go_on_while_the_invalidation_sequence_shard_is_dead(
         cluster.close()
 
 
+@pytest.mark.slow
 def test_a_cold_key_stampede_across_processes_on_a_cluster_loads_once(
     redis_cluster: OwnedRedisCluster, cluster_ns: str
 ) -> None:
@@ -405,6 +406,7 @@ async def test_closing_a_from_url_guard_closes_its_connections_on_every_node(
     assert wait_until(lambda: cluster_connections(redis_cluster) <= before)
 
 
+@pytest.mark.slow
 async def test_a_new_asyncio_cluster_client_with_no_node_answering_is_redis_down(
     redis_server_binary: str, cluster_ns: str
 ) -> None:

@@ -121,6 +121,7 @@ def test_every_master_serves_keys_through_the_cluster_client(
         client.close()
 
 
+@pytest.mark.slow
 @needs_redis_server
 def test_private_cluster_flushes_then_closes_leaving_nothing() -> None:
     cluster = OwnedRedisCluster(masters=1, replicas_per_master=1)
@@ -216,6 +217,7 @@ def test_sentinel_close_kills_every_process_and_removes_its_directories() -> Non
     assert_all_gone(pids, workdirs)
 
 
+@pytest.mark.slow
 @needs_redis_server
 def test_restart_refuses_a_port_another_server_took(monkeypatch: pytest.MonkeyPatch) -> None:
     # Between a kill and the restart anyone may bind the freed port; a restart must

@@ -554,6 +554,7 @@ def ci_build_flags() -> tuple[str, ...]:
     raise AssertionError(".ci/run no longer builds the docs site with mkdocs")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", ["tests", "ci"])
 def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path: Path, build: str) -> None:
     """The site as it is (mkdocs.yml, its hooks, docs/) copied, with one link to a

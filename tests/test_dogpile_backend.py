@@ -669,6 +669,7 @@ def test_a_guard_write_and_a_creator_exclude_each_other(
     assert region.get("k") is NO_VALUE  # the write invalidated the created value
 
 
+@pytest.mark.slow
 def test_a_live_holders_lease_is_renewed_and_a_dead_ones_ends(
     redis_url: str, namespace: str, client: redis.Redis, make_backend: Any
 ) -> None:

@@ -163,7 +163,9 @@ async def test_an_evicted_lock_hash_takes_the_fill_with_it(make: Make, client: r
 
 
 async def test_a_value_loaded_during_a_write_is_not_stored(make: Make, client: redis.Redis) -> None:
-    guard, other = make(), make()
+    # (The sync face runs each call in a worker thread of its own context, so the read
+    # is not the write block's: it waits wait_timeout, then loads without storing.)
+    guard, other = make(wait_timeout=1), make()
     async with guard.write("k"):
         # The writer itself may read (it sees its own uncommitted state) but stores nothing.
         assert await guard.get_or_load("k", Loads("uncommitted"), ttl=60) == "uncommitted"

@@ -177,6 +177,7 @@ def test_registry_shares_while_used_and_forgets_after() -> None:
     assert "k" not in registry
 
 
+@pytest.mark.slow
 def test_registry_memory_stays_bounded_for_a_million_keys() -> None:
     registry: WeakRegistry[LocalRWLock] = WeakRegistry(LocalRWLock)
     kept = registry.get("kept")

@@ -17,6 +17,7 @@ from cacheguard.testing import RedisEndpoint
 from tests.helpers import wait_until
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_forked_child_renews_its_own_leases(client: redis.Redis, namespace: str) -> None:
     lock = RedisRWLock(client, "k", namespace=namespace, lease=0.6)

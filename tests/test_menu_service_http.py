@@ -286,6 +286,7 @@ def test_an_upgrade_request_is_a_plain_request(service: Service) -> None:
     assert reply.json()["id"] == 1
 
 
+@pytest.mark.slow
 def test_a_later_request_head_on_a_kept_alive_connection_has_a_deadline_too(
     redis_url: str,
 ) -> None:
@@ -479,6 +480,7 @@ def test_writes_check_parents_under_the_list_lock(
 # -- shutting down -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_finishes_requests_in_flight_and_leaves_nothing_behind(
     sig: int, tmp_path: Path
@@ -542,6 +544,7 @@ def test_a_stop_signal_while_starting_leaves_nothing_behind(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_restart_does_not_serve_what_an_earlier_run_cached(redis_url: str) -> None:
     """With a REDIS_URL that outlives the service, a restart (which seeds the table
     anew) must not serve the entries the earlier run cached."""

@@ -190,6 +190,7 @@ def test_a_dropped_store_hold_is_given_back_not_renewed(
         assert again.token > 0
 
 
+@pytest.mark.slow
 def test_a_kept_handle_stays_held_whatever_thread_took_it(
     client: redis.Redis, namespace: str
 ) -> None:

@@ -260,6 +260,7 @@ def test_release_from_another_thread(client: redis.Redis, namespace: str) -> Non
     assert not client.exists(lock.keys.lock)
 
 
+@pytest.mark.slow
 def test_watchdog_keeps_live_holder_then_stops(client: redis.Redis, namespace: str) -> None:
     dog = Watchdog()
     lock = make(client, namespace, lease=0.5, watchdog=dog)

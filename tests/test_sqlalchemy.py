@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 import sqlalchemy as sa
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from cacheguard import (
@@ -577,7 +579,10 @@ def test_flush_fails_cleanly_when_invalidation_fails(
     redis_url: str, namespace: str, db_url: str, table: str
 ) -> None:
     stack = Stack(redis_url, namespace, db_url, table, wait_timeout=1)
-    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    # No retries of the client's own (from_url's clients have none either): refused at once.
+    dead = redis.Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
     stack.guard.client = dead  # invalidation fails; the lock scripts use the live client
     try:
         with stack.sessions() as session:

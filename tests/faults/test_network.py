@@ -43,6 +43,7 @@ def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
     return time.monotonic() - began, outcome
 
 
+@pytest.mark.slow
 def test_black_hole_every_public_call_returns_or_raises_within_its_deadline(
     proxy: TcpProxy,
 ) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from cacheguard import MISSING, CacheGuard
 from cacheguard.cache.scripts import FILL_BEGIN
 from cacheguard.testing import OwnedRedisServer
@@ -15,6 +17,7 @@ CONNECT_TIMEOUT, SOCKET_TIMEOUT, WAIT_TIMEOUT = 0.5, 0.5, 2.0
 DEADLINE = WAIT_TIMEOUT + CONNECT_TIMEOUT + SOCKET_TIMEOUT + 0.5
 
 
+@pytest.mark.slow
 def test_redis_restart_mid_traffic(owned_redis: OwnedRedisServer) -> None:
     guard = CacheGuard.from_url(
         owned_redis.url,

@@ -68,6 +68,7 @@ def test_acl_user_works_inside_its_namespace_and_is_refused_outside(
         outside.invalidate("menu:list")
 
 
+@pytest.mark.slow
 def test_tls_through_a_rediss_url(redis_binary: str, tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
