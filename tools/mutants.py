@@ -2436,9 +2436,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "metrics-bypass-backend-error-templated",
         "the backend error behind a bypass carries the key's template",
-        "cacheguard/cache/core.py",
-        "self._backend_failed(name, exc, template=template)",
-        "self._backend_failed(name, exc)",
+        "cacheguard/cache/read_path.py",
+        "                self._backend_failed(name, exc, template=template)\n",
+        "                self._backend_failed(name, exc)\n",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
     ),
     Mutant(
