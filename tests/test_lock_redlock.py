@@ -652,7 +652,9 @@ def test_a_handle_dropped_unreleased_is_given_back_on_every_master(
     """A thread that ended holding a Redlock write it never released (nothing
     references the handle): the watchdog releases it on every master at its next
     renewal instead of renewing it for the life of the process."""
-    lock = make_lock(masters, namespace, lease=0.9)
+    # Renewed every lease/3 s: long enough that the hold is still there to be seen
+    # below on a loaded machine, short enough that its give-back comes soon after.
+    lock = make_lock(masters, namespace, lease=3.0)
     dropped: list[Any] = []
 
     def take_and_drop() -> None:
