@@ -27,30 +27,7 @@ def run_processes(
     A child's exception is re-raised here with its traceback; a child that does
     not report within ``timeout`` fails the test (and is killed).
     """
-    results = CTX.Queue()
-    procs = [
-        CTX.Process(target=_trampoline, args=(results, i, target, args), daemon=True)
-        for i, args in enumerate(arg_lists)
-    ]
-    for p in procs:
-        p.start()
-    out: dict[int, Any] = {}
-    try:
-        for _ in procs:
-            try:
-                index, ok, value = results.get(timeout=timeout)
-            except queue_module.Empty:
-                raise AssertionError(f"a child process did not finish within {timeout}s") from None
-            if not ok:
-                raise AssertionError(f"child process {index} failed:\n{value}")
-            out[index] = value
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return [out[i] for i in range(len(procs))]
+    return results_of(start_processes(target, arg_lists), timeout=timeout)
 
 
 def start_process(target: Callable[..., Any], *args: Any) -> BaseProcess:
