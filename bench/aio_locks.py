@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import percentile, run_line, run_report
 from cacheguard import RedisRWLock
 from cacheguard.aio import AsyncRedisRWLock, async_notifier_for
-from cacheguard.locks.notifier import notifier_for
+from cacheguard.redis.notifier import notifier_for
 from cacheguard.testing import RedisEndpoint
 
 MARK = "bench/aio_locks.py"

@@ -50,6 +50,8 @@ import redis.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cacheguard_testing.deployments import OwnedRedisCluster
+
 from bench._common import (
     command_calls,
     interleaved_batches_us,
@@ -63,9 +65,8 @@ from bench._common import (
 from cacheguard import CacheGuard, CacheLoader, cached_with_lock
 from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader, async_notifier_for
 from cacheguard.cache.scripts import TIMED_GET
-from cacheguard.clients import parse_url, sync_client_from_url
-from cacheguard.deployments import OwnedRedisCluster
-from cacheguard.locks.notifier import notifier_for
+from cacheguard.redis.clients import parse_url, sync_client_from_url
+from cacheguard.redis.notifier import notifier_for
 from cacheguard.testing import RedisEndpoint
 
 CTX = mp.get_context("spawn")

@@ -79,7 +79,7 @@ def worker(
     region.get_or_create(f"warm-{os.getpid()}", lambda: "warm")  # connections, scripts
     if backend == "cacheguard":
         # The process's pub/sub connection, open in a service after its first wait.
-        from cacheguard.locks.notifier import notifier_for
+        from cacheguard.redis.notifier import notifier_for
 
         with notifier_for(region.backend.guard.client).subscription(f"{prefix}:warm") as sub:
             sub.open(5)

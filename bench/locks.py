@@ -334,7 +334,7 @@ def postgres_counter() -> Callable[[Body, int], Count]:
 def postgres_lock(url: str, namespace: str, fence: str, name: str) -> Any:
     import sqlalchemy
 
-    from cacheguard.locks.postgres import PostgresRWLock
+    from cacheguard.locks.postgres.rwlock import PostgresRWLock
 
     engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.NullPool)
     return PostgresRWLock(engine, name, namespace=namespace, fence_sequence=fence)
@@ -347,7 +347,7 @@ def postgres_rig(args: argparse.Namespace) -> Iterator[Rig]:
 
     # The module another engineer may still be finishing: its failure to import
     # is reported in the rows, like an unreachable server.
-    from cacheguard.locks.postgres import PostgresRWLock, close_idle_connections, key_parts
+    from cacheguard.locks.postgres.rwlock import PostgresRWLock, close_idle_connections, key_parts
 
     url = postgres_url(args.postgres_url)
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
@@ -445,7 +445,7 @@ def zookeeper_counter(client: Any) -> Callable[[Body, int], Count]:
 def zookeeper_lock(hosts: str, namespace: str, name: str) -> Any:
     from kazoo.client import KazooClient
 
-    from cacheguard.locks.zookeeper import ZooKeeperRWLock
+    from cacheguard.locks.zookeeper.rwlock import ZooKeeperRWLock
 
     client = KazooClient(hosts=hosts)
     client.start(timeout=15)
@@ -454,10 +454,10 @@ def zookeeper_lock(hosts: str, namespace: str, name: str) -> Any:
 
 @contextlib.contextmanager
 def zookeeper_rig(args: argparse.Namespace) -> Iterator[Rig]:
+    from cacheguard_testing.zookeeper import zookeeper_server
     from kazoo.client import KazooClient
 
-    from cacheguard.locks.zookeeper import ZooKeeperRWLock
-    from cacheguard.testing import zookeeper_server
+    from cacheguard.locks.zookeeper.rwlock import ZooKeeperRWLock
 
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     with zookeeper_server() as server:

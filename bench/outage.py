@@ -61,7 +61,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import cacheguard.sqlalchemy as cg_sqlalchemy
+import cacheguard.integrations.sqlalchemy as cg_sqlalchemy
 from bench._common import percentile, run_line, write_section
 from cacheguard import CacheGuard
 from cacheguard.testing import OwnedRedisServer, free_port
@@ -147,7 +147,8 @@ def missing_feature(scenario: Scenario) -> str | None:
     ):
         return (
             f"scenario {scenario.name} needs track_models(..., outbox=True) and "
-            f"cacheguard.sqlalchemy.outbox_table, which the installed cacheguard ({where}) lacks"
+            f"cacheguard.integrations.sqlalchemy.outbox_table, which the installed cacheguard "
+            f"({where}) lacks"
         )
     return None
 

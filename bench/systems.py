@@ -29,7 +29,7 @@ import redis
 
 from cacheguard import CacheGuard
 from cacheguard.aio import AsyncCacheGuard, async_notifier_for
-from cacheguard.locks.notifier import notifier_for
+from cacheguard.redis.notifier import notifier_for
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,21 @@
 """cacheguard: read-through caching on Redis that does not stampede the database.
 
-Use :class:`CacheGuard` with :class:`CacheLoader` or :func:`cached_with_lock`.
-The foundation is a read-write lock shared by every thread of every process:
-:class:`LocalRWLock` (threads), :class:`RedisRWLock` (processes, with leases, a
-watchdog, fencing tokens and pub/sub wake-ups) and :class:`TwoTierRWLock` (the
-local lock in front of the distributed one).
+Use :class:`CacheGuard` with :class:`CacheLoader` or :func:`cached_with_lock`
+(their asyncio twins are in :mod:`cacheguard.aio`). The foundation is a
+read-write lock shared by every thread of every process: :class:`LocalRWLock`
+(threads), :class:`RedisRWLock` (processes, with leases, a watchdog, fencing
+tokens and pub/sub wake-ups) and :class:`TwoTierRWLock` (the local lock in front
+of the distributed one); more lock stores are in :mod:`cacheguard.locks`.
+
+The names below are imported on first use: ``import cacheguard`` alone loads the
+exceptions and nothing of Redis, asyncio or the lock stores.
 """
 
-from cacheguard.backoff import Backoff
-from cacheguard.cache import (
-    MISSING,
-    CachedFunction,
-    CacheEvent,
-    CacheGuard,
-    CacheLoader,
-    Codec,
-    JsonCodec,
-    MsgpackCodec,
-    PickleCodec,
-    Stats,
-)
-from cacheguard.decorator import cached_with_lock
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cacheguard._lazy import lazy_exports
 from cacheguard.exceptions import (
     BackendUnavailable,
     CacheGuardError,
@@ -37,23 +32,25 @@ from cacheguard.exceptions import (
     WriteNotConfirmed,
     WrongEventLoop,
 )
-from cacheguard.locks import (
-    LocalRWLock,
-    LockFactory,
-    LockHandle,
-    Notifier,
-    RedisRWLock,
-    TwoTierRWLock,
-    Watchdog,
-    WeakRegistry,
-)
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from cacheguard.backoff import Backoff as Backoff
+    from cacheguard.cache.codec import Codec, JsonCodec, MsgpackCodec, PickleCodec
+    from cacheguard.cache.decorator import cached_with_lock
+    from cacheguard.cache.guard import MISSING, CacheGuard
+    from cacheguard.cache.loader import CachedFunction, CacheLoader
+    from cacheguard.cache.stats import CacheEvent, Stats
+    from cacheguard.locks.local import LocalRWLock
+    from cacheguard.locks.redis.rwlock import LockHandle, RedisRWLock
+    from cacheguard.locks.redis.watchdog import Watchdog as Watchdog
+    from cacheguard.locks.registry import WeakRegistry as WeakRegistry
+    from cacheguard.locks.two_tier import LockFactory as LockFactory
+    from cacheguard.locks.two_tier import TwoTierRWLock
+    from cacheguard.redis.notifier import Notifier as Notifier
 
 __all__ = [
     "MISSING",
     "BackendUnavailable",
-    "Backoff",
     "CacheEvent",
     "CacheGuard",
     "CacheGuardError",
@@ -66,24 +63,48 @@ __all__ = [
     "KeyTemplateError",
     "LocalRWLock",
     "LockError",
-    "LockFactory",
     "LockHandle",
     "LockLostError",
     "LockNotHeldError",
     "LockTimeout",
     "LockUpgradeError",
     "MsgpackCodec",
-    "Notifier",
     "PickleCodec",
     "RecursiveLoadError",
     "RedisRWLock",
     "SerializationError",
     "Stats",
     "TwoTierRWLock",
-    "Watchdog",
-    "WeakRegistry",
     "WriteNotConfirmed",
     "WrongEventLoop",
     "__version__",
     "cached_with_lock",
 ]
+
+__version__ = "0.1.0"
+
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "CacheGuard": "cacheguard.cache.guard",
+        "MISSING": "cacheguard.cache.guard",
+        "CacheLoader": "cacheguard.cache.loader",
+        "CachedFunction": "cacheguard.cache.loader",
+        "cached_with_lock": "cacheguard.cache.decorator",
+        "Codec": "cacheguard.cache.codec",
+        "JsonCodec": "cacheguard.cache.codec",
+        "MsgpackCodec": "cacheguard.cache.codec",
+        "PickleCodec": "cacheguard.cache.codec",
+        "CacheEvent": "cacheguard.cache.stats",
+        "Stats": "cacheguard.cache.stats",
+        "LocalRWLock": "cacheguard.locks.local",
+        "LockHandle": "cacheguard.locks.redis.rwlock",
+        "RedisRWLock": "cacheguard.locks.redis.rwlock",
+        "LockFactory": "cacheguard.locks.two_tier",
+        "TwoTierRWLock": "cacheguard.locks.two_tier",
+        "Backoff": "cacheguard.backoff",
+        "Notifier": "cacheguard.redis.notifier",
+        "Watchdog": "cacheguard.locks.redis.watchdog",
+        "WeakRegistry": "cacheguard.locks.registry",
+    },
+)

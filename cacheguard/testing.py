@@ -11,11 +11,11 @@
 error, and makes an unreachable ``REDIS_URL`` an error too: CI must fail, not
 quietly test against an imitation.
 
-:func:`zookeeper_server` yields a throwaway standalone ZooKeeper (for
-:class:`~cacheguard.locks.zookeeper.ZooKeeperRWLock`): the ``zookeeper`` Java
-server of the distribution package (Debian's ``zookeeper``; another install by
-``classpath=`` or ``ZOOKEEPER_CLASSPATH``), on a free loopback port with a
-temporary data directory.
+The ZooKeeper server and the Redis Cluster and Sentinel sets that the project's own
+tests start are test rigs, not part of this package: they live in the
+``cacheguard-testing`` distribution of the repository (``testing/``, package
+``cacheguard_testing``). ``zookeeper_server`` and its kin are still importable from
+here where that distribution is installed.
 """
 
 from __future__ import annotations
@@ -34,18 +34,16 @@ from typing import Any, Literal
 
 import redis
 
-from cacheguard.exceptions import REDIS_UNREACHABLE, BackendUnavailable
+from cacheguard.exceptions import BackendUnavailable
+from cacheguard.redis.errors import REDIS_UNREACHABLE
 
 __all__ = [
     "OwnedRedisServer",
-    "OwnedZooKeeperServer",
     "RedisEndpoint",
     "free_port",
     "redis_server",
     "require_real_redis",
     "spawn_redis_server",
-    "zookeeper_installed",
-    "zookeeper_server",
 ]
 
 Kind = Literal["url", "redis-server", "fakeredis"]
@@ -161,131 +159,6 @@ def spawn_redis_server(
         server.close()
 
 
-# Where Debian's ``zookeeper`` package puts the server; its manifest names the jars it needs.
-DEBIAN_ZOOKEEPER_CLASSPATH = "/usr/share/java/zookeeper.jar"
-_ZOOKEEPER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
-
-
-def zookeeper_installed(classpath: str | None = None) -> bool:
-    """Can :class:`OwnedZooKeeperServer` start here (a JRE and the server's jars)?"""
-    found = classpath or os.environ.get("ZOOKEEPER_CLASSPATH") or DEBIAN_ZOOKEEPER_CLASSPATH
-    jars = any(os.path.exists(part) for part in found.split(os.pathsep))
-    return jars and shutil.which("java") is not None
-
-
-class OwnedZooKeeperServer:
-    """A throwaway standalone ZooKeeper on a loopback port that its owner can kill and
-    restart. Its data directory outlives a restart, so sessions and znodes do too (a
-    client that reconnects within its session timeout keeps its session).
-
-    ``tick_ms`` is ZooKeeper's tick: sessions expire on tick boundaries and may be as
-    short as two ticks (``minSessionTimeout``) and as long as 60 s. ``classpath``:
-    the server's jars (default ``$ZOOKEEPER_CLASSPATH``, else Debian's).
-    """
-
-    def __init__(
-        self,
-        *,
-        port: int | None = None,
-        tick_ms: int = 100,
-        classpath: str | None = None,
-        java: str | None = None,
-    ) -> None:
-        self.classpath = (
-            classpath or os.environ.get("ZOOKEEPER_CLASSPATH") or DEBIAN_ZOOKEEPER_CLASSPATH
-        )
-        if not any(os.path.exists(part) for part in self.classpath.split(os.pathsep)):
-            raise FileNotFoundError(
-                f"no ZooKeeper server at {self.classpath} (apt-get install zookeeper, "
-                "or set ZOOKEEPER_CLASSPATH)"
-            )
-        found = java or shutil.which("java")
-        if found is None:
-            raise FileNotFoundError("java is not on the PATH (ZooKeeper needs a JRE)")
-        self.java = found
-        self.port = port or free_port()
-        self.workdir = tempfile.mkdtemp(prefix="cacheguard-zookeeper-")
-        self.config = os.path.join(self.workdir, "zoo.cfg")
-        with open(self.config, "w", encoding="utf-8") as cfg:
-            cfg.write(
-                f"tickTime={tick_ms}\n"
-                f"dataDir={os.path.join(self.workdir, 'data')}\n"
-                f"clientPort={self.port}\n"
-                "clientPortAddress=127.0.0.1\n"
-                f"minSessionTimeout={2 * tick_ms}\n"
-                "maxSessionTimeout=60000\n"
-                # A process kill loses nothing written to the page cache: skip fsync.
-                "forceSync=no\n"
-                "admin.enableServer=false\n"
-                "4lw.commands.whitelist=srvr,ruok,cons,mntr\n"
-            )
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    @property
-    def hosts(self) -> str:
-        """The connection string for ``KazooClient(hosts=...)``."""
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        """Start it (again, with the data it had) and wait until it serves requests."""
-        with open(os.path.join(self.workdir, "server.log"), "ab") as log:
-            self.proc = subprocess.Popen(
-                [self.java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                 "-Djava.net.preferIPv4Stack=true", "-cp", self.classpath, _ZOOKEEPER_MAIN,
-                 self.config],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        deadline = time.monotonic() + 30  # a JVM on a busy machine: allow it time
-        while not self._serving():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.kill()
-                raise BackendUnavailable(
-                    f"ZooKeeper on port {self.port} did not start (log in {self.workdir})"
-                )
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        """SIGKILL it: no goodbye to clients, whose sessions live on in its data."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-    def close(self) -> None:
-        self.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def four_letter(self, word: str) -> str:
-        """The answer to a four-letter command (``srvr``, ``cons``, ``mntr``, ``ruok``)."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as conn:
-            conn.sendall(word.encode())
-            chunks = []
-            while chunk := conn.recv(65536):
-                chunks.append(chunk)
-        return b"".join(chunks).decode(errors="replace")
-
-    def _serving(self) -> bool:
-        # "srvr" answers "not currently serving requests" until the database is loaded.
-        try:
-            return "Mode: standalone" in self.four_letter("srvr")
-        except OSError:
-            return False
-
-
-@contextlib.contextmanager
-def zookeeper_server(
-    *, port: int | None = None, tick_ms: int = 100, classpath: str | None = None
-) -> Iterator[OwnedZooKeeperServer]:
-    """Run a throwaway standalone ZooKeeper; its ``hosts`` go to ``KazooClient``."""
-    server = OwnedZooKeeperServer(port=port, tick_ms=tick_ms, classpath=classpath)
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def _error_replies_keep_connection(handler: Any) -> Any:
     """fakeredis's TCP server closes a connection after any error reply (a NOSCRIPT,
     a WRONGTYPE); real Redis answers the error and keeps the connection. Hand the
@@ -350,3 +223,28 @@ def redis_server(
         )
     with _fakeredis_server() as fake_url:
         yield RedisEndpoint(fake_url, "fakeredis")
+
+
+# The ZooKeeper rig moved to the cacheguard-testing distribution (testing/ in the
+# repository); the names the docs showed here keep working where it is installed.
+_MOVED_TO_RIGS = frozenset(
+    {
+        "DEBIAN_ZOOKEEPER_CLASSPATH",
+        "OwnedZooKeeperServer",
+        "zookeeper_installed",
+        "zookeeper_server",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED_TO_RIGS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        from cacheguard_testing import zookeeper  # noqa: PLC0415 - a rig, only on demand
+    except ImportError as exc:
+        raise ImportError(
+            f"cacheguard.testing.{name} is a test rig of the cacheguard-testing distribution: "
+            "pip install -e ./testing (from a checkout of the cacheguard repository)"
+        ) from exc
+    return getattr(zookeeper, name)

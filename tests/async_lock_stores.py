@@ -24,9 +24,9 @@ import sqlalchemy
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from cacheguard.aio import AsyncNotifier, AsyncRedisRWLock, AsyncRedlockRWLock, async_notifier_for
-from cacheguard.aio.postgres import AsyncPostgresRWLock, close_idle_async_connections
-from cacheguard.aio.redlock import default_async_redlock_watchdog
-from cacheguard.keys import ResourceKeys
+from cacheguard.locks.postgres.async_rwlock import AsyncPostgresRWLock, close_idle_async_connections
+from cacheguard.locks.redlock.async_rwlock import default_async_redlock_watchdog
+from cacheguard.redis.keys import ResourceKeys
 from tests.helpers import subscribers
 from tests.lock_stores import (
     REDIS_LEASE,

@@ -188,7 +188,7 @@ def wait_for_announced_fill(url: str, namespace: str, name: str, in_wait: Any) -
     wake this waiter a minute long: the fill-wait backoff here, the filler's lease
     (the parent's guard) and ``wait_timeout``. Sets ``in_wait`` as the waiter starts
     waiting on the key's channel (after its subscription and its second look)."""
-    from cacheguard.locks.notifier import Subscription
+    from cacheguard.redis.notifier import Subscription
 
     real_wait = Subscription.wait
 

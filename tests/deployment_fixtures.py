@@ -1,4 +1,4 @@
-"""Session-wide Redis Cluster and Sentinel deployments (``cacheguard.deployments``).
+"""Session-wide Redis Cluster and Sentinel deployments (``cacheguard_testing.deployments``).
 
 A test module that uses the fixtures declares::
 
@@ -27,8 +27,8 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from cacheguard_testing.deployments import OwnedRedisCluster, OwnedSentinelSet
 
-from cacheguard.deployments import OwnedRedisCluster, OwnedSentinelSet
 from cacheguard.testing import require_real_redis
 
 __all__ = ["cluster_namespace", "redis_cluster", "redis_server_binary", "sentinel_set"]

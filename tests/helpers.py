@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from cacheguard import CacheGuard
-from cacheguard.clients import sync_client_from_url
+from cacheguard.redis.clients import sync_client_from_url
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
@@ -32,7 +32,7 @@ def subscribers(client: redis.Redis, channel: str) -> int:
 
 
 def client_for(url: str) -> Any:
-    """The client a test child process uses (any deployment's URL, see cacheguard.clients)."""
+    """The client a test child process uses (any deployment's URL, see cacheguard.redis.clients)."""
     return sync_client_from_url(url, {"socket_connect_timeout": 2, "socket_timeout": 10})
 
 

@@ -21,20 +21,15 @@ from typing import Any, Literal, Protocol
 import pytest
 import redis
 import sqlalchemy
+from cacheguard_testing.zookeeper import OwnedZooKeeperServer, zookeeper_server
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from cacheguard import RedisRWLock
 from cacheguard.locks import RedlockRWLock
-from cacheguard.locks.postgres import PostgresRWLock, close_idle_connections, key_parts
-from cacheguard.locks.zookeeper import ZooKeeperRWLock
-from cacheguard.testing import (
-    OwnedRedisServer,
-    OwnedZooKeeperServer,
-    redis_server,
-    require_real_redis,
-    zookeeper_server,
-)
+from cacheguard.locks.postgres.rwlock import PostgresRWLock, close_idle_connections, key_parts
+from cacheguard.locks.zookeeper.rwlock import ZooKeeperRWLock
+from cacheguard.testing import OwnedRedisServer, redis_server, require_real_redis
 
 
 class Lock(Protocol):

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from cacheguard.keys import ResourceKeys
+from cacheguard.redis.keys import ResourceKeys
 from cacheguard.testing import OwnedRedisServer
 from tests.faults.proxy import TcpProxy
 from tests.guard_drivers import Guard

@@ -17,7 +17,7 @@ from sqlalchemy.orm import sessionmaker
 
 from cacheguard import CacheGuard
 from cacheguard.aio import AsyncCacheGuard
-from cacheguard.sqlalchemy import (
+from cacheguard.integrations.sqlalchemy import (
     AsyncOutboxReplayer,
     ModelTracker,
     OutboxReplayer,

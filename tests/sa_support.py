@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from cacheguard import CacheGuard
-from cacheguard.sqlalchemy import ModelTracker, sqlite_engine, track_models
+from cacheguard.integrations.sqlalchemy import ModelTracker, sqlite_engine, track_models
 from tests.helpers import client_for, make_guard
 
 MENU_KEYS = ("menu:list", "menu:{id}", "menu:children:{parent_id}")

@@ -287,7 +287,7 @@ def _swallowing_round_trip(in_flight: asyncio.Event) -> Any:
 async def test_a_closed_watchdog_stops_even_if_its_round_trip_swallows_the_cancel(
     aclient: redis.asyncio.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cacheguard.aio.watchdog as aio_watchdog
+    import cacheguard.locks.redis.async_watchdog as aio_watchdog
 
     in_flight = asyncio.Event()
     monkeypatch.setattr(aio_watchdog, "_run_batch", _swallowing_round_trip(in_flight))
@@ -307,9 +307,9 @@ async def test_a_closed_watchdog_stops_even_if_its_round_trip_swallows_the_cance
 async def test_a_closed_redlock_watchdog_stops_even_if_its_round_trip_swallows_the_cancel(
     aclient: redis.asyncio.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cacheguard.aio.redlock as aio_redlock
-    from cacheguard.aio.redlock import AsyncRedlockRWLock, AsyncRedlockWatchdog
-    from cacheguard.locks.wire import Renewal
+    import cacheguard.locks.redlock.async_rwlock as aio_redlock
+    from cacheguard.locks.redis.wire import Renewal
+    from cacheguard.locks.redlock.async_rwlock import AsyncRedlockRWLock, AsyncRedlockWatchdog
 
     in_flight = asyncio.Event()
     swallowing = _swallowing_round_trip(in_flight)

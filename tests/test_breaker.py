@@ -1,8 +1,8 @@
-"""The circuit breaker (cacheguard/cache/breaker.py), on an injected clock."""
+"""The circuit breaker (cacheguard/cache/outage/breaker.py), on an injected clock."""
 
 from __future__ import annotations
 
-from cacheguard.cache.breaker import Breakers, CircuitBreaker
+from cacheguard.cache.outage.breaker import Breakers, CircuitBreaker
 
 
 def test_a_probe_whose_outcome_never_comes_back_expires() -> None:

@@ -27,7 +27,7 @@ from cacheguard import (
     cached_with_lock,
 )
 from cacheguard.cache.entry import pack_entry
-from cacheguard.keys import ResourceKeys
+from cacheguard.redis.keys import ResourceKeys
 from cacheguard.testing import free_port
 from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
 

@@ -13,9 +13,10 @@ import pytest
 import redis
 
 from cacheguard import MISSING, CacheGuard, CacheLoader, cached_with_lock
-from cacheguard.cache import flow, wire
+from cacheguard.cache import wire
 from cacheguard.cache.codec import Codec, MsgpackCodec
 from cacheguard.cache.entry import pack_entry
+from cacheguard.cache.flows import fill as flow
 from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
 
 

@@ -1,4 +1,4 @@
-"""The deployments a URL names and the clients the guards accept (cacheguard/clients.py),
+"""The deployments a URL names and the clients the guards accept (cacheguard/redis/clients.py),
 then both guards on a real Sentinel set (a master, a replica, three sentinels)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 import redis
 import redis.asyncio
 import redis.cluster
+from cacheguard_testing.deployments import OwnedSentinelSet
 
 from cacheguard import MISSING, BackendUnavailable, CacheGuard
 from cacheguard.aio import AsyncCacheGuard
-from cacheguard.clients import parse_url
-from cacheguard.deployments import OwnedSentinelSet
-from cacheguard.exceptions import NoReplicasError
+from cacheguard.redis.clients import parse_url
+from cacheguard.redis.errors import NoReplicasError
 from cacheguard.testing import OwnedRedisServer
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard, guards_on
 from tests.helpers import subscribers, wait_until

@@ -18,15 +18,16 @@ import pytest
 import redis
 import redis.asyncio.cluster
 import redis.cluster
+from cacheguard_testing.deployments import OwnedRedisCluster
 
 from cacheguard import MISSING, BackendUnavailable, CacheGuard, RedisRWLock
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.cache.scripts import NEXT_STAMP
 from cacheguard.cache.watermark import note_snapshot
 from cacheguard.cache.wire import POISON_FLOOR
-from cacheguard.deployments import OwnedRedisCluster
-from cacheguard.keys import ResourceKeys
-from cacheguard.locks.scripts import arun_pipelined, run_pipelined
+from cacheguard.redis.async_scripts import arun_pipelined
+from cacheguard.redis.keys import ResourceKeys
+from cacheguard.redis.scripts import run_pipelined
 from tests import cache_workers
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard, guard_from_url, guards_on
 from tests.helpers import start_gated_fill, wait_until

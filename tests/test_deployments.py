@@ -15,10 +15,10 @@ from typing import TypeVar
 
 import pytest
 import redis
+from cacheguard_testing import deployments
+from cacheguard_testing.deployments import OwnedClusterNode, OwnedRedisCluster, OwnedSentinelSet
 from redis.cluster import RedisCluster
 
-from cacheguard import deployments
-from cacheguard.deployments import OwnedClusterNode, OwnedRedisCluster, OwnedSentinelSet
 from cacheguard.exceptions import BackendUnavailable
 from cacheguard.testing import OwnedRedisServer
 

@@ -60,10 +60,11 @@ from typing import Any
 
 import pytest
 import redis
+from cacheguard_testing.zookeeper import zookeeper_installed
 
 from cacheguard.aio import default_async_watchdog
-from cacheguard.locks.watchdog import default_watchdog
-from cacheguard.testing import require_real_redis, zookeeper_installed
+from cacheguard.locks.redis.watchdog import default_watchdog
+from cacheguard.testing import require_real_redis
 
 pytest_plugins = ["tests.deployment_fixtures"]
 
@@ -351,9 +352,11 @@ def check_signatures(block: Block) -> None:
 
     import cacheguard
     import cacheguard.aio
+    import cacheguard.locks
+    from cacheguard.backoff import Backoff  # the default of every lock's backoff=
 
-    scope: dict[str, Any] = {"time": time_module}
-    for module in (cacheguard, cacheguard.aio):
+    scope: dict[str, Any] = {"time": time_module, "Backoff": Backoff}
+    for module in (cacheguard, cacheguard.aio, cacheguard.locks):
         scope.update({name: getattr(module, name) for name in module.__all__})
     for statement in _statements(block):
         shape = _SIGNATURE.fullmatch(statement)
@@ -583,7 +586,7 @@ API_MODULES = (
     "cacheguard",
     "cacheguard.aio",
     "cacheguard.locks",
-    "cacheguard.sqlalchemy",
+    "cacheguard.integrations.sqlalchemy",
     "cacheguard.exceptions",
     "cacheguard.integrations.prometheus",
     "cacheguard.integrations.dogpile",

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from cacheguard_testing.deployments import OwnedRedisCluster, OwnedSentinelSet
 from dogpile.cache import make_region
 from dogpile.cache.api import NO_VALUE, CacheMutex
 from dogpile.cache.exception import ValidationError
@@ -40,16 +41,15 @@ from cacheguard import (
     LockTimeout,
 )
 from cacheguard.backoff import Backoff
-from cacheguard.deployments import OwnedRedisCluster, OwnedSentinelSet
 from cacheguard.exceptions import LockUpgradeError
 from cacheguard.integrations.dogpile import (
     BackendArgumentError,
     CacheGuardBackend,
     CacheGuardMutex,
 )
-from cacheguard.keys import ResourceKeys, watermark_key
 from cacheguard.locks import Holder, LockFactory, RedisRWLock
-from cacheguard.locks.scripts import FENCE_TTL_MS
+from cacheguard.locks.redis.lua import FENCE_TTL_MS
+from cacheguard.redis.keys import ResourceKeys, watermark_key
 from tests.helpers import client_for, subscribers, wait_until
 from tests.procs import CTX, result_within, run_processes, start_process_reporting
 

@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable
 
 import pytest
+from cacheguard_testing.deployments import OwnedRedisCluster, OwnedSentinelSet
 
 from cacheguard import CacheGuard
-from cacheguard.deployments import OwnedRedisCluster, OwnedSentinelSet
-from cacheguard.keys import ResourceKeys
+from cacheguard.redis.keys import ResourceKeys
 from tests.failover_load import Load, Tally, guard_maker
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP
 from tests.helpers import start_gated_fill, wait_until

@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from cacheguard import BackendUnavailable, CacheGuard, RecursiveLoadError, SerializationError
-from cacheguard.cache.fallback import NOT_SEEN, LastSeen, from_loader, mark_from_loader
-from cacheguard.cache.recovery import RETRY_DELAY, Recovery, ReplayFailed
+from cacheguard.cache.outage.fallback import NOT_SEEN, LastSeen, from_loader, mark_from_loader
+from cacheguard.cache.outage.recovery import RETRY_DELAY, Recovery, ReplayFailed
 from cacheguard.cache.watermark import note_snapshot
 from cacheguard.testing import free_port
 from tests.faults.proxy import TcpProxy

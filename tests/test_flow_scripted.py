@@ -15,7 +15,7 @@ import pytest
 from cacheguard.cache import wire
 from cacheguard.cache.codec import MsgpackCodec
 from cacheguard.cache.entry import MISSING, Entry, pack_entry, unpack_entry
-from cacheguard.cache.flow import (
+from cacheguard.cache.flows.fill import (
     FRESH,
     MISS,
     REFRESH,
@@ -37,12 +37,12 @@ from cacheguard.cache.flow import (
     judge,
     timed_out_flow,
 )
+from cacheguard.cache.outage.shared_loads import AwaitLoad, LoadShared, SharedLoads, shared_load
 from cacheguard.cache.scripts import FILL_BEGIN, FILL_END
 from cacheguard.cache.settings import GuardSettings
-from cacheguard.cache.shared_loads import AwaitLoad, LoadShared, SharedLoads, shared_load
 from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.exceptions import BackendUnavailable, FillFailed, LockTimeout
-from cacheguard.keys import ResourceKeys
+from cacheguard.redis.keys import ResourceKeys
 from cacheguard.steps import Subscribe, Wait
 
 CODEC = MsgpackCodec()

@@ -24,7 +24,7 @@ from cacheguard.backoff import Backoff
 from cacheguard.cache.codec import MsgpackCodec
 from cacheguard.cache.entry import pack_entry
 from cacheguard.cache.scripts import FILL_BEGIN
-from cacheguard.locks.notifier import Subscription
+from cacheguard.redis.notifier import Subscription
 from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
 
 # A retry timer of a minute: within a test's deadline only an announcement wakes.

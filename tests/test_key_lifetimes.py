@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from cacheguard import RedisRWLock
-from cacheguard.keys import watermark_key
-from cacheguard.locks.scripts import FENCE_TTL_MS
+from cacheguard.locks.redis.lua import FENCE_TTL_MS
+from cacheguard.redis.keys import watermark_key
 from tests import sa_support
 from tests.guard_drivers import KINDS, guards_on
 from tests.sa_support import Stack

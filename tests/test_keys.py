@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from cacheguard.keys import ResourceKeys, check_namespace, hash_tag, name_from_tag
+from cacheguard.redis.keys import ResourceKeys, check_namespace, hash_tag, name_from_tag
 
 
 def resource_key_names() -> list[str]:

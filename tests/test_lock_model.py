@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from cacheguard import LockHandle, LockLostError, RedisRWLock
-from cacheguard.locks.scripts import WITHDRAW
+from cacheguard.locks.redis.lua import WITHDRAW
 
 OWNERS = st.sampled_from(["A", "B", "C"])
 MODES = st.sampled_from(["read", "write"])

@@ -22,7 +22,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from cacheguard.aio.postgres import AsyncPostgresRWLock, close_idle_async_connections
 from cacheguard.exceptions import (
     BackendUnavailable,
     LockLostError,
@@ -30,8 +29,9 @@ from cacheguard.exceptions import (
     LockTimeout,
     LockUpgradeError,
 )
-from cacheguard.locks import postgres
-from cacheguard.locks.postgres import (
+from cacheguard.locks.postgres import rwlock as postgres
+from cacheguard.locks.postgres.async_rwlock import AsyncPostgresRWLock, close_idle_async_connections
+from cacheguard.locks.postgres.rwlock import (
     PostgresLockHandle,
     PostgresRWLock,
     advisory_key,

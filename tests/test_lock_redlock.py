@@ -31,15 +31,16 @@ import redis.asyncio
 
 from cacheguard import RedisRWLock
 from cacheguard.aio import AsyncRedlockRWLock
-from cacheguard.aio.redlock import default_async_redlock_watchdog
 from cacheguard.exceptions import (
     BackendUnavailable,
     LockLostError,
     LockTimeout,
     LockUpgradeError,
 )
-from cacheguard.locks import RedlockRWLock, quorum
-from cacheguard.locks.scripts import FENCE_TTL_MS
+from cacheguard.locks import RedlockRWLock
+from cacheguard.locks.redis.lua import FENCE_TTL_MS
+from cacheguard.locks.redlock import quorum
+from cacheguard.locks.redlock.async_rwlock import default_async_redlock_watchdog
 from cacheguard.testing import OwnedRedisServer
 from tests.lock_stores import REDLOCK_LEASE, redlock_lock, redlock_masters, redlock_writer_waiting
 from tests.procs import CTX, run_processes, start_process
@@ -575,7 +576,7 @@ async def test_async_cancelled_waiting_writer_withdraws_its_marks(
     make_alock: Callable[..., AsyncRedlockRWLock],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import cacheguard.aio.redlock as aio_redlock
+    import cacheguard.locks.redlock.async_rwlock as aio_redlock
 
     waiting = asyncio.Event()
     original_wait = aio_redlock._Waiter.wait

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from cacheguard import BackendUnavailable, LockFactory, RedisRWLock, Watchdog
-from cacheguard.locks import watchdog as watchdog_module
-from cacheguard.locks.notifier import notifier_for
+from cacheguard.locks.redis import watchdog as watchdog_module
+from cacheguard.redis.notifier import notifier_for
 from cacheguard.testing import RedisEndpoint
 from tests.helpers import wait_until
 

@@ -9,10 +9,9 @@ import pytest
 
 from cacheguard.backoff import Backoff
 from cacheguard.exceptions import LockTimeout
-from cacheguard.keys import ResourceKeys
-from cacheguard.locks import wire
 from cacheguard.locks.protocol import TRY, WITHDRAW, Attempt, Withdraw, acquire_flow
-from cacheguard.locks.scripts import (
+from cacheguard.locks.redis import wire
+from cacheguard.locks.redis.lua import (
     ACQUIRE,
     ACQUIRE_CONTRACT,
     RELEASE,
@@ -21,7 +20,8 @@ from cacheguard.locks.scripts import (
     RENEW_CONTRACT,
     WITHDRAW_CONTRACT,
 )
-from cacheguard.locks.scripts import WITHDRAW as WITHDRAW_SCRIPT
+from cacheguard.locks.redis.lua import WITHDRAW as WITHDRAW_SCRIPT
+from cacheguard.redis.keys import ResourceKeys
 from cacheguard.steps import Subscribe, Wait
 
 KEYS = ResourceKeys("ns", "menu:{x}")

@@ -21,14 +21,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from cacheguard_testing.zookeeper import OwnedZooKeeperServer
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
 from cacheguard.exceptions import BackendUnavailable, LockLostError, LockTimeout
-from cacheguard.locks.zookeeper import ZooKeeperRWLock
-from cacheguard.testing import OwnedZooKeeperServer
+from cacheguard.locks.zookeeper.rwlock import ZooKeeperRWLock
 from tests.lock_stores import held_briefly, in_thread, token_of, zookeeper_or_skip
 from tests.procs import CTX, start_process
 

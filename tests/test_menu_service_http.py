@@ -409,7 +409,7 @@ def test_writes_check_parents_under_the_list_lock(
     from sqlalchemy import event
     from sqlalchemy.orm import sessionmaker
 
-    from cacheguard.sqlalchemy import track_models
+    from cacheguard.integrations.sqlalchemy import track_models
     from tests.helpers import client_for, make_guard
 
     database = os.environ.get("DATABASE_URL") or ""

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from cacheguard import LockHandle, RedisRWLock
-from cacheguard.locks.notifier import Notifier, notifier_for
+from cacheguard.redis.notifier import Notifier, notifier_for
 from cacheguard.testing import RedisEndpoint
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import redis
 import redis.asyncio
 
-from cacheguard.aio.notifier import AsyncNotifier
-from cacheguard.locks.notifier import Notifier
+from cacheguard.redis.async_notifier import AsyncNotifier
+from cacheguard.redis.notifier import Notifier
 
 
 def test_a_revoked_channel_wakes_its_waiters_and_is_forgotten(

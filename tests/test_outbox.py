@@ -23,13 +23,12 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
+from cacheguard_testing.deployments import OwnedRedisCluster
 from sqlalchemy.orm import Session, sessionmaker
 
 from cacheguard import MISSING, BackendUnavailable, CacheGuard
-from cacheguard.cache.recovery import RETRY_DELAY
-from cacheguard.deployments import OwnedRedisCluster
-from cacheguard.keys import ResourceKeys
-from cacheguard.sqlalchemy import (
+from cacheguard.cache.outage.recovery import RETRY_DELAY
+from cacheguard.integrations.sqlalchemy import (
     AsyncOutboxReplayer,
     OutboxReplayer,
     async_outbox_depth,
@@ -37,7 +36,8 @@ from cacheguard.sqlalchemy import (
     outbox_table,
     track_models,
 )
-from cacheguard.sqlalchemy import outbox as outbox_module
+from cacheguard.integrations.sqlalchemy import outbox as outbox_module
+from cacheguard.redis.keys import ResourceKeys
 from cacheguard.testing import OwnedRedisServer, free_port
 from tests import outbox_support, sa_support
 from tests.faults.proxy import TcpProxy

@@ -21,9 +21,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from cacheguard import CacheGuard
 from cacheguard.aio import AsyncCacheGuard
-from cacheguard.aio.local import AsyncLocalRWLock
-from cacheguard.sqlalchemy import outbox_table, sqlite_engine, track_models
-from cacheguard.sqlalchemy.guards import guard_io
+from cacheguard.integrations.sqlalchemy import outbox_table, sqlite_engine, track_models
+from cacheguard.integrations.sqlalchemy.guards import guard_io
+from cacheguard.locks.async_local import AsyncLocalRWLock
 from cacheguard.testing import free_port
 from tests.faults.proxy import TcpProxy
 

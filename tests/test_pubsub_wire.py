@@ -1,8 +1,8 @@
-"""The notifiers' pub/sub wire (cacheguard/locks/pubsub.py), scripted: no server."""
+"""The notifiers' pub/sub wire (cacheguard/redis/pubsub.py), scripted: no server."""
 
 from __future__ import annotations
 
-from cacheguard.locks.pubsub import (
+from cacheguard.redis.pubsub import (
     Confirmations,
     Push,
     parse_push,

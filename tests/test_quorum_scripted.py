@@ -1,6 +1,6 @@
 """Redlock's decisions fed scripted answers, with no Redis and a hand-moved clock.
 
-Each test plays the driver of :func:`cacheguard.locks.quorum.round_flow`: it
+Each test plays the driver of :func:`cacheguard.locks.redlock.quorum.round_flow`: it
 answers every fan-out with per-master replies written out by hand (the acquire
 script's ``[status, value]``, an error, a lost connection) and checks the calls
 the flow asked for and what it decided. The sync and asyncio Redlock drive this
@@ -16,11 +16,12 @@ import pytest
 import redis
 
 from cacheguard.exceptions import BackendUnavailable
-from cacheguard.keys import ResourceKeys
-from cacheguard.locks import quorum, wire
 from cacheguard.locks.protocol import Attempt, Mode
-from cacheguard.locks.quorum import RAISE_FENCE, FanOut, Grant, RoundResult, Tidy
-from cacheguard.locks.scripts import ACQUIRE, RELEASE, WITHDRAW
+from cacheguard.locks.redis import wire
+from cacheguard.locks.redis.lua import ACQUIRE, RELEASE, WITHDRAW
+from cacheguard.locks.redlock import quorum
+from cacheguard.locks.redlock.quorum import RAISE_FENCE, FanOut, Grant, RoundResult, Tidy
+from cacheguard.redis.keys import ResourceKeys
 
 KEYS = ResourceKeys("t", "menu:7")
 LEASE = 10.0

@@ -20,7 +20,7 @@ from cacheguard import (
     RedisRWLock,
     Watchdog,
 )
-from cacheguard.locks.scripts import FENCE_TTL_MS
+from cacheguard.locks.redis.lua import FENCE_TTL_MS
 from cacheguard.testing import free_port
 from tests.helpers import wait_until
 

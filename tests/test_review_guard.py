@@ -13,12 +13,12 @@ import pytest
 import redis
 import redis.asyncio
 
-import cacheguard.aio.guard
+import cacheguard.cache.async_guard
 from cacheguard import CacheGuard
 from cacheguard.aio import AsyncCacheGuard
-from cacheguard.aio.two_tier import AsyncTwoTierRWLock
 from cacheguard.cache.scripts import FILL_BEGIN, NEXT_STAMP
-from cacheguard.locks.scripts import LuaScript
+from cacheguard.locks.async_two_tier import AsyncTwoTierRWLock
+from cacheguard.redis.scripts import LuaScript
 from tests.helpers import wait_until
 
 T = TypeVar("T")
@@ -207,7 +207,7 @@ async def test_a_writer_cancelled_during_its_closing_invalidation_still_invalida
     # its way when the task is cancelled. It must still run to its end.
     closing, go_on = asyncio.Event(), asyncio.Event()
     stamps: list[int] = []
-    send = cacheguard.aio.guard.arun_pipelined
+    send = cacheguard.cache.async_guard.arun_pipelined
 
     async def slow_closing(client: Any, calls: list[Any], *args: Any) -> Any:
         stamp = calls[0][0] is NEXT_STAMP
@@ -219,7 +219,7 @@ async def test_a_writer_cancelled_during_its_closing_invalidation_still_invalida
             stamps.extend(replies)
         return replies
 
-    monkeypatch.setattr(cacheguard.aio.guard, "arun_pipelined", slow_closing)
+    monkeypatch.setattr(cacheguard.cache.async_guard, "arun_pipelined", slow_closing)
 
     async def write() -> None:
         async with aguard.write("k"):

@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from cacheguard.cache.shared_loads import AwaitLoad, LoadShared, SharedLoads, Wave, shared_load
+from cacheguard.cache.outage.shared_loads import (
+    AwaitLoad,
+    LoadShared,
+    SharedLoads,
+    Wave,
+    shared_load,
+)
 
 Flow = Generator[Any, Any, Any]
 

@@ -24,7 +24,7 @@ import redis.asyncio
 
 from cacheguard import CacheGuard, CacheLoader, GuardClosed, cached_with_lock
 from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader
-from cacheguard.clients import aclose_async_client, close_sync_client
+from cacheguard.redis.clients import aclose_async_client, close_sync_client
 from tests import pickled_loaders
 from tests.helpers import wait_until
 
@@ -351,7 +351,7 @@ async def test_an_asyncio_guard_takes_a_plain_function_and_awaits_it(
 def test_a_notifier_closed_while_it_connects_drops_the_new_connection() -> None:
     """close() racing the listener's reconnect: the connection made meanwhile is
     disconnected, not kept open by a listener that will never read it."""
-    from cacheguard.locks.notifier import Notifier
+    from cacheguard.redis.notifier import Notifier
 
     events: list[str] = []
 

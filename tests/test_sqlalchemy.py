@@ -23,7 +23,7 @@ from cacheguard import (
     LockLostError,
     LockTimeout,
 )
-from cacheguard.sqlalchemy import track_models
+from cacheguard.integrations.sqlalchemy import track_models
 from cacheguard.testing import free_port
 from tests import sa_support
 from tests.helpers import client_for, make_guard, wait_until

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cacheguard import MISSING, CacheGuard, LockLostError
 from cacheguard.aio import AsyncCacheGuard
-from cacheguard.sqlalchemy import sqlite_async_engine, track_models
+from cacheguard.integrations.sqlalchemy import sqlite_async_engine, track_models
 from tests import sa_support
 from tests.helpers import subscribers, wait_until
 from tests.sa_support import MENU_KEYS

@@ -1,6 +1,6 @@
 """Timeouts do not stampede: under ``on_timeout="load"``, the callers of a process
 whose waits for a key timed out share one unlocked load of it at a time (see
-``cacheguard/cache/shared_loads.py``), on the real Redis, with real threads,
+``cacheguard/cache/outage/shared_loads.py``), on the real Redis, with real threads,
 tasks and processes. The waits are made to time out by a writer holding the key
 (a fill cannot begin) or by a loader slower than ``wait_timeout``.
 """

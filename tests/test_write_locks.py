@@ -27,7 +27,7 @@ from cacheguard import (
     RedisRWLock,
 )
 from cacheguard.aio import AsyncCacheGuard, AsyncRedisRWLock
-from cacheguard.sqlalchemy import sqlite_engine, track_models
+from cacheguard.integrations.sqlalchemy import sqlite_engine, track_models
 from tests.lock_stores import STORES, Store, held_briefly, in_thread
 
 

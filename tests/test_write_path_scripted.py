@@ -15,11 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from cacheguard.cache.flow import Call
-from cacheguard.cache.scripts import INVALIDATE, NEXT_STAMP, RAISE_WATERMARK, READ_WATERMARK
-from cacheguard.cache.settings import GuardSettings
-from cacheguard.cache.wire import POISON_FLOOR
-from cacheguard.cache.write_path import (
+from cacheguard.cache.flows.fill import Call
+from cacheguard.cache.flows.write import (
     AcquireWrite,
     Body,
     Command,
@@ -28,6 +25,9 @@ from cacheguard.cache.write_path import (
     Scan,
     WritePath,
 )
+from cacheguard.cache.scripts import INVALIDATE, NEXT_STAMP, RAISE_WATERMARK, READ_WATERMARK
+from cacheguard.cache.settings import GuardSettings
+from cacheguard.cache.wire import POISON_FLOOR
 from cacheguard.exceptions import BackendUnavailable, WriteNotConfirmed
 
 POISONED = POISON_FLOOR + 1_700_000_000_000_000  # what INVALIDATE writes: floor + server µs

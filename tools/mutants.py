@@ -62,7 +62,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lock-writer-excludes-readers",
         "a reader never enters while a writer holds the lock",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "  if mode == 'write' then return false end\n",
         "",
         ("tests/test_redis_lock.py::test_lock_timeout_within_deadline",),
@@ -70,7 +70,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lock-writer-excludes-writers",
         "one writer at a time, and none while readers hold the lock",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "    first = not mode\n",
         "    first = true\n",
         ("tests/test_redis_lock.py::test_readers_overlap_and_writer_excluded",),
@@ -78,7 +78,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lock-waiting-writer-holds-off-readers",
         "new readers wait behind a queued writer (writers are not starved)",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "  for who in pairs(s.q) do\n    if who ~= owner then return false end\n  end\n",
         "",
         ("tests/test_redis_lock.py::test_waiting_writer_blocks_new_readers",),
@@ -86,7 +86,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lock-fencing-tokens",
         "every fresh write holding takes a new, higher fencing token",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "    redis.call('INCR', fence)\n",
         "",
         ("tests/test_redis_lock.py::test_fencing_tokens_strictly_increase",),
@@ -95,7 +95,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "lock-fencing-after-expiry",
         "fencing tokens still increase after the lock's counter expired: a new counter "
         "starts from the server clock (µs), above every token handed out before",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "  local token = time_epoch()\n",
         "  local token = '1'\n",
         ("tests/test_redis_lock.py::test_fencing_tokens_increase_after_the_counter_expired",),
@@ -104,7 +104,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "lock-fence-counter-expires",
         "a lock's fencing counter expires (a day after its last token): every key cacheguard "
         "writes has a TTL but the namespace's invalidation sequence",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "  redis.call('SET', fence, token, 'PX', FENCE_TTL_MS)\n",
         "  redis.call('SET', fence, token)\n",
         (
@@ -119,7 +119,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "lock-fence-counter-lifetime-renewed",
         "each token taken from a fencing counter renews its lifetime (also a counter an "
         "older version left without one)",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "    redis.call('PEXPIRE', fence, FENCE_TTL_MS)\n",
         "",
         ("tests/test_redis_lock.py::test_a_counter_without_a_lifetime_gets_one_on_its_next_token",),
@@ -127,7 +127,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-raised-fence-expires",
         "a Redlock token written back to a master's fencing counter keeps the counter expiring",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "  redis.call('SET', KEYS[1], ARGV[1], 'PX', FENCE_TTL_MS)\n",
         "  redis.call('SET', KEYS[1], ARGV[1])\n",
         ("tests/test_lock_redlock.py::test_fencing_counters_expire_and_tokens_still_increase",),
@@ -135,7 +135,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lock-expired-holders-swept",
         "a holder whose lease ended stops counting, even while others keep the hash alive",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "  for who, ends in pairs(s.e) do\n    if ends <= now then\n",
         "  for who, ends in pairs(s.e) do\n    if false then\n",
         ("tests/test_redis_lock.py::test_crashed_reader_stops_counting_when_its_lease_ends",),
@@ -143,7 +143,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lock-release-checks-epoch",
         "a stale handle cannot release the owner's newer holding",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "if (s[kind][owner] or 0) == 0 or s.g[owner] ~= epoch then",
         "if (s[kind][owner] or 0) == 0 then",
         ("tests/test_redis_lock.py::test_same_owner_stale_handle_cannot_release_new_holding",),
@@ -151,7 +151,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lock-lease-renewal",
         "the watchdog extends a live holder's lease",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "s.e[owner] = now + lease\nput(s, 'e:' .. owner, s.e[owner])\nsettle(key, s, now)\n"
         "for who in pairs(s.q) do",
         "settle(key, s, now)\nfor who in pairs(s.q) do",
@@ -160,7 +160,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lock-release-announced",
         "a release that frees or downgrades the lock is announced on the key's channel",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "if after ~= before then redis.call('SPUBLISH', channel, after or 'free') end",
         "",
         ("tests/test_guarantees.py::test_lock_waiter_is_woken_by_the_release_announcement",),
@@ -168,7 +168,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "notifier-delivers",
         "the process's one pub/sub listener hands every message to the channel's waiters",
-        "cacheguard/locks/notifier.py",
+        "cacheguard/redis/notifier.py",
         "        for waiter in waiters:  # outside the mutex, which the waiters' threads need\n"
         "            waiter._deliver(payload)\n",
         "",
@@ -241,7 +241,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "watchdog-weak-store-handles",
         "a RedisRWLock handle dropped unreleased (its thread ended) is no longer renewed",
-        "cacheguard/locks/redis_rwlock.py",
+        "cacheguard/locks/redis/rwlock.py",
         "            self._watchdog.watch(handle, renew_for=renew_for, weak=True)\n",
         "            self._watchdog.watch(handle, renew_for=renew_for)\n",
         ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
@@ -249,7 +249,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-watchdog-weak-store-handles",
         "an AsyncRedisRWLock handle dropped unreleased (its task ended) is no longer renewed",
-        "cacheguard/aio/rwlock.py",
+        "cacheguard/locks/redis/async_rwlock.py",
         "            watchdog.watch(handle, renew_for=renew_for, weak=True)\n",
         "            watchdog.watch(handle, renew_for=renew_for)\n",
         ("tests/test_ownership.py::test_async_a_dropped_store_hold_is_given_back_not_renewed",),
@@ -258,7 +258,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "redlock-watchdog-weak-handles",
         "a Redlock handle dropped unreleased (its thread ended) is given back on every master, "
         "not renewed",
-        "cacheguard/locks/redlock.py",
+        "cacheguard/locks/redlock/rwlock.py",
         "            self._watchdog.watch(handle, weak=True)\n",
         "            self._watchdog.watch(handle)\n",
         (
@@ -269,7 +269,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-redlock-watchdog-weak-handles",
         "an AsyncRedlockRWLock handle dropped unreleased (its task ended) is given back",
-        "cacheguard/aio/redlock.py",
+        "cacheguard/locks/redlock/async_rwlock.py",
         "            watchdog.watch(handle, weak=True)"
         "  # a handle its task dropped is given back\n",
         "            watchdog.watch(handle)\n",
@@ -281,7 +281,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-dropped-handle-forgets-its-epochs",
         "a dropped Redlock handle's epochs no longer keep tidy-ups off its masters",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "        # Collected unreleased: its epochs no longer keep tidy-ups off its masters.\n"
         "        holdings.remove(self)\n",
         "        pass\n",
@@ -293,7 +293,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "watchdog-releases-dropped-handles",
         "the watchdog releases a dropped handle's holding at once instead of renewing it",
-        "cacheguard/locks/watchdog.py",
+        "cacheguard/locks/redis/lease.py",
         "            if not entry.releasing and entry.abandoned:\n",
         "            if False:\n",
         ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
@@ -314,7 +314,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-two-tier-reentered-read-joins",
         "a task re-entering an asyncio two-tier read lock joins its own shared hold even while "
         "a remote writer waits",
-        "cacheguard/aio/two_tier.py",
+        "cacheguard/locks/async_two_tier.py",
         "            if self._readers and stale and not reentry:\n",
         "            if self._readers and stale:\n",
         (
@@ -381,7 +381,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "full-redis-poisons-on-one-server",
         "an invalidation whose sequence number Redis refuses out of memory still goes "
         "through (poisoned), also on one server",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "        if isinstance(result, OutOfMemoryError) and not required:\n",
         "        if False:\n",
         (
@@ -393,7 +393,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "out-of-memory-is-redis-refusing",
         "Redis refusing writes out of memory is Redis down for every policy: never a raw "
         "redis-py error past on_backend_error",
-        "cacheguard/exceptions.py",
+        "cacheguard/redis/errors.py",
         "    NoReplicasError,\n    OutOfMemoryError,\n)",
         "    NoReplicasError,\n)",
         (
@@ -423,7 +423,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fill-dead-filler-abandoned",
         "a fill whose owner's lease ended is abandoned, so another process can take over",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "  if s.fill and not s.e[s.fill] then\n",
         "  if false then\n",
         (
@@ -442,7 +442,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "announcement-from-fill-seen-or-later",
         "a waiter takes an announced value only from the fill it saw under way or a later one",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "if message.fill_began_us >= begin.since_us and entry.version >= int(begin.version):",
         "if entry.version >= int(begin.version):",
         (
@@ -453,7 +453,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "prefix-invalidation-stamps-honoured",
         "a fill from a snapshot older than a prefix invalidation covering its key does not store",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "    return -1 if stamps and max(stamps) > snapshot else snapshot\n",
         "    return snapshot\n",
         ("tests/test_sqlalchemy.py::test_prefix_invalidation_refuses_fills_from_older_snapshots",),
@@ -499,7 +499,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "prefix-floor-refuses-older-snapshots",
         "a fill from a snapshot older than the floor of forgotten prefixes does not store",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "    if floor > snapshot:\n        return -1",
         "    if False:\n        return -1",
         (
@@ -509,7 +509,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "session-end-invalidates-again",
         "the end of a tracked transaction invalidates its keys again before releasing them",
-        "cacheguard/sqlalchemy/tracker.py",
+        "cacheguard/integrations/sqlalchemy/tracker.py",
         "    try:\n        guard.invalidate(*names)\n        invalidated = set(names)\n"
         "    except Exception:\n",
         "    try:\n        invalidated = set(names)\n    except Exception:\n",
@@ -521,7 +521,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-invalidates-after-body",
         "guard.write invalidates again after its body returned",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "                raise\n"
         "            yield from self._invalidate_flow(ordered, checked=True)\n",
         "                raise\n",
@@ -533,7 +533,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-invalidates-after-failed-body",
         "guard.write invalidates again after its body raised",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "                try:\n"
         "                    yield from self._invalidate_flow(ordered, checked=True)\n"
         "                except Exception as closing_error:\n",
@@ -548,7 +548,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "writer-reads-its-own-view",
         "a thread or task holding a key's write lock that reads the key loads its own view "
         "at once, never waiting on (or taking the value of) another caller's fill of it",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "            if lock.local.is_write_held_by_me():\n",
         "            if False:\n",
         (
@@ -562,7 +562,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-releases-from-any-thread",
         "a write context exited in another thread than it entered releases its locks",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "        errors = yield ReleaseWrites(tuple(held), holder)\n",
         "        errors = yield ReleaseWrites(tuple(held), None)\n",
         ("tests/test_trust.py::test_a_write_exited_in_another_thread_releases_its_locks",),
@@ -571,7 +571,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-lost-lock-raises",
         "a write whose lock was lost during its body raises LockLostError when it exits, "
         "after its closing invalidation",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "            raise losses[0]\n",
         "            pass\n",
         (
@@ -585,7 +585,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-lost-handle-counts",
         "a write lock whose handle a renewal marked lost fails the write even when its "
         "release goes through (locks from another store)",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         '            if isinstance(error, LockLostError) or getattr(handle, "lost", False):\n',
         "            if isinstance(error, LockLostError):\n",
         (
@@ -596,7 +596,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-lost-lock-noted-on-body-error",
         "a lock lost during a write whose body raised is attached to the body's error",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         '                    add_note(error, f"cacheguard: {lost}")\n',
         "                    pass\n",
         ("tests/test_lost_write_locks.py::test_the_bodys_error_wins_over_a_lost_lock[async]",),
@@ -604,7 +604,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sqlalchemy-lost-lock-fails-commit",
         "a tracked transaction whose write lock was lost does not commit (LockLostError)",
-        "cacheguard/sqlalchemy/tracker.py",
+        "cacheguard/integrations/sqlalchemy/tracker.py",
         '            if getattr(handle, "lost", False):\n',
         "            if False:\n",
         (
@@ -613,12 +613,12 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
         ),
     ),
-    # -- the outbox (issue #24: cacheguard/sqlalchemy/outbox.py, tests/test_outbox.py) --
+    # -- the outbox (issue #24: integrations/sqlalchemy/outbox.py, tests/test_outbox.py) ----------
     Mutant(
         "outbox-rows-in-the-writers-transaction",
         "a tracked write's outbox rows are written in its own transaction: unseen by others "
         "before the commit, gone with a rollback",
-        "cacheguard/sqlalchemy/outbox.py",
+        "cacheguard/integrations/sqlalchemy/outbox.py",
         '        connection = session.connection(bind_arguments={"clause": self._insert})\n'
         "        ids = _insert(connection, self.table, rows)\n",
         "        with self._engine.begin() as connection:\n"
@@ -633,7 +633,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-rows-deleted-after-confirmed-invalidation",
         "the closing step deletes only the outbox rows whose invalidation went through; "
         "the others wait for a replay",
-        "cacheguard/sqlalchemy/tracker.py",
+        "cacheguard/integrations/sqlalchemy/tracker.py",
         "        confirmed = [row for named, row in rows.items() if named in invalidated]\n",
         "        confirmed = list(rows.values())\n",
         (
@@ -645,7 +645,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outbox-replay-before-serving",
         "a guard that saw Redis fail replays the outbox before it serves a value read from Redis",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "                    if self._recovery.pending:\n"
         "                        raw = yield from self._replayed_then_reread(name, template)\n",
         "                    if False:\n"
@@ -662,7 +662,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-replay-waits-for-held-rows",
         "on PostgreSQL a replay waits for the rows another replayer holds and replays what it "
         "could not: none is skipped before a guard serves",
-        "cacheguard/sqlalchemy/outbox.py",
+        "cacheguard/integrations/sqlalchemy/outbox.py",
         "            [(claim.with_for_update(skip_locked=True), False), "
         "(claim.with_for_update(), True)]\n",
         "            [(claim.with_for_update(skip_locked=True), False)]\n",
@@ -674,7 +674,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outbox-replay-then-read-again",
         "after the replay the key is read again: the value read before it is not served",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "                        raw = yield from self._replayed_then_reread(name, template)\n",
         "                        yield from self._replayed_then_reread(name, template)\n",
         (
@@ -686,7 +686,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-poller-replays",
         "every tracking process replays the outbox on a timer: one that never saw the outage "
         "stops serving the old value within outbox_poll",
-        "cacheguard/sqlalchemy/outbox.py",
+        "cacheguard/integrations/sqlalchemy/outbox.py",
         "                if self._replayer.has_rows():\n",
         "                if False:\n",
         (
@@ -697,7 +697,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outbox-asyncio-poller-replays",
         "the asyncio guard's poller task replays the outbox on a timer too",
-        "cacheguard/sqlalchemy/outbox.py",
+        "cacheguard/integrations/sqlalchemy/outbox.py",
         "                if await self._replayer.has_rows():\n",
         "                if False:\n",
         (
@@ -709,7 +709,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-dead-shard-rows-wait",
         "on a cluster the rows of keys whose node's circuit is open wait in the outbox while "
         "the others are replayed: a dead shard does not keep the others' keys from Redis",
-        "cacheguard/sqlalchemy/outbox.py",
+        "cacheguard/integrations/sqlalchemy/outbox.py",
         '        waiting.update(row.id for row in rows if circuits.get(row.name) == "open")\n',
         "",
         (
@@ -722,7 +722,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-replay-wait-bounded",
         "on PostgreSQL a replay waits for the rows another replayer holds at most the guard's "
         "wait_timeout: a frozen replayer elsewhere does not block reads",
-        "cacheguard/sqlalchemy/outbox.py",
+        "cacheguard/integrations/sqlalchemy/outbox.py",
         "                _bound_lock_waits(connection, deadline)\n",
         "",
         (
@@ -734,7 +734,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-sqlite-replay-never-waits-for-itself",
         "on SQLite the replay before serving does not wait for the write lock to delete its "
         "rows (it may be the reader's own transaction's)",
-        "cacheguard/sqlalchemy/outbox.py",
+        "cacheguard/integrations/sqlalchemy/outbox.py",
         "                self._delete_sqlite([row.id for row in replayed], wait=not serving)\n",
         "                self._delete_sqlite([row.id for row in replayed], wait=True)\n",
         (
@@ -746,7 +746,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outbox-asyncio-poller-on-the-guards-loop",
         "the asyncio poller starts only on the loop the guard is bound to",
-        "cacheguard/sqlalchemy/outbox.py",
+        "cacheguard/integrations/sqlalchemy/outbox.py",
         "        if self._guard._binding.loop is not loop:\n",
         "        if self._guard._binding.loop not in (None, loop):\n",
         (
@@ -757,7 +757,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-body-error-wins",
         "the body's error reaches the caller even when the closing invalidation fails",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "                    add_note(body_error, closing_failed_note(ordered, closing_error))\n",
         "                    raise closing_error\n",
         ("tests/test_trust.py::test_the_bodys_error_wins_over_a_failing_closing_invalidation",),
@@ -797,7 +797,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "max-load-time-ends-renewal",
         "a fill whose loader overruns max_load_time stops blocking writers",
-        "cacheguard/locks/watchdog.py",
+        "cacheguard/locks/redis/lease.py",
         "entry.renew_until is not None and now >= entry.renew_until",
         "entry.renew_until is not None and False",
         ("tests/test_trust.py::test_a_hung_loader_stops_blocking_writers_after_max_load_time",),
@@ -821,7 +821,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "breaker-guards-peek",
         "an open circuit keeps peek off Redis",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         '        closed = self._circuit_open(f"reading {name!r}", (name,))\n',
         "        closed = None\n",
         ("tests/test_trust.py::test_every_entry_point_honours_an_open_circuit",),
@@ -829,7 +829,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "refresh-follows-backend-policy",
         "refresh with Redis down follows on_backend_error",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)\n"
         "            return (yield from self._bypass(name, exc, template))\n"
         "        return outcome.value",
@@ -841,7 +841,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "nested-namespaces-separate",
         "nested namespaces (x and x:ps) never share a key",
-        "cacheguard/keys.py",
+        "cacheguard/redis/keys.py",
         'return f"{namespace}:{{{hash_tag(prefix)}}}:ps"',
         'return f"{namespace}:ps:{hash_tag(prefix)}"',
         ("tests/test_trust.py::test_nested_namespaces_do_not_share_keys",),
@@ -857,7 +857,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "corrupt-counted-once",
         "a corrupt entry is counted once per read",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "parse_fill_begin(reply, job.decode_quiet, job.clock())",
         "parse_fill_begin(reply, job.decode, job.clock())",
         ("tests/test_trust.py::test_a_corrupt_entry_is_counted_once_per_read",),
@@ -946,7 +946,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "hit-is-one-get",
         "a fresh L2 entry is served from its one GET (no script, no lock)",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "        if verdict <= REFRESH:\n",
         "        if verdict <= REFRESH and False:\n",
         ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
@@ -955,7 +955,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "hit-get-seals-the-flight",
         "a read that starts after guard.write returned never takes the answer of a GET "
         "sent before it (the flight is sealed for the leader's GET)",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "sealed = flight.generation  # flights are born sealed",
         "sealed = flight.generation + 1  # flights are born sealed",
         (
@@ -969,7 +969,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "hit-judged-by-server-clock",
         "an entry's age is judged by the Redis server's clock: a host whose clock is off "
         "loads nothing again",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "        now = self._server_clock.now()\n        verdict = judge(",
         "        now = self._clock()\n        verdict = judge(",
         (
@@ -983,7 +983,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "read-samples-server-clock",
         "a read samples the server's clock in its GET's round trip when its last sample "
         "is old (or there is none), before it judges an entry",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "if self._timer() < self._server_clock.resample_at:",
         "if True:",
         (
@@ -997,7 +997,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "entries-stamped-by-server-clock",
         "a fill stamps its entry (and judges what fill_begin returns) by the server's clock, "
         "so entries a skewed host writes are fresh to the others",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "            clock=self._server_clock.now,\n",
         "            clock=self._clock,\n",
         (
@@ -1011,7 +1011,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "fill-samples-server-clock",
         "a fill takes the server's clock from fill_begin's reply (a refresh stamps its entry "
         "by it with no read before)",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "                job.saw_server_clock(begin.begun_ms / 1000, (sent + timer()) / 2)\n",
         "                pass\n",
         (
@@ -1024,7 +1024,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "l1-hit-sends-nothing",
         "an L1 hit is served from the process's memory, without a Redis command",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "            kept = l1.tier.get(name)\n",
         "            kept = ABSENT\n",
         ("tests/test_cache.py::test_an_l1_hit_sends_nothing",),
@@ -1051,7 +1051,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "refresh-loads-itself",
         "a refresh waits for a fill under way and then loads; it never takes that fill's value",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "for message in messages if not refresh else ():",
         "for message in messages:",
         ("tests/test_cache.py::test_explicit_refresh_waits_for_a_fill_in_progress",),
@@ -1092,7 +1092,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "flow-drains-before-begin",
         "announcements received before a retried begin are dropped (they are about a "
         "state the begin re-reads)",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "            if waited_from is not None:\n                yield DRAIN",
         "            if False:\n                yield DRAIN",
         ("tests/test_flow_scripted.py::test_a_late_announcement_from_before_the_begin_is_ignored",),
@@ -1101,19 +1101,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "flow-seals-before-begin",
         "the single flight is sealed before each begin, so late followers never take an "
         "answer read before they joined",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "        while True:\n            yield SEAL\n",
         "        while True:\n",
         (
             "tests/test_flow_scripted.py::test_a_value_that_appeared_meanwhile_is_served_from_the_begin",
         ),
     ),
-    # -- the asyncio guard (cacheguard/aio/guard.py, driver.py) -------------------------------
+    # -- the asyncio guard (cacheguard/cache/async_guard.py, async_driver.py) ----------------------
     Mutant(
         "interrupted-leader-frees-followers",
         "followers of a leader that was cancelled or interrupted carry on (one of them "
         "loads); they do not inherit its cancellation or its KeyboardInterrupt",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "        except Exception as exc:\n"
         "            self._flights.finish(name, flight, error=exc)\n",
         "        except BaseException as exc:\n"
@@ -1127,7 +1127,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-cancelled-filler-ends-its-fill",
         "a filler task cancelled while loading still ends its fill and releases its hold",
-        "cacheguard/aio/driver.py",
+        "cacheguard/cache/async_driver.py",
         "            except BaseException as exc:\n                step = flow.throw(exc)\n",
         "            except Exception as exc:\n                step = flow.throw(exc)\n",
         (
@@ -1139,7 +1139,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-fill-call-survives-a-second-cancel",
         "a filler task cancelled again during a fill script's round trip still lets the "
         "call finish and ends its fill (no hold left for its lease)",
-        "cacheguard/aio/driver.py",
+        "cacheguard/cache/async_driver.py",
         "                self.cancelled = True\n",
         "                self.cancelled = True\n                return await task\n",
         (
@@ -1150,7 +1150,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-write-closing-invalidation-shielded",
         "a writer task cancelled during the invalidation after its body still completes it",
-        "cacheguard/aio/guard.py",
+        "cacheguard/cache/async_guard.py",
         '        await self._run(flow, "the write", to_the_end=True)\n',
         '        await self._run(flow, "the write")\n',
         (
@@ -1161,7 +1161,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-write-releases-every-lock",
         "a writer task cancelled again while releasing still releases every write lock",
-        "cacheguard/aio/guard.py",
+        "cacheguard/cache/async_guard.py",
         "                    elif to_the_end or isinstance(step, ReleaseWrites):\n",
         "                    elif to_the_end:\n",
         (
@@ -1174,7 +1174,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-guard-one-event-loop",
         "an AsyncCacheGuard used from a second event loop fails with WrongEventLoop",
-        "cacheguard/aio/guard.py",
+        "cacheguard/cache/async_guard.py",
         '        """The cached value of ``name``, loaded by ``load()`` once if missing."""\n'
         "        self._binding.check()\n",
         '        """The cached value of ``name``, loaded by ``load()`` once if missing."""\n',
@@ -1184,7 +1184,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "async-tracker-own-session-class",
         "tracking an async_sessionmaker tracks its sessions only, never every Session "
         "of the program",
-        "cacheguard/sqlalchemy/guards.py",
+        "cacheguard/integrations/sqlalchemy/guards.py",
         "        if sync_class is Session:\n",
         "        if False:\n",
         ("tests/test_sqlalchemy_async.py::test_mismatched_guards_and_factories_are_refused",),
@@ -1192,7 +1192,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "async-session-hooks-hold-the-keys",
         "an AsyncSession's flush write-locks and invalidates its keys until the commit",
-        "cacheguard/sqlalchemy/guards.py",
+        "cacheguard/integrations/sqlalchemy/guards.py",
         "        return self._run(lock.acquire_write(timeout))"
         "  # for the calling task, the holder\n",
         "        lock.acquire_write(timeout).close()  # type: ignore[union-attr]\n"
@@ -1206,7 +1206,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-background-work-own-context",
         "a background refresh starts in a context of its own (not the caller's loads "
         "or database snapshots)",
-        "cacheguard/aio/guard.py",
+        "cacheguard/cache/async_guard.py",
         "        task = contextvars.Context().run(loop.create_task, coro, name=name)\n",
         "        task = loop.create_task(coro, name=name)\n",
         ("tests/test_aio_guard.py::test_background_work_starts_in_a_context_of_its_own",),
@@ -1227,7 +1227,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "unanswered-end-is-not-a-rejection",
         "a fill whose end script got no answer is counted as a backend error, not as a "
         "rejected store",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "        stored = None  # no answer: not a rejection (counted as a backend error)\n",
         "        stored = 0\n",
         (
@@ -1239,7 +1239,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-waiters-woken-by-pubsub",
         "the asyncio notifier hands every message to the waiting tasks of its channel",
-        "cacheguard/aio/notifier.py",
+        "cacheguard/redis/async_notifier.py",
         "                for waiter in list(channel.waiters):"
         "  # a callback may close its subscription\n"
         "                    waiter._deliver(push.payload)\n",
@@ -1253,7 +1253,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-cancel-while-waiting-withdraws",
         "a writer task cancelled while it waits withdraws its waiting mark",
-        "cacheguard/aio/rwlock.py",
+        "cacheguard/locks/redis/async_rwlock.py",
         "                except BaseException as exc:"
         "  # the flow decides; a cancel withdraws a mark\n",
         "                except Exception as exc:\n",
@@ -1266,7 +1266,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-cancel-during-acquire-takes-back",
         "a task cancelled during the acquire round trip takes back the hold or mark it got",
-        "cacheguard/aio/rwlock.py",
+        "cacheguard/locks/redis/async_rwlock.py",
         "            undo = self._spawn(self._undo_attempt(running, mode, owner, queued=queue))\n",
         "            undo = self._spawn(asyncio.sleep(0))\n",
         (
@@ -1277,7 +1277,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-cancelled-body-releases",
         "a cancelled body inside async with lock.write() releases the lock",
-        "cacheguard/aio/shape.py",
+        "cacheguard/locks/async_shape.py",
         "    except BaseException:\n        try:\n            await release()\n",
         "    except BaseException:\n        try:\n            pass\n",
         ("tests/test_aio_locks.py::test_a_cancelled_body_releases",),
@@ -1286,7 +1286,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-watchdog-close-stops-its-task",
         "a closed asyncio watchdog's task (the lease watchdog's and Redlock's) stops even when "
         "a round trip swallowed the cancellation: no renewing for ever, aclose returns",
-        "cacheguard/aio/watchdog.py",
+        "cacheguard/_loop.py",
         "            while number == self._run_number:\n",
         "            while True:\n",
         (
@@ -1299,15 +1299,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-watchdog-renews",
         "the asyncio watchdog extends a live holder's lease",
-        "cacheguard/aio/watchdog.py",
-        "    return await arun_pipelined(client, [e.call() for e in entries])\n",
+        "cacheguard/locks/redis/async_watchdog.py",
+        "    return await arun_pipelined(client, [renewal_call(e) for e in entries])\n",
         "    return [1 for _ in entries]\n",
         ("tests/test_locks_both_drivers.py::test_the_watchdog_renews_past_the_lease[async]",),
     ),
     Mutant(
         "aio-notifier-resubscribes",
         "after a reconnect the asyncio notifier subscribes again to every channel in use",
-        "cacheguard/aio/notifier.py",
+        "cacheguard/redis/async_notifier.py",
         "        self._unsent = list(self._channels.values())\n",
         "        self._unsent = list(self._channels.values()) if not self.reconnects else []\n",
         ("tests/test_aio_locks.py::test_the_notifier_reconnects_and_waiters_are_still_woken",),
@@ -1315,7 +1315,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-one-event-loop",
         "an asyncio lock, notifier or watchdog used from a second event loop fails clearly",
-        "cacheguard/aio/_loop.py",
+        "cacheguard/_loop.py",
         "        elif self._loop() is not loop:\n",
         "        elif False:\n",
         ("tests/test_aio_locks.py::test_a_second_event_loop_is_refused",),
@@ -1323,7 +1323,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "wire-acquire-argument-order",
         "the acquire call passes its ARGV in the order of the script's contract",
-        "cacheguard/locks/wire.py",
+        "cacheguard/locks/redis/wire.py",
         "        [owner, mode, lease_ms, mark_ms, keys.released_channel],\n",
         "        [owner, mode, mark_ms, lease_ms, keys.released_channel],\n",
         ("tests/test_lock_wire.py::test_acquire_call_follows_its_contract",),
@@ -1333,7 +1333,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "refusals-are-redis-down",
         "CLUSTERDOWN, TRYAGAIN, MASTERDOWN, READONLY and an uncovered slot are Redis being "
         "down (the backend policy, never a raw error or a corrupt entry)",
-        "cacheguard/exceptions.py",
+        "cacheguard/redis/errors.py",
         "REDIS_DOWN: Final = (*REDIS_UNREACHABLE, *REDIS_REFUSING, NoPermissionError)\n",
         "REDIS_DOWN: Final = (*REDIS_UNREACHABLE, NoPermissionError)\n",
         (
@@ -1345,7 +1345,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "sharded-channels-subscribed-alone",
         "each sharded channel gets its own SSUBSCRIBE (a cluster refuses channels of "
         "several slots in one)",
-        "cacheguard/locks/pubsub.py",
+        "cacheguard/redis/pubsub.py",
         "    commands.extend((verbs[True], name) for name in sharded)\n",
         "    commands.extend([(verbs[True], *sharded)] if sharded else [])\n",
         (
@@ -1357,7 +1357,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "revoked-channel-wakes-waiters",
         "a sharded channel the server revokes (its slot left the node) wakes its waiters "
         "and is forgotten, so they subscribe again where the slot lives",
-        "cacheguard/locks/notifier.py",
+        "cacheguard/redis/notifier.py",
         "                    waiters, payload = list(channel.waiters), None\n",
         "                    waiters = []\n",
         (
@@ -1367,7 +1367,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-revoked-channel-wakes-waiters",
         "the asyncio notifier wakes the waiting tasks of a revoked sharded channel",
-        "cacheguard/aio/notifier.py",
+        "cacheguard/redis/async_notifier.py",
         "            channel.confirmed.set()\n"
         "            for waiter in list(channel.waiters):\n"
         "                waiter._deliver(None)\n",
@@ -1381,7 +1381,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "cluster-scripts-per-node",
         "script batches on a cluster run as one plain pipeline per node (a cluster "
         "pipeline refuses scripts), so invalidations and renewals work across slots",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/redis/scripts.py",
         "    if isinstance(client, RedisCluster):\n"
         "        return _run_per_node(client, calls, confirm)\n",
         "",
@@ -1400,7 +1400,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "script-loaded-on-its-own-node",
         "a script missing from a node's cache is loaded on the keys' own node (EVAL), "
         "not on every master, so a dead master does not fail writes elsewhere",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/redis/scripts.py",
         "            return client.eval(self.source, len(keys), *keys, *args)\n",
         "            client.script_load(self.source)\n"
         "            return client.evalsha(self.sha, len(keys), *keys, *args)\n",
@@ -1410,7 +1410,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-waits-for-replicas",
         "a write-path invalidation waits for confirm_replicas replicas (WAIT); when too "
         "few acknowledge it, the write fails before its body",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "            results = yield Pipelined(tuple(invalidation.calls(names, stamp)), "
         "self._confirm())\n",
         "            results = yield Pipelined(tuple(invalidation.calls(names, stamp)), None)\n",
@@ -1426,7 +1426,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "noreplicas-is-refusing",
         "a master refusing writes for want of replicas (NOREPLICAS) is Redis refusing "
         "for now: bypass or BackendUnavailable, never a raw error or a corrupt entry",
-        "cacheguard/exceptions.py",
+        "cacheguard/redis/errors.py",
         '    if type(error) is redis.ResponseError and str(error).startswith("NOREPLICAS"):\n',
         "    if False:\n",
         (
@@ -1438,7 +1438,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "breaker-probe-expires",
         "a half-open circuit's probe whose outcome never comes back expires after a "
         "cooldown (the circuit does not stay open for good)",
-        "cacheguard/cache/breaker.py",
+        "cacheguard/cache/outage/breaker.py",
         "            if self._probing and now - self._probe_at < self.cooldown:\n",
         "            if self._probing:\n",
         ("tests/test_breaker.py::test_a_probe_whose_outcome_never_comes_back_expires",),
@@ -1447,7 +1447,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-lock-failure-counts",
         "a write whose lock script fails counts toward the circuit breaker and "
         "backend_errors, like any Redis failure",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "                    self._backend_failed(name, client_error(exc))\n"
         "                    raise\n",
         "                    raise\n",
@@ -1460,7 +1460,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "circuit-asks-each-breaker-once",
         "a call needing several keys asks each node's breaker once, so a multi-key write "
         "can be the probe of a half-open circuit",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "        breakers = {id(breaker): breaker for breaker in needed}.values()\n",
         "        breakers = needed\n",
         (
@@ -1473,7 +1473,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "sequence-outage-poisons-instead-of-failing",
         "on a cluster, an invalidation goes through while the namespace's sequence shard is "
         "down (it poisons the versions): writes of keys on healthy shards succeed",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "        strict = required or self._breakers.single\n",
         "        strict = True\n",
         (
@@ -1486,7 +1486,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-needs-only-its-keys-nodes",
         "a write is not refused because the sequence's circuit is open",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "closed = self._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered)",
         "closed = self._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered, "
         "self._invalidation.watermark_key)",
@@ -1514,7 +1514,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "poisoned-versions-are-healed",
         "an invalidation that finds a version poisoned heals it with a later number",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "            if poisoned:\n",
         "            if False:\n",
         (
@@ -1535,7 +1535,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stamps-are-confirmed",
         "an invalidation number is confirmed by replicas before it is used",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "yield Pipelined((invalidation.next_stamp(),), self._confirm())",
         "yield Pipelined((invalidation.next_stamp(),), None)",
         (
@@ -1546,7 +1546,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "watermark-read-is-confirmed",
         "a snapshot watermark counts only numbers replicas hold",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "yield Pipelined((invalidation.read_watermark(),), self._confirm())",
         "yield Pipelined((invalidation.read_watermark(),), None)",
         ("tests/test_write_path_scripted.py::test_the_watermark_is_read_as_a_confirmed_write",),
@@ -1554,7 +1554,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unplaced-calls-go-again",
         "a call whose slot the client's map does not cover goes again after the map is read anew",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/redis/scripts.py",
         "            results[index] = exc\n            again.append(index)\n",
         "            results[index] = exc\n",
         (
@@ -1595,7 +1595,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "partial-invalidation-still-lifts",
         "an invalidation that failed for some keys still lifts the sequence to the versions "
         "of the others",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "        if stamp is not None:  # also when some keys failed",
         "        if stamp is not None and failed is None:  # also when some keys failed",
         (
@@ -1606,7 +1606,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sequence-failure-counted-once",
         "a dead node holding both the sequence and the keys counts one failure per call",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "        if breaker not in [self._breaker(name) for name in names]:\n",
         "        if True:\n",
         (
@@ -1614,11 +1614,11 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_sequence_on_a_node_of_the_keys_is_counted_once",
         ),
     ),
-    # -- the ZooKeeper lock store (cacheguard/locks/zookeeper.py, issue #15) ---------------------
+    # -- the ZooKeeper lock store (cacheguard/locks/zookeeper/rwlock.py, issue #15) ---------------
     Mutant(
         "zookeeper-reader-waits-for-writers",
         "a ZooKeeper reader waits while a write node is before its own",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         '            if kind != "write":\n                continue\n',
         "            continue\n",
         ("tests/test_lock_contract.py::test_a_writer_excludes_readers_and_writers[zookeeper]",),
@@ -1626,7 +1626,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-writer-waits-for-everyone",
         "a ZooKeeper writer waits until no node at all is before its own (readers too)",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         '            if mode == "write":\n                if self._request(',
         "            if False:\n                if self._request(",
         (
@@ -1637,7 +1637,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-downgrade-in-place",
         "a ZooKeeper downgrade turns the node to read in place and lets queued readers in",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "        elif downgrade:\n            self._downgrade(holding)\n",
         "        elif downgrade:\n            pass\n",
         ("tests/test_lock_zookeeper.py::test_a_downgrade_lets_in_the_readers_already_waiting",),
@@ -1645,7 +1645,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-suspension-marks-lost",
         "a suspended ZooKeeper connection marks every holding of the client lost",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "            if state == KazooState.CONNECTED:\n                self.connected.set()",
         "            if state != KazooState.LOST:\n                self.connected.set()",
         (
@@ -1656,7 +1656,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-lost-release-raises",
         "releasing a lost ZooKeeper handle raises LockLostError",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "            if holding.lost:\n                raise handle._lost_at_release()",
         "            if holding.lost:\n                return",
         (
@@ -1667,7 +1667,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-lost-nodes-swept",
         "a lost holding's znode that survived with the session is deleted once reconnected",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "        if state == KazooState.CONNECTED:\n            self.sweep()\n",
         "",
         (
@@ -1678,7 +1678,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-down-is-unavailable",
         "an acquire that finds ZooKeeper unreachable at its deadline raises BackendUnavailable",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "        if not blocking or not self._session.connected.is_set():",
         "        if not blocking:",
         (
@@ -1689,7 +1689,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-fencing-czxid",
         "a ZooKeeper write token is its node's czxid, higher than every earlier write holding's",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "            return str(path), int(stat.czxid)",
         "            return str(path), int(str(path)[-10:])",
         ("tests/test_lock_contract.py::test_fencing_tokens_increase[zookeeper]",),
@@ -1697,7 +1697,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-timeout-withdraws",
         "a ZooKeeper waiter that gives up takes its node out of the queue",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "            if node:\n                self._withdraw(node)\n",
         "            if node:\n                pass\n",
         (
@@ -1708,7 +1708,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-waiter-requeues",
         "a ZooKeeper waiter whose node went with an expired session queues again",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "                except NoNodeError:  # our node went with an expired session\n"
         '                    node = ""\n',
         "                except NoNodeError:  # our node went with an expired session\n"
@@ -1718,7 +1718,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-owners-per-client",
         "ZooKeeper holdings are counted per kazoo client, shared by its lock objects",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "            client._cacheguard_session = session\n",
         "",
         ("tests/test_lock_zookeeper.py::test_owners_are_counted_per_client_across_lock_objects",),
@@ -1726,7 +1726,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-reentrant",
         "a ZooKeeper owner re-enters its holding without a new node",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "                if holding is not None:\n                    return self._reenter(",
         "                if False:\n                    return self._reenter(",
         ("tests/test_lock_contract.py::test_reentrant_and_downgrade[zookeeper]",),
@@ -1734,16 +1734,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "zookeeper-upgrade-refused",
         "a ZooKeeper read holder asking for the write lock gets LockUpgradeError",
-        "cacheguard/locks/zookeeper.py",
+        "cacheguard/locks/zookeeper/rwlock.py",
         "                raise LockUpgradeError(name=self.name, owner=owner)\n",
         "                pass\n",
         ("tests/test_lock_contract.py::test_upgrade_is_refused[zookeeper]",),
     ),
-    # -- Redlock (cacheguard/locks/quorum.py, the drivers redlock.py and aio/redlock.py; #15) --
+    # -- Redlock (cacheguard/locks/redlock/: quorum.py and its drivers rwlock.py, async_rwlock.py) -
     Mutant(
         "redlock-majority-needed",
         "a Redlock is granted only when a majority of its masters granted it",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "        return len(self.granted) >= quorum\n",
         "        return len(self.granted) >= 1\n",
         (
@@ -1755,7 +1755,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-validity-checked",
         "a majority that granted after the lease minus elapsed time minus drift ran out is refused",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "    if outcome.has_majority(quorum) and fenced and now < valid_until:\n",
         "    if outcome.has_majority(quorum) and fenced:\n",
         ("tests/test_lock_redlock.py::test_a_grant_that_came_too_late_is_refused",),
@@ -1763,7 +1763,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-failed-round-gives-back",
         "a round without a majority releases what it was granted, on every master that granted it",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "i: wire.release_call(keys, owner, mode, epoch) for i, epoch in granted.items()",
         "i: wire.withdraw_call(keys, owner) for i, epoch in granted.items()",
         ("tests/test_lock_redlock.py::test_a_round_without_a_majority_gives_back_its_grants",),
@@ -1771,7 +1771,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-release-on-every-master",
         "release goes to every master holding the handle, not just a majority of them",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "        for i, epoch in enumerate(handle.epochs)\n        if epoch is not None\n",
         "        for i, epoch in enumerate(handle.epochs)\n"
         "        if epoch is not None and i < 3\n",
@@ -1781,7 +1781,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "redlock-frozen-master-bounded",
         "a frozen master costs one instance_timeout per round, whatever its client's timeouts "
         "(sync and asyncio clients alike)",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "kwargs[setting] = instance_timeout if value is None else min(value, instance_timeout)",
         "kwargs[setting] = value",
         (
@@ -1793,7 +1793,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "redlock-unanswered-master-tidied",
         "a master that did not answer an acquire call is tidied: what the call left there "
         "is released",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "    unanswered += outcome.unanswered\n",
         "",
         ("tests/test_lock_redlock.py::test_a_master_that_did_not_answer_is_tidied_once_it_wakes",),
@@ -1801,7 +1801,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-renewal-needs-majority",
         "a renewal counts only when a majority renewed; a handle left on a minority is lost",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "    if renewed >= quorum and in_time:\n",
         "    if renewed >= 1 and in_time:\n",
         ("tests/test_lock_redlock.py::test_renewal_needs_a_majority",),
@@ -1810,7 +1810,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "redlock-fencing-across-majorities",
         "a write token is written back to the granting masters' counters, so tokens increase "
         "across different majorities",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "        calls = {i: raise_call for i in outcome.granted}\n",
         "        calls = {i: (RAISE_FENCE, [keys.fence], [0]) for i in outcome.granted}\n",
         ("tests/test_lock_redlock.py::test_fencing_tokens_increase_across_different_majorities",),
@@ -1818,7 +1818,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-writer-queued-on-majority",
         "a waiting Redlock writer leaves its mark on the masters, so new readers queue behind it",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "            mark_ms=self._mark_ms if queued else 0,\n",
         "            mark_ms=0,\n",
         (
@@ -1830,7 +1830,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "redlock-give-back-releases-grants",
         "a writer that gives a round back releases the masters that granted it (withdrawing "
         "its mark there would leave the holding)",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "        calls.setdefault(i, wire.withdraw_call(keys, owner))\n",
         "        calls[i] = wire.withdraw_call(keys, owner)\n",
         (
@@ -1844,7 +1844,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "redlock-split-vote-withdraws",
         "writers that split the masters withdraw their marks, so the next round is not "
         "ordered differently on each master for ever",
-        "cacheguard/locks/quorum.py",
+        "cacheguard/locks/redlock/quorum.py",
         "        withdraw=tuple(outcome.marked) if (split or upgrade or unreachable) else (),\n",
         "        withdraw=(),\n",
         ("tests/test_quorum_scripted.py::test_a_split_vote_gives_back_and_says_so",),
@@ -1852,7 +1852,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-async-cancelled-round-gives-back",
         "an asyncio task cancelled during a Redlock round gives back what the round got",
-        "cacheguard/aio/redlock.py",
+        "cacheguard/locks/redlock/async_rwlock.py",
         "        if calls:\n            await self._masters.run(FanOut(calls))\n",
         "        if calls:\n            pass\n",
         (
@@ -1863,7 +1863,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-async-waiter-withdraws",
         "an asyncio Redlock writer cancelled while it waits withdraws its marks on every master",
-        "cacheguard/aio/redlock.py",
+        "cacheguard/locks/redlock/async_rwlock.py",
         "                        await self._shielded("
         "self._masters.run(self._withdraw_step(owner)))\n",
         "                        pass\n",
@@ -1873,13 +1873,13 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_writer_cancelled_while_waiting_leaves_nothing_behind[redlock-async]",
         ),
     ),
-    # -- the PostgreSQL lock store (cacheguard/locks/postgres_core.py: the decisions both --------
-    # drivers share; cacheguard/locks/postgres.py and aio/postgres.py: sessions and watches)
+    # -- the PostgreSQL lock store (cacheguard/locks/postgres/core.py: the decisions both --------
+    # drivers share; cacheguard/locks/postgres/rwlock.py and aio/postgres.py: sessions and watches)
     Mutant(
         "pg-upgrade-refused",
         "an owner that only reads gets LockUpgradeError for the write lock (PostgreSQL would "
         "grant it while no one else reads)",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "            return Plan.UPGRADE if count.reads else Plan.CALL\n",
         "            return Plan.CALL\n",
         (
@@ -1890,7 +1890,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-downgrade-takes-the-shared-lock",
         "a read while writing takes the shared lock at the server too, so it outlasts the write",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "        return Plan.REENTER if count.reads else Plan.CALL\n",
         "        return Plan.REENTER\n",
         (
@@ -1901,7 +1901,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-reentrant-unlock-on-last",
         "nested holds of one mode are counted: only the last release unlocks at the server",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "            last = count.writes == 0\n",
         "            last = True\n",
         (
@@ -1912,7 +1912,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-connection-parked-only-empty",
         "an owner's connection goes back for reuse only when it holds no lock",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres/rwlock.py",
         "        if not session.broken and not session.holds and session.conn is not None:\n",
         "        if not session.broken and session.conn is not None:\n",
         ("tests/test_lock_contract.py::test_a_writer_excludes_readers_and_writers[postgres]",),
@@ -1920,7 +1920,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-fencing-tokens",
         "a fresh write holding draws a new, higher token from the fencing sequence",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         '_FENCE_TOKEN: Final = "nextval(to_regclass(%(fence)s))"\n',
         '_FENCE_TOKEN: Final = "1::bigint"\n',
         (
@@ -1931,7 +1931,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-deadline-is-lock-timeout",
         "a wait ends at its deadline: lock_timeout is what is left of it",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         '        params["ms"] = lock_timeout_ms(deadline - timer())\n',
         '        params["ms"] = "0"\n',
         ("tests/test_lock_postgres.py::test_a_wait_ends_at_its_deadline",),
@@ -1939,7 +1939,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-timeout-raises-lock-timeout",
         "a wait that ends at its deadline raises LockTimeout, not BackendUnavailable",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "                if _sqlstate(exc) in _WAIT_ENDED:\n",
         "                if False:\n",
         (
@@ -1953,7 +1953,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-lock-not-available-is-a-timeout",
         "lock_not_available (SQLSTATE 55P03: lock_timeout at the deadline) means LockTimeout, "
         "for the session locks and the transaction-scoped ones alike",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         '_WAIT_ENDED: Final = frozenset({"55P03", "57014", "40P01"})\n',
         '_WAIT_ENDED: Final = frozenset({"57014", "40P01"})\n',
         (
@@ -1965,7 +1965,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-failed-acquire-undone",
         "an acquire statement that fails after the grant is followed by an unlock: no hold "
         "stays in a session uncounted",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "                # session lock outlives its statement's error): let it go again.\n"
         "                yield from _unlock_quietly(lock, session, mode)\n",
         "                # session lock outlives its statement's error): let it go again.\n",
@@ -1974,7 +1974,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-missing-fence-sequence-made",
         "a missing fencing sequence is made on first use, then the token drawn from it",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "        if token is None and fenced:  # granted, but the fencing sequence is missing\n",
         "        if False:\n",
         ("tests/test_lock_postgres.py::test_a_missing_fence_sequence_is_made_on_first_use",),
@@ -1983,7 +1983,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-interrupt-while-making-the-sequence-unlocks",
         "an acquire interrupted (or cancelled) while it makes the missing fencing sequence "
         "lets the just-granted lock go again",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "        # lock is not counted yet, so it may not stay held.\n"
         "        yield from _unlock_quietly(lock, session, mode)\n",
         "        # lock is not counted yet, so it may not stay held.\n",
@@ -1998,7 +1998,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-unreachable-is-backend-unavailable",
         "a server that cannot be reached raises BackendUnavailable naming the lock, not a raw "
         "driver error",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "            except (DBAPIError, psycopg.Error, OSError) as exc:\n",
         "            except () as exc:\n",
         ("tests/test_lock_postgres.py::test_an_unreachable_server_raises_backend_unavailable",),
@@ -2006,7 +2006,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-watch-marks-lost",
         "the session watch marks the handles of a session the server ended lost, unasked",
-        "cacheguard/locks/postgres.py",
+        "cacheguard/locks/postgres/rwlock.py",
         "            elif not alive(conn):\n",
         "            elif False:\n",
         (
@@ -2017,7 +2017,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-release-reports-lost",
         "release of a hold whose session ended raises LockLostError",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "            raise handle._lost_at_release() from exc\n",
         "            pass\n",
         ("tests/test_lock_postgres.py::test_release_reports_a_lost_session_even_unwatched",),
@@ -2026,7 +2026,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-reentry-checks-the-session",
         "a reentrant acquisition on a session that ended starts a new one instead of counting "
         "a hold nobody has",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "            if plan is not Plan.CALL and session.conn is not None and not "
         "alive(session.conn):\n",
         "            if False:\n",
@@ -2036,7 +2036,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-session-keepalives",
         "a lock session has the server probe its client, so a vanished holder frees its locks "
         "within KEEPALIVE_WITHIN",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         '        "tcp_keepalives_idle": "10",\n'
         '        "tcp_keepalives_interval": "5",\n'
         '        "tcp_keepalives_count": "3",\n',
@@ -2049,7 +2049,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-fork-keeps-off-the-parents-session",
         "a forked child never releases (or touches) its parent's holds",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "    if handle.session.pid != os.getpid():\n",
         "    if False:\n",
         (
@@ -2060,7 +2060,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-keys-length-prefixed",
         "lock keys are stable and unambiguous: namespace and name each prefixed by their length",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         '        digest.update(len(data).to_bytes(8, "big"))\n',
         "",
         ("tests/test_lock_postgres.py::test_distinct_names_get_distinct_keys",),
@@ -2068,7 +2068,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-xact-lock-ends-with-the-transaction",
         "write_in's lock is transaction-scoped: the commit releases it",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "                   ELSE pg_try_advisory_xact_lock(:key) END AS ok FROM mine)",
         "                   ELSE pg_try_advisory_lock(:key) END AS ok FROM mine)",
         (
@@ -2079,7 +2079,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-xact-timeout-keeps-the-transaction",
         "write_in waits in a savepoint: a LockTimeout leaves the caller's transaction usable",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         '        yield RunIn(conn, f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}", rows=False)\n'
         '        yield RunIn(conn, f"RELEASE SAVEPOINT {_SAVEPOINT}", rows=False)\n'
         "        if _sqlstate(exc) in",
@@ -2089,7 +2089,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-xact-lock-timeout-restored",
         "write_in puts the transaction's lock_timeout back after its wait",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "     granted AS MATERIALIZED (SELECT pg_advisory_xact_lock(:key) FROM deadline),\n"
         "     restored AS MATERIALIZED (\n"
         "       SELECT set_config('lock_timeout', previous.value, true) FROM granted, previous)",
@@ -2101,7 +2101,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-xact-upgrade-refused",
         "a transaction holding only the read lock gets LockUpgradeError for the write lock",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "       SELECT CASE WHEN reads AND NOT writes THEN NULL\n",
         "       SELECT CASE WHEN false THEN NULL\n",
         ("tests/test_lock_postgres.py::test_write_in_refuses_an_upgrade",),
@@ -2110,7 +2110,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-async-cancel-undone",
         "an asyncio wait cancelled after the server granted it unlocks before the "
         "cancellation goes on",
-        "cacheguard/locks/postgres_core.py",
+        "cacheguard/locks/postgres/core.py",
         "            # wait in the server): granted or not, nothing may stay behind uncounted.\n"
         "            yield from _unlock_quietly(lock, session, mode)\n",
         "            # wait in the server): granted or not, nothing may stay behind uncounted.\n",
@@ -2122,7 +2122,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-async-cancelled-release-finishes",
         "an asyncio release cancelled before it began finishes in the background",
-        "cacheguard/aio/postgres.py",
+        "cacheguard/locks/postgres/async_rwlock.py",
         "            book.spawn(self._release_later(handle))\n",
         "            book.spawn(asyncio.sleep(0))\n",
         ("tests/test_lock_postgres.py::test_a_cancelled_async_release_finishes_in_the_background",),
@@ -2131,7 +2131,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pg-async-watch-marks-lost",
         "the loop watches the sockets of asyncio lock sessions: one the server ended marks "
         "its handles lost",
-        "cacheguard/aio/postgres.py",
+        "cacheguard/locks/postgres/async_rwlock.py",
         "        elif not alive(conn):\n",
         "        elif False:\n",
         ("tests/test_lock_postgres.py::test_async_terminated_session_marks_its_handles_lost",),
@@ -2139,7 +2139,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-async-watch-survives-statements",
         "the asyncio watch steps aside while psycopg reads the socket and comes back after",
-        "cacheguard/aio/postgres.py",
+        "cacheguard/locks/postgres/async_rwlock.py",
         "                self.unwatch(session)  # psycopg reads the socket itself while we "
         "use it\n",
         "",
@@ -2157,7 +2157,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-locks-hooks-use-the-store",
         "tracked sessions take their write locks from the guard's write_locks store",
-        "cacheguard/sqlalchemy/guards.py",
+        "cacheguard/integrations/sqlalchemy/guards.py",
         "        return self.guard.write_lock(name)\n\n    def acquire_write(self, lock: Any, "
         "timeout: float | None, holder: Any) -> Any:\n"
         "        return lock.acquire_write(timeout, holder=holder)\n",
@@ -2169,7 +2169,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-locks-async-from-the-store",
         "an AsyncCacheGuard's write path takes its locks from its asyncio write_locks store",
-        "cacheguard/aio/guard.py",
+        "cacheguard/cache/async_guard.py",
         "        return AsyncStoreWriteLock(self._write_locks(name))\n",
         "        return self._locks.rwlock(name)\n",
         ("tests/test_write_locks.py::test_an_asyncio_guard_takes_an_asyncio_stores_lock",),
@@ -2378,7 +2378,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "metrics-async-label-by-template-not-key",
         "an AsyncCacheLoader's events carry its key template, never the key name",
-        "cacheguard/aio/loader.py",
+        "cacheguard/cache/async_loader.py",
         "            template=self._label,\n        )\n"
         "        return value\n\n    async def refresh(",
         "            template=name,\n        )\n        return value\n\n    async def refresh(",
@@ -2400,7 +2400,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "metrics-fill-events-templated",
         "the fill flow's events (lock waits among them) carry the key's template",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "count=functools.partial(self._stats.count, template=template),",
         "count=self._stats.count,",
         ("tests/test_prometheus.py::test_a_stampede_of_several_guards_counts_lock_waits",),
@@ -2418,7 +2418,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "metrics-async-loads-templated",
         "the asyncio driver's loads carry the key's template",
-        "cacheguard/aio/driver.py",
+        "cacheguard/cache/async_driver.py",
         "value, seconds = await arun_load(self.loads, self.name, self.load, self.template)",
         "value, seconds = await arun_load(self.loads, self.name, self.load)",
         (
@@ -2428,7 +2428,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "metrics-bypass-counted",
         "a call answered by the loader because Redis failed or its circuit is open counts a bypass",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         '        self._stats.count("bypasses", name, 0.0, None, template)\n',
         "",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
@@ -2436,7 +2436,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "metrics-bypass-backend-error-templated",
         "the backend error behind a bypass carries the key's template",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "                self._backend_failed(name, exc, template=template)\n",
         "                self._backend_failed(name, exc)\n",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
@@ -2554,7 +2554,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "dogpile-waiters-woken-by-release",
         "a region's waiters in other processes are woken by the lock's release message, not a poll",
-        "cacheguard/locks/scripts.py",
+        "cacheguard/locks/redis/lua.py",
         "if after ~= before then redis.call('SPUBLISH', channel, after or 'free') end",
         "",
         (
@@ -2773,7 +2773,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aclose-closes-its-pool",
         "AsyncCacheGuard.aclose() closes the client from_url made and its connection pool",
-        "cacheguard/clients.py",
+        "cacheguard/redis/clients.py",
         "        await client.aclose(close_connection_pool=True)\n",
         "        await client.aclose(close_connection_pool=False)\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[no-l1-async]",),
@@ -2781,7 +2781,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aclose-closes-its-client",
         "AsyncCacheGuard.aclose() closes the client from_url made",
-        "cacheguard/aio/guard.py",
+        "cacheguard/cache/async_guard.py",
         "            await aclose_async_client(self.client)\n",
         "            pass\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[no-l1-async]",),
@@ -2789,7 +2789,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aclose-closes-cluster-node-clients",
         "AsyncCacheGuard.aclose() closes the per-node clients its cluster's pipelines made",
-        "cacheguard/aio/guard.py",
+        "cacheguard/cache/async_guard.py",
         "            await aclose_node_clients(self.client)  # a cluster's per-node pipelines\n",
         "            pass\n",
         (
@@ -2808,7 +2808,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "close-leaves-a-client-passed-in",
         "a guard leaves a client passed in open when it closes",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "        self._owns_client = False  # from_url made the client: close() closes it\n",
         "        self._owns_client = True\n",
         ("tests/test_shutdown.py::test_close_leaves_a_client_passed_in_open[sync]",),
@@ -2816,7 +2816,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "closed-guard-refuses-calls",
         "a closed guard refuses every call that would talk to Redis with GuardClosed",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "        if self._closed:\n            raise GuardClosed(",
         "        if False:\n            raise GuardClosed(",
         ("tests/test_shutdown.py::test_a_closed_guard_refuses_calls_and_opens_nothing[sync]",),
@@ -2824,7 +2824,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "notifier-drops-a-connection-made-while-closing",
         "a notifier closed while its listener connects disconnects that connection",
-        "cacheguard/locks/notifier.py",
+        "cacheguard/redis/notifier.py",
         "            if self._stopped.is_set():  # closed while we connected",
         "            if False:  # closed while we connected",
         (
@@ -2871,7 +2871,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "bad-key-names-refused-before-redis",
         "a bad key name (None, bytes, empty, a lone surrogate) is refused before Redis is touched",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "        return check_name(name, self._max_key_length)\n",
         "        return name  # type: ignore[return-value]\n",
         (
@@ -2889,7 +2889,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "aio-get-or-load-applies-max-key-length",
         "the asyncio get_or_load shortens a name longer than max_key_length, as the sync one",
-        "cacheguard/aio/guard.py",
+        "cacheguard/cache/async_guard.py",
         "        name = self._name(name)\n        flow = self._read(",
         "        flow = self._read(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[async]",),
@@ -2909,7 +2909,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-writer-marks-its-wait",
         "a waiting AsyncRedisRWLock writer leaves its mark, so new readers queue behind it "
         "(writer preference on asyncio)",
-        "cacheguard/aio/rwlock.py",
+        "cacheguard/locks/redis/async_rwlock.py",
         "        mark_ms = self._mark_ms if queue else 0\n",
         "        mark_ms = 0\n",
         ("tests/test_lock_contract_async.py::test_writer_preference[redis-async]",),
@@ -2917,7 +2917,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pg-async-connection-parked-only-empty",
         "an asyncio owner's connection goes back for reuse only when it holds no lock",
-        "cacheguard/aio/postgres.py",
+        "cacheguard/locks/postgres/async_rwlock.py",
         "            if session.holds:\n                self.watch(session)\n",
         "            if False:\n                self.watch(session)\n",
         (
@@ -2930,7 +2930,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outage-reuse",
         "while Redis is unreachable a read reuses a value this process saw within "
         "outage_ttl instead of loading: one load per key per process per window",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "            seen = self._last_seen\n            if seen is not None:\n",
         "            seen = None\n            if seen is not None:\n",
         (
@@ -2941,7 +2941,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fallback-window",
         "outage reuse and stale_if_error serve only a value seen at most their setting ago",
-        "cacheguard/cache/fallback.py",
+        "cacheguard/cache/outage/fallback.py",
         "        if seen is None or self._timer() - seen[1] > max_age:\n",
         "        if seen is None:\n",
         (
@@ -2953,7 +2953,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "reused-value-keeps-its-age",
         "a value served by outage reuse is not noted again: its age, the staleness bound, "
         "runs from when it was first seen",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         '                    self._stats.count("outage_reuses", name, 0.0, None, template)\n',
         '                    self._stats.count("outage_reuses", name, 0.0, None, template)\n'
         "                    seen.note(name, value, seen.ticket(name))\n",
@@ -2964,7 +2964,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redis-hit-is-seen",
         "a value read from Redis is noted as seen (the next outage reuses the newest value)",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "                self._last_seen.note(name, entry.value, seen_ticket)\n",
         "                pass\n",
         (
@@ -2975,7 +2975,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "writes-drop-from-reuse",
         "an invalidation or write in this process drops its names from outage reuse and "
         "stale_if_error",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "        if self._last_seen is not None:\n            self._last_seen.drop(names)\n",
         "",
         (
@@ -2986,7 +2986,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "refused-write-drops-from-reuse",
         "a write Redis refuses (down, circuit open) still drops its names from reuse first: "
         "it may reach the database another way",
-        "cacheguard/cache/write_path.py",
+        "cacheguard/cache/flows/write.py",
         "        self._forget_here(ordered)\n",
         "",
         (
@@ -2997,7 +2997,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "drop-voids-notes-under-way",
         "a write in this process voids the note of a load of its name already under way "
         "(its value may predate the write)",
-        "cacheguard/cache/fallback.py",
+        "cacheguard/cache/outage/fallback.py",
         "            if self.ticket(name) != ticket:\n",
         "            if False:\n",
         (
@@ -3008,7 +3008,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "stale-if-error-answers",
         "stale_if_error answers the loader's error, or BackendUnavailable under "
         "on_backend_error='raise', with the last value seen",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "            if value is NOT_SEEN:\n                raise\n",
         "            if True:\n                raise\n",
         (
@@ -3019,7 +3019,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stale-if-error-bound",
         "stale_if_error serves a value seen at most stale_if_error s ago, never older",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "            value = self._last_seen.within(name, self.settings.stale_if_error)\n",
         "            value = self._last_seen.within(name, 1e9)\n",
         (
@@ -3032,7 +3032,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "stale-value-keeps-its-age",
         "a value served by stale_if_error is not noted again: repeated stale serves never "
         "stretch the bound",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n',
         '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n'
         "            self._last_seen.note(name, value, self._last_seen.ticket(name))\n",
@@ -3042,7 +3042,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "gutter-single-flight",
         "while the primary is unreachable a read goes through the gutter's guard: one load "
         "per key across processes per gutter_ttl",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "                    value = yield Gutter(*self._gutter_lifetimes(ttl, none_ttl))\n",
         "                    value = yield LOAD_UNLOCKED\n",
         (
@@ -3053,7 +3053,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "gutter-lifetime-capped",
         "a gutter entry lives at most gutter_ttl, whatever the read's ttl",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
         "        return ttl, None if lifetime is None else min(lifetime, cap)\n",
         (
@@ -3063,7 +3063,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "gutter-unjittered",
         "a gutter entry's lifetime is not jittered (a jitter could take it past gutter_ttl)",
-        "cacheguard/cache/gutter.py",
+        "cacheguard/cache/outage/gutter.py",
         "        ttl_jitter=0.0,  # a jittered lifetime could outlive gutter_ttl\n",
         "",
         (
@@ -3073,7 +3073,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "gutter-no-stale-window",
         "a gutter entry is not kept past its end for the stale window",
-        "cacheguard/cache/gutter.py",
+        "cacheguard/cache/outage/gutter.py",
         "        stale_ttl=0.0,\n",
         "",
         (
@@ -3083,7 +3083,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "gutter-down-falls-through",
         "a gutter that is unreachable too falls through to on_backend_error (load, or raise)",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         '                    log.info("the gutter is unreachable too for %r: %s", name, '
         "gutter_down)\n",
         "                    raise\n",
@@ -3095,7 +3095,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "gutter-guard-raises-when-down",
         "the gutter's own guard raises when the gutter is down (it never loads on its own): "
         "the primary's read goes on to its fallbacks, counted as its own",
-        "cacheguard/cache/gutter.py",
+        "cacheguard/cache/outage/gutter.py",
         '        on_backend_error="raise",  # the primary\'s read has fallbacks of its own\n',
         "",
         (
@@ -3106,7 +3106,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "asyncio-pool-replaces-dead-idle-connections",
         "an asyncio pool replaces a connection the server closed while it was idle (a "
         "restarted Redis): no backend error, breaker failure nor bypass load after recovery",
-        "cacheguard/clients.py",
+        "cacheguard/redis/clients.py",
         "            **_idle_connections_checked(),\n",
         "",
         (
@@ -3116,7 +3116,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stale-if-error-loader",
         "stale_if_error answers a loader's error with the last value seen",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "            if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):\n",
         "            if not isinstance(exc, BackendUnavailable):\n",
         (
@@ -3127,7 +3127,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stale-if-error-own-errors",
         "stale_if_error does not hide the cache's own errors (a value the codec refuses)",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "            if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):\n",
         "            if False:\n",
         (
@@ -3138,7 +3138,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "gutter-none-lifetime-capped",
         "a cached None in the gutter lives at most gutter_ttl too (none_ttl is cut as ttl is)",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
         "        return min(ttl, cap), lifetime\n",
         ("tests/test_fallback.py::test_the_gutter_keeps_none_no_longer_than_gutter_ttl",),
@@ -3146,7 +3146,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "replay-marks-counted",
         "a Redis failure seen while the replays run keeps the guard pending for another run",
-        "cacheguard/cache/recovery.py",
+        "cacheguard/cache/outage/recovery.py",
         "            self.pending = self._done < self._marks and bool(self._hooks)\n",
         "            self.pending = False\n",
         ("tests/test_fallback.py::test_a_failure_seen_during_a_run_keeps_the_guard_pending",),
@@ -3155,7 +3155,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "replay-queued-callers-take-the-failure",
         "callers that waited for a replay run that failed take its failure instead of "
         "running it again one after the other",
-        "cacheguard/cache/recovery.py",
+        "cacheguard/cache/outage/recovery.py",
         "        if self._ended > ended:\n",
         "        if False:\n",
         (
@@ -3168,7 +3168,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "replay-retry-delay",
         "after a failed replay the next attempt waits the retry delay: callers meanwhile fail "
         "at once",
-        "cacheguard/cache/recovery.py",
+        "cacheguard/cache/outage/recovery.py",
         "            if age >= self.retry_delay:\n",
         "            if True:\n",
         (
@@ -3182,7 +3182,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "bypass-seals-before-loading",
         "while Redis is down, a caller that joins a load already under way (it may have "
         "started after a write the load did not see) loads again instead of taking its value",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
         "        return value, sealed\n",
         "        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
@@ -3198,7 +3198,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "timeout-loads-shared",
         'under on_timeout="load" the callers of a process whose waits for a key timed out '
         "share one load without the lock at a time, instead of each loading",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         "    value = yield from shared_load(job.shared_loads, job.name, began, job.count)\n",
         "    value = yield LOAD_UNLOCKED\n",
         (
@@ -3212,7 +3212,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "timeout-loads-linearizable",
         "a timed-out caller takes a shared load only if the load began after its call "
         "began; later callers share the next load",
-        "cacheguard/cache/shared_loads.py",
+        "cacheguard/cache/outage/shared_loads.py",
         "            if loading is not None and loading.began > since:\n",
         "            if loading is not None:\n",
         (
@@ -3241,7 +3241,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "timeout-loads-writer-private",
         "the load of a caller holding the key's write lock (its uncommitted view) is never "
         "shared: timed-out readers neither take it nor wait for it, nor does it wait for theirs",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         '        return Outcome((yield LOAD_UNLOCKED), "unlocked", private=True)\n',
         "        value = yield from shared_load(\n"
         "            job.shared_loads, job.name, job.timer(), job.count\n"
@@ -3259,7 +3259,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "timeout-loads-presumed-hung",
         "no caller waits for a shared load for good: one running max_load_time is presumed "
         "hung (loaders reading each other's keys in a cycle end instead of waiting forever)",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "        self._shared_loads = SharedLoads(flight_event, timer, settings.max_load_time)\n",
         "        self._shared_loads = SharedLoads(flight_event, timer)\n",
         (
@@ -3273,7 +3273,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "timeout-loads-interrupted-runner",
         "the callers of a shared load whose runner is interrupted (a cancelled task, a "
         "BaseException in its thread) go on without it, one of them loading",
-        "cacheguard/cache/shared_loads.py",
+        "cacheguard/cache/outage/shared_loads.py",
         "    except Exception as exc:\n        loads.finish(name, wave, error=exc)\n",
         "    except BaseException as exc:\n        loads.finish(name, wave, error=exc)\n",
         (
@@ -3288,7 +3288,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-transaction-holds-local-write",
         "a transaction whose keys went to the outbox holds their local write tier: its own "
         "fills are private (its uncommitted writes are never stored for everyone)",
-        "cacheguard/sqlalchemy/tracker.py",
+        "cacheguard/integrations/sqlalchemy/tracker.py",
         "            if name not in state.locks and name not in state.local_holds:\n",
         "            if False:\n",
         (
@@ -3300,7 +3300,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "bypass-keeps-a-writer-s-load-private",
         "while Redis is down, a caller writing the key loads its own view: not remembered, "
         "not shared, not through the gutter",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "        if self.rwlock(name).local.is_write_held_by_me():\n",
         "        if False:\n",
         (
@@ -3312,7 +3312,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "stale-policy-waits-for-replay",
         'under on_timeout="stale" nothing stored in Redis is served while outbox replays '
         "are pending",
-        "cacheguard/cache/flow.py",
+        "cacheguard/cache/flows/fill.py",
         '    if policy == "stale" and not job.replay_pending():\n',
         '    if policy == "stale":\n',
         (
@@ -3324,7 +3324,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "gutter-ignores-snapshots",
         "the gutter stores loads whose database snapshot the primary could not number "
         "(it is never invalidated)",
-        "cacheguard/cache/gutter.py",
+        "cacheguard/cache/outage/gutter.py",
         "    guard._checks_snapshots = False  # type: ignore[attr-defined]\n",
         "",
         (
@@ -3335,7 +3335,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "gutter-namespace-of-its-own",
         "a gutter on the primary's own server never touches the primary's entries",
-        "cacheguard/cache/gutter.py",
+        "cacheguard/cache/outage/gutter.py",
         '        namespace=f"{settings.namespace}-gutter",\n',
         "",
         (
@@ -3346,7 +3346,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "l1-skipped-while-replay-pending",
         "an L1 copy is not served while outbox replays are pending",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "        if l1 is not None and not self._recovery.pending:"
         "  # L1 may predate outbox writes\n",
         "        if l1 is not None:\n",
@@ -3371,7 +3371,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "peek-entry-replays",
         "peek_entry replays pending outbox writes before it shows what Redis holds",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "        if self._recovery.pending:\n"
         "            raw = yield from self._replayed_then_reread(name, None)\n",
         "        if False:\n            raw = yield from self._replayed_then_reread(name, None)\n",
@@ -3380,7 +3380,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "replay-failure-is-no-outage",
         "a read whose replay failed (Redis answers) loads: no remembered value, no gutter",
-        "cacheguard/cache/read_path.py",
+        "cacheguard/cache/flows/read.py",
         "                            name, flight, None, template, ttl, none_ttl,"
         " fallbacks=False\n",
         "                            name, flight, None, template, ttl, none_ttl\n",
@@ -3393,7 +3393,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "circuit-closing-marks-replay",
         "a circuit that closes after it was open, whichever call probed it (a write's too), "
         "makes the guard replay its outbox before it serves from Redis again",
-        "cacheguard/cache/core.py",
+        "cacheguard/cache/flows/core.py",
         "            on_close=self._recovery.mark,\n",
         "",
         (
@@ -3407,7 +3407,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "asyncio-local-release-on-its-loop",
         "a local write hold of an asyncio guard released from another thread (a dropped "
         "session's) is released on the guard's loop, waking its waiters at once",
-        "cacheguard/sqlalchemy/guards.py",
+        "cacheguard/integrations/sqlalchemy/guards.py",
         "        if loop is None or running is loop:\n",
         "        if True:\n",
         (

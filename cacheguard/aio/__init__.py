@@ -1,30 +1,31 @@
-"""The asyncio twin of cacheguard, on a ``redis.asyncio.Redis`` client.
+"""The asyncio face of cacheguard, on a ``redis.asyncio.Redis`` client.
 
-* ``guard``    -- :class:`AsyncCacheGuard`: the read path and the write path
-* ``loader``   -- :class:`AsyncCacheLoader` (``cached_with_lock`` takes an ``async def``)
-* ``driver``   -- the fill flow's asyncio driver
-* ``two_tier`` -- :class:`AsyncTwoTierRWLock`: a task-level lock in front of Redis's
-* ``local``    -- :class:`AsyncLocalRWLock`: the tasks of one loop
-* ``rwlock``   -- :class:`AsyncRedisRWLock` and :class:`AsyncLockHandle`
-* ``redlock``  -- :class:`AsyncRedlockRWLock`: the lock on a majority of N masters
-* ``postgres`` -- ``AsyncPostgresRWLock``: advisory locks on PostgreSQL
-* ``shape``    -- the methods and handle state every asyncio store shares
-* ``notifier`` -- one pub/sub listener task per (event loop, connection pool)
-* ``watchdog`` -- one lease-renewal task per event loop
+Every name here is the asyncio twin of a sync one and lives beside it: the guard
+and loaders in :mod:`cacheguard.cache` (``async_guard``, ``async_loader``), the
+locks in :mod:`cacheguard.locks` (``async_local``, ``async_two_tier``, and each
+store's ``async_rwlock``), the notifier in :mod:`cacheguard.redis`. The
+algorithms are the sync side's (sans-I/O flows), so sync and asyncio processes
+share entries, locks, fills and announcements. Everything here belongs to one
+event loop: use one client (and its guards and locks) per loop.
 
-The algorithms are the sync side's (sans-I/O flows), so sync and asyncio
-processes share entries, locks, fills and announcements. Everything here
-belongs to one event loop: use one client (and its guards and locks) per loop.
+Names are imported on first use, so ``import cacheguard`` never loads asyncio.
 """
 
-from cacheguard.aio.guard import AsyncCacheGuard
-from cacheguard.aio.loader import AsyncCachedFunction, AsyncCacheLoader
-from cacheguard.aio.local import AsyncLocalRWLock
-from cacheguard.aio.notifier import AsyncNotifier, AsyncSubscription, async_notifier_for
-from cacheguard.aio.redlock import AsyncRedlockHandle, AsyncRedlockRWLock
-from cacheguard.aio.rwlock import AsyncLockHandle, AsyncRedisRWLock
-from cacheguard.aio.two_tier import AsyncLockFactory, AsyncTwoTierRWLock
-from cacheguard.aio.watchdog import AsyncWatchdog, default_async_watchdog
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cacheguard._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from cacheguard.cache.async_guard import AsyncCacheGuard
+    from cacheguard.cache.async_loader import AsyncCachedFunction, AsyncCacheLoader
+    from cacheguard.locks.async_local import AsyncLocalRWLock
+    from cacheguard.locks.async_two_tier import AsyncLockFactory, AsyncTwoTierRWLock
+    from cacheguard.locks.redis.async_rwlock import AsyncLockHandle, AsyncRedisRWLock
+    from cacheguard.locks.redis.async_watchdog import AsyncWatchdog, default_async_watchdog
+    from cacheguard.locks.redlock.async_rwlock import AsyncRedlockHandle, AsyncRedlockRWLock
+    from cacheguard.redis.async_notifier import AsyncNotifier, AsyncSubscription, async_notifier_for
 
 __all__ = [
     "AsyncCacheGuard",
@@ -43,3 +44,24 @@ __all__ = [
     "async_notifier_for",
     "default_async_watchdog",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "AsyncCacheGuard": "cacheguard.cache.async_guard",
+        "AsyncCacheLoader": "cacheguard.cache.async_loader",
+        "AsyncCachedFunction": "cacheguard.cache.async_loader",
+        "AsyncLocalRWLock": "cacheguard.locks.async_local",
+        "AsyncNotifier": "cacheguard.redis.async_notifier",
+        "AsyncSubscription": "cacheguard.redis.async_notifier",
+        "async_notifier_for": "cacheguard.redis.async_notifier",
+        "AsyncRedlockHandle": "cacheguard.locks.redlock.async_rwlock",
+        "AsyncRedlockRWLock": "cacheguard.locks.redlock.async_rwlock",
+        "AsyncLockHandle": "cacheguard.locks.redis.async_rwlock",
+        "AsyncRedisRWLock": "cacheguard.locks.redis.async_rwlock",
+        "AsyncLockFactory": "cacheguard.locks.async_two_tier",
+        "AsyncTwoTierRWLock": "cacheguard.locks.async_two_tier",
+        "AsyncWatchdog": "cacheguard.locks.redis.async_watchdog",
+        "default_async_watchdog": "cacheguard.locks.redis.async_watchdog",
+    },
+)

@@ -1,33 +1,33 @@
-"""The read-through cache: CacheGuard, CacheLoader (``@cached_with_lock`` is in
-:mod:`cacheguard.decorator`, for both guards).
+"""The read-through cache.
 
-Layout:
+* ``guard`` / ``async_guard``     -- :class:`CacheGuard` and its asyncio twin: the fronts
+* ``loader`` / ``async_loader``   -- :class:`CacheLoader`, :class:`CachedFunction`
+* ``decorator``                   -- ``@cached_with_lock``, for both guards
+* ``driver`` / ``async_driver``   -- run the flows' steps with blocking calls / awaits
+* ``flows/``                      -- every decision, sans I/O: the fill, read and write flows
+  and ``GuardCore``, the parts both guards share
+* ``outage/``                     -- what a guard does while Redis is down: breaker,
+  last-seen values, gutter, outbox recovery, shared timed-out loads
+* ``settings``, ``stats``         -- one validated settings record; counters and the hook
+* ``entry``, ``codec``            -- the stored envelope; msgpack / JSON / signed pickle
+* ``scripts``, ``wire``           -- the cache's Lua and its calls and reply parsers
+* ``templates``, ``singleflight``, ``loading``, ``l1``, ``invalidation``,
+  ``server_clock``, ``watermark``, ``write_locks`` -- one job each (see their docstrings)
 
-* ``flow``         -- the fill algorithm and the hit's verdict, sans I/O
-* ``wire``         -- script calls and reply / message parsers, sans I/O
-* ``scripts``      -- fill_begin / fill_end / invalidate Lua scripts
-* ``core``         -- GuardCore: the parts and decisions both guards share
-* ``settings``     -- GuardSettings, validated once for both guards
-* ``guard``        -- :class:`CacheGuard`: the sync front
-* ``driver``       -- the sync driver of the fill flow
-* ``loader``       -- :class:`CacheLoader`, :class:`CachedFunction`
-* ``entry``        -- the stored envelope
-* ``codec``        -- msgpack (default), JSON, signed pickle
-* ``templates``    -- key names from templates and arguments
-* ``singleflight`` -- one caller per key per process (threads or tasks)
-* ``invalidation`` -- invalidation calls, prefix stamps (bounded bookkeeping)
-* ``server_clock`` -- the Redis server's clock, by which entries' ages are judged
-* ``loading``      -- loaders counted, timed, recursion refused
-* ``l1``           -- the in-process tier and its invalidation feed
-* ``breaker``      -- circuit breaker for a dead Redis
-* ``stats``        -- counters and the event hook
-* ``watermark``    -- which database snapshots a load read
+Names are imported on first use.
 """
 
-from cacheguard.cache.codec import Codec, JsonCodec, MsgpackCodec, PickleCodec
-from cacheguard.cache.guard import MISSING, CacheGuard
-from cacheguard.cache.loader import CachedFunction, CacheLoader
-from cacheguard.cache.stats import CacheEvent, Stats
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cacheguard._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from cacheguard.cache.codec import Codec, JsonCodec, MsgpackCodec, PickleCodec
+    from cacheguard.cache.guard import MISSING, CacheGuard
+    from cacheguard.cache.loader import CachedFunction, CacheLoader
+    from cacheguard.cache.stats import CacheEvent, Stats
 
 __all__ = [
     "MISSING",
@@ -41,3 +41,19 @@ __all__ = [
     "PickleCodec",
     "Stats",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "Codec": "cacheguard.cache.codec",
+        "JsonCodec": "cacheguard.cache.codec",
+        "MsgpackCodec": "cacheguard.cache.codec",
+        "PickleCodec": "cacheguard.cache.codec",
+        "CacheGuard": "cacheguard.cache.guard",
+        "MISSING": "cacheguard.cache.guard",
+        "CacheLoader": "cacheguard.cache.loader",
+        "CachedFunction": "cacheguard.cache.loader",
+        "CacheEvent": "cacheguard.cache.stats",
+        "Stats": "cacheguard.cache.stats",
+    },
+)

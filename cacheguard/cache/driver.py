@@ -1,10 +1,10 @@
 """The sync driver of the fill flow: carries out its steps with blocking calls.
 
-It decides nothing: every step of :func:`cacheguard.cache.flow.fill_flow` maps
+It decides nothing: every step of :func:`cacheguard.cache.flows.fill.fill_flow` maps
 to one call here, I/O errors are thrown back into the flow (Redis being down as
 :class:`BackendUnavailable`), and whatever it holds (the local read lock, the
 subscription) is released when the flow ends, however it ends. The asyncio
-driver (:mod:`cacheguard.aio.driver`) is the same with awaits.
+driver (:mod:`cacheguard.cache.async_driver`) is the same with awaits.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import redis
 
-from cacheguard.cache.core import Lock
-from cacheguard.cache.flow import (
+from cacheguard.cache.flows.core import Lock
+from cacheguard.cache.flows.fill import (
     Adopt,
     Call,
     Disown,
@@ -30,14 +30,14 @@ from cacheguard.cache.flow import (
     Seal,
     Step,
 )
+from cacheguard.cache.flows.read import Gutter, Replay, RunFill
 from cacheguard.cache.loading import Loads
-from cacheguard.cache.read_path import Gutter, Replay, RunFill
-from cacheguard.cache.shared_loads import AwaitLoad, LoadShared
+from cacheguard.cache.outage.shared_loads import AwaitLoad, LoadShared
 from cacheguard.cache.singleflight import VALID_FOR_ALL
 from cacheguard.cache.watermark import collecting
-from cacheguard.clients import SyncClient
-from cacheguard.exceptions import REDIS_DOWN, backend_down
-from cacheguard.locks.notifier import notifier_for
+from cacheguard.redis.clients import SyncClient
+from cacheguard.redis.errors import REDIS_DOWN, backend_down
+from cacheguard.redis.notifier import notifier_for
 from cacheguard.steps import Subscribe, Wait
 
 __all__ = ["NO_IO_STEPS", "FillState", "backend_down", "drive_fill", "get_raw", "is_loader"]
@@ -69,7 +69,7 @@ NO_IO_STEPS: Final = (Seal, Drain, Adopt, Disown, ReleaseLater)
 class FillState:
     """What a driver holds while it runs one fill flow (the local read lock, the
     subscription, the fill's read hold), and its answers to the steps that need
-    no I/O. The sync driver below and the asyncio one (:mod:`cacheguard.aio.driver`)
+    no I/O. The sync driver below and the asyncio one (:mod:`cacheguard.cache.async_driver`)
     extend it with their I/O."""
 
     __slots__ = (

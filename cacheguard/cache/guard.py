@@ -6,9 +6,9 @@ GET and takes no lock) -> on a miss, one thread per process per key goes on
 its result. Write path (``write``): the keys' write locks in one global order,
 invalidate, the body, invalidate again, release.
 
-Every decision is in the flows (:mod:`~cacheguard.cache.read_path`,
-:mod:`~cacheguard.cache.write_path`, :mod:`~cacheguard.cache.flow`) and in
-:class:`~cacheguard.cache.core.GuardCore`; this guard is their blocking driver:
+Every decision is in the flows (:mod:`~cacheguard.cache.flows.read`,
+:mod:`~cacheguard.cache.flows.write`, :mod:`~cacheguard.cache.flows.fill`) and in
+:class:`~cacheguard.cache.flows.core.GuardCore`; this guard is their blocking driver:
 each public method runs one flow, and ``_answer`` carries out its steps.
 :class:`cacheguard.aio.AsyncCacheGuard` is its asyncio twin.
 """
@@ -27,18 +27,12 @@ from typing import Any, TypeVar
 import redis
 
 from cacheguard._identity import enter_holder, leave_holder, on_fork_in_child
-from cacheguard.cache.core import value_key
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flow import Call, LoadUnlocked, Lookup
-from cacheguard.cache.gutter import gutter_guard_made, gutter_settings
-from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
-from cacheguard.cache.read_path import Gutter, Replay, RunFill, WaitFlight
-from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
-from cacheguard.cache.shared_loads import SharedLoads
-from cacheguard.cache.singleflight import SingleFlight
-from cacheguard.cache.write_locks import StoreWriteLock, WriteLockStore, checked_store
-from cacheguard.cache.write_path import (
+from cacheguard.cache.flows.core import value_key
+from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
+from cacheguard.cache.flows.read import Gutter, Replay, RunFill, WaitFlight
+from cacheguard.cache.flows.write import (
     BODY,
     AcquireWrite,
     Command,
@@ -47,7 +41,14 @@ from cacheguard.cache.write_path import (
     Scan,
     WritePath,
 )
-from cacheguard.clients import (
+from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
+from cacheguard.cache.outage.gutter import gutter_guard_made, gutter_settings
+from cacheguard.cache.outage.shared_loads import SharedLoads
+from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
+from cacheguard.cache.singleflight import SingleFlight
+from cacheguard.cache.write_locks import StoreWriteLock, WriteLockStore, checked_store
+from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
+from cacheguard.redis.clients import (
     SyncClient,
     check_sync_client,
     close_sync_client,
@@ -55,10 +56,9 @@ from cacheguard.clients import (
     replicas_expected,
     sync_client_from_url,
 )
-from cacheguard.exceptions import REDIS_DOWN, classify
-from cacheguard.locks.notifier import close_notifier_of, notifier_for
-from cacheguard.locks.scripts import run_pipelined
-from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
+from cacheguard.redis.errors import REDIS_DOWN, classify
+from cacheguard.redis.notifier import close_notifier_of, notifier_for
+from cacheguard.redis.scripts import run_pipelined
 
 __all__ = ["MISSING", "BackendPolicy", "CacheGuard"]
 
@@ -141,7 +141,7 @@ class CacheGuard(WritePath):
     ) -> CacheGuard:
         """A guard on a new client for ``url``: one server (``redis://``, ``rediss://``,
         ``unix://``), a cluster (``redis+cluster://host:port,...``) or a Sentinel
-        master (``redis+sentinel://host:port,.../service``; see ``cacheguard/clients.py``).
+        master (``redis+sentinel://host:port,.../service``; see ``cacheguard/redis/clients.py``).
 
         The client fails fast when Redis is down (connect and socket timeouts, no
         retries of its own: a retried script could run twice), which the circuit
@@ -411,7 +411,7 @@ class CacheGuard(WritePath):
         clock: Callable[[], float],
         rng: Callable[[], float],
     ) -> CacheGuard:
-        """The guard on the gutter Redis (see :mod:`cacheguard.cache.gutter`); closed
+        """The guard on the gutter Redis (see :mod:`cacheguard.cache.outage.gutter`); closed
         with this one (with its client too when made from a URL)."""
         settings = gutter_settings(config)
         if isinstance(gutter, str):

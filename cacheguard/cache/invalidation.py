@@ -33,7 +33,7 @@ from cacheguard.cache.wire import (
     raise_watermark_call,
     read_watermark_call,
 )
-from cacheguard.keys import (
+from cacheguard.redis.keys import (
     ResourceKeys,
     hash_tag,
     invalidation_channel,
@@ -41,7 +41,7 @@ from cacheguard.keys import (
     prefix_stamp_key,
     watermark_key,
 )
-from cacheguard.locks.scripts import ScriptCall
+from cacheguard.redis.scripts import ScriptCall
 
 __all__ = ["Invalidation", "Prefixes"]
 

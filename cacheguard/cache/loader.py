@@ -1,5 +1,5 @@
 """The two ways to use the cache: explicit ``CacheLoader`` objects and ``@cached_with_lock``
-(:mod:`cacheguard.decorator`, which picks the sync or the asyncio class).
+(:mod:`cacheguard.cache.decorator`, which picks the sync or the asyncio class).
 
 ::
 
@@ -15,7 +15,7 @@ without one, from the function's qualified name and its arguments: see
 ``get``/call, ``invalidate``, ``refresh`` (reload now) and ``peek`` (the cached
 value or :data:`MISSING`, no load). With an :class:`~cacheguard.aio.AsyncCacheGuard`
 the decorator takes an ``async def`` and every method is awaited
-(:mod:`cacheguard.aio.loader`); keys and validation are shared. A sync guard
+(:mod:`cacheguard.cache.async_loader`); keys and validation are shared. A sync guard
 refuses an ``async def`` at decoration (it would cache the coroutine object).
 
 **Pickling.** Loaders and decorated functions pickle by reference, as functions
@@ -297,7 +297,7 @@ def _by_reference(module_name: str, qualname: str) -> Any:
 
 
 _LOADER_MODULES = frozenset(
-    ("cacheguard.cache.loader", "cacheguard.aio.loader", "cacheguard.decorator")
+    ("cacheguard.cache.loader", "cacheguard.cache.async_loader", "cacheguard.cache.decorator")
 )
 
 

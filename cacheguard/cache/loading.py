@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from cacheguard.cache.fallback import mark_from_loader
+from cacheguard.cache.outage.fallback import mark_from_loader
 from cacheguard.cache.stats import StatsRecorder
 from cacheguard.exceptions import BackendUnavailable, CacheGuardError, RecursiveLoadError
 

@@ -16,7 +16,8 @@ while it is still there. An evicted lock hash takes the hold with it: no store.
 
 from __future__ import annotations
 
-from cacheguard.locks.scripts import LOCK_PRELUDE, LuaScript
+from cacheguard.locks.redis.lua import LOCK_PRELUDE
+from cacheguard.redis.scripts import LuaScript
 
 __all__ = [
     "FILL_BEGIN",

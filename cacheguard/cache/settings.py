@@ -22,7 +22,7 @@ from cacheguard.checks import (
     check_positive,
     check_ratio,
 )
-from cacheguard.keys import check_namespace
+from cacheguard.redis.keys import check_namespace
 
 __all__ = ["BackendPolicy", "GuardSettings", "TimeoutPolicy", "client_options"]
 

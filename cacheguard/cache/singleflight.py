@@ -15,7 +15,7 @@ is valid for every follower (``VALID_FOR_ALL``).
 A flight also keeps when the newest of its callers' calls began
 (``newest_start``, on the guard's monotonic timer): a load without the lock
 that the leader shares after a timeout must have begun after that (see
-:mod:`cacheguard.cache.shared_loads`), or a follower could take a value read
+:mod:`cacheguard.cache.outage.shared_loads`), or a follower could take a value read
 before its call began.
 """
 

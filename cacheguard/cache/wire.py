@@ -1,6 +1,6 @@
 """The cache scripts' wire format: call builders and reply/message parsers, no I/O.
 
-Each builder returns a :data:`~cacheguard.locks.scripts.ScriptCall` (script,
+Each builder returns a :data:`~cacheguard.locks.redis.lua.ScriptCall` (script,
 KEYS, ARGV) in the order the script's contract in :mod:`cacheguard.cache.scripts`
 states; each parser turns a raw reply into a typed value. The fill flow uses
 them, so the sync and asyncio drivers only send calls and hand back replies.
@@ -23,8 +23,8 @@ from cacheguard.cache.scripts import (
     READ_WATERMARK,
     TIMED_GET,
 )
-from cacheguard.keys import ResourceKeys
-from cacheguard.locks.scripts import ScriptCall
+from cacheguard.redis.keys import ResourceKeys
+from cacheguard.redis.scripts import ScriptCall
 
 __all__ = [
     "POISON_FLOOR",

@@ -76,21 +76,21 @@ from cacheguard._identity import Holder, on_fork_in_child
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.settings import client_options
 from cacheguard.checks import MAX_SECONDS, check_positive
-from cacheguard.clients import SyncClient, is_cluster, sync_client_from_url
 from cacheguard.exceptions import (
-    REDIS_DOWN,
     BackendUnavailable,
     CacheGuardError,
     LockNotHeldError,
     LockTimeout,
-    classify,
 )
-from cacheguard.keys import ResourceKeys
-from cacheguard.locks import wire
-from cacheguard.locks.redis_rwlock import LockHandle
+from cacheguard.locks.redis import wire
+from cacheguard.locks.redis.lua import RELEASE
+from cacheguard.locks.redis.rwlock import LockHandle
 from cacheguard.locks.registry import WeakRegistry
-from cacheguard.locks.scripts import RELEASE, LuaScript
 from cacheguard.locks.two_tier import TwoTierRWLock
+from cacheguard.redis.clients import SyncClient, is_cluster, sync_client_from_url
+from cacheguard.redis.errors import REDIS_DOWN, classify
+from cacheguard.redis.keys import ResourceKeys
+from cacheguard.redis.scripts import LuaScript
 
 __all__ = ["BackendArgumentError", "CacheGuardBackend", "CacheGuardMutex"]
 

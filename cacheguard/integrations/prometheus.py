@@ -40,7 +40,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from cacheguard.cache.core import GuardCore
+from cacheguard.cache.flows.core import GuardCore
 from cacheguard.cache.stats import CacheEvent
 
 __all__ = ["UNTEMPLATED", "CacheMetrics"]

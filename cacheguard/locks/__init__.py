@@ -1,50 +1,60 @@
-"""Locks: the local RW lock, the distributed RW lock on Redis and on the other
-stores (Redlock, PostgreSQL, ZooKeeper), and the two-tier lock.
+"""Locks: one read-write lock contract on several stores, and the two-tier lock.
 
-Layout (each module small, each with one job; the asyncio twins are in
-:mod:`cacheguard.aio`):
+* ``local`` / ``async_local``            -- the holders of one process (threads, tasks)
+* ``two_tier`` / ``async_two_tier``      -- the local lock in front of a distributed one
+  (:class:`TwoTierRWLock`, :class:`LockFactory`)
+* ``shape`` / ``async_shape``            -- what every store's lock offers, written once
+* ``protocol``                           -- the acquire algorithm, sans I/O
+* ``registry``                           -- per-name objects held weakly
+* ``redis/``     -- the lock on one Redis hash: Lua, wire, lease book, watchdogs, drivers
+* ``redlock/``   -- the same lock on a majority of N independent Redis masters
+* ``postgres/``  -- on PostgreSQL advisory locks (the ``postgres`` extra)
+* ``zookeeper/`` -- on ZooKeeper's ephemeral sequential znodes (the ``zookeeper`` extra)
 
-* ``shape``       -- the methods and handle state every store shares (acquire, try,
-  ``read()``/``write()``, on_lost); a store writes only ``_acquire`` and ``_try_once``
-* ``local``       -- :class:`LocalRWLock`, the holders of one process (``Holder``:
-  ``cacheguard/_identity.py``)
-* ``registry``    -- :class:`WeakRegistry`, per-name objects held weakly
-* ``protocol``    -- the acquire algorithm, sans I/O (shared by sync and async drivers)
-* ``scripts``     -- the Lua scripts and their KEYS/ARGV contracts
-* ``wire``        -- every lock script call (KEYS, ARGV) and reply parser, sync and asyncio
-* ``redis_rwlock``-- :class:`RedisRWLock` and :class:`LockHandle`, the sync driver
-* ``notifier``    -- one pub/sub listener per process for release wake-ups
-* ``watchdog``    -- one renewal thread per process for leases (decisions in ``LeaseBook``)
-* ``two_tier``    -- :class:`TwoTierRWLock` and :class:`LockFactory`
-* ``quorum``      -- Redlock's decisions, sans I/O (rounds, renewals, releases, tidy-ups)
-* ``redlock``     -- :class:`RedlockRWLock`: the same lock on a majority of N independent
-  masters, the sync driver of ``quorum``
-* ``postgres_core``-- the PostgreSQL store's decisions and statement flows, sans waiting
-* ``postgres``    -- ``PostgresRWLock``: advisory locks on PostgreSQL, the sync driver of
-  ``postgres_core`` (the ``postgres`` extra)
-* ``zookeeper``   -- ``ZooKeeperRWLock``: the same lock on ZooKeeper's ephemeral sequential
-  znodes (import it from there: it needs the ``zookeeper`` extra, kazoo)
+In each store's folder ``rwlock.py`` is the sync driver and ``async_rwlock.py`` its
+asyncio twin. Names are imported on first use.
 """
 
-from cacheguard._identity import Holder
-from cacheguard.locks.local import LocalRWLock
-from cacheguard.locks.notifier import Notifier
-from cacheguard.locks.redis_rwlock import LockHandle, RedisRWLock
-from cacheguard.locks.redlock import RedlockHandle, RedlockRWLock
-from cacheguard.locks.registry import WeakRegistry
-from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
-from cacheguard.locks.watchdog import Watchdog
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cacheguard._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from cacheguard._identity import Holder
+    from cacheguard.locks.local import LocalRWLock
+    from cacheguard.locks.redis.rwlock import LockHandle, RedisRWLock
+    from cacheguard.locks.redis.watchdog import Watchdog as Watchdog
+    from cacheguard.locks.redlock.rwlock import RedlockHandle, RedlockRWLock
+    from cacheguard.locks.registry import WeakRegistry as WeakRegistry
+    from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
+    from cacheguard.redis.notifier import Notifier as Notifier
 
 __all__ = [
     "Holder",
     "LocalRWLock",
     "LockFactory",
     "LockHandle",
-    "Notifier",
     "RedisRWLock",
     "RedlockHandle",
     "RedlockRWLock",
     "TwoTierRWLock",
-    "Watchdog",
-    "WeakRegistry",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "Holder": "cacheguard._identity",
+        "LocalRWLock": "cacheguard.locks.local",
+        "LockHandle": "cacheguard.locks.redis.rwlock",
+        "RedisRWLock": "cacheguard.locks.redis.rwlock",
+        "RedlockHandle": "cacheguard.locks.redlock.rwlock",
+        "RedlockRWLock": "cacheguard.locks.redlock.rwlock",
+        "LockFactory": "cacheguard.locks.two_tier",
+        "TwoTierRWLock": "cacheguard.locks.two_tier",
+        "WeakRegistry": "cacheguard.locks.registry",
+        "Notifier": "cacheguard.redis.notifier",
+        "Watchdog": "cacheguard.locks.redis.watchdog",
+    },
+)

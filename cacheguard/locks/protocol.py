@@ -2,7 +2,7 @@
 
 :func:`acquire_flow` is a generator that *asks* for I/O by yielding a step and
 gets the answer sent back in, the way httpx drives its auth flows. A sync
-driver (:mod:`cacheguard.locks.redis_rwlock`) answers with blocking calls; an
+driver (:mod:`cacheguard.locks.redis.rwlock`) answers with blocking calls; an
 asyncio driver can answer the same steps with awaits, so both share one
 algorithm and one set of tests.
 
@@ -28,7 +28,7 @@ while the flow waits (a cancelled asyncio task) means the caller gives up: a
 writer withdraws its mark first, as at the deadline. A driver whose caller gave
 up in the middle of a :class:`TryAcquire` round trip takes back what that call
 did itself (``wire.undo_attempt_call``), after it completed. The scripts' KEYS,
-ARGV and replies are in :mod:`cacheguard.locks.wire`.
+ARGV and replies are in :mod:`cacheguard.locks.redis.wire`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The outside of every sync lock store, written once.
 
-Every store (:class:`~cacheguard.locks.redis_rwlock.RedisRWLock`, Redlock,
+Every store (:class:`~cacheguard.locks.redis.rwlock.RedisRWLock`, Redlock,
 PostgreSQL, ZooKeeper) offers the same methods::
 
     handle = lock.acquire_write(timeout=5)        # or acquire_read
@@ -11,7 +11,7 @@ PostgreSQL, ZooKeeper) offers the same methods::
 until granted or :class:`~cacheguard.exceptions.LockTimeout`) and ``_try_once``
 (one attempt). :class:`HandleState` is what every handle knows of its holding,
 sync or asyncio; :class:`ThreadedHandle` runs a sync handle's ``on_lost`` callback
-on a thread of its own. The asyncio counterparts are in :mod:`cacheguard.aio.shape`.
+on a thread of its own. The asyncio counterparts are in :mod:`cacheguard.locks.async_shape`.
 """
 
 from __future__ import annotations

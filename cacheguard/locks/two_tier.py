@@ -47,18 +47,18 @@ from cacheguard._identity import (
     on_fork_in_child,
     process_id,
 )
-from cacheguard.clients import SyncClient
 from cacheguard.exceptions import LockNotHeldError, LockTimeout
 from cacheguard.locks.local import LocalRWLock
-from cacheguard.locks.redis_rwlock import (
+from cacheguard.locks.redis.rwlock import (
     LockHandle,
     LostCallback,
     RedisRWLock,
     check_positive,
     release_on_exit,
 )
+from cacheguard.locks.redis.watchdog import Watchdog
 from cacheguard.locks.registry import WeakRegistry
-from cacheguard.locks.watchdog import Watchdog
+from cacheguard.redis.clients import SyncClient
 
 __all__ = ["LockFactory", "TwoTierRWLock"]
 

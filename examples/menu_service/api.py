@@ -34,7 +34,7 @@ from sqlalchemy.orm import sessionmaker
 from cacheguard import CacheGuard, CacheGuardError
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.integrations.prometheus import CacheMetrics
-from cacheguard.sqlalchemy import track_models
+from cacheguard.integrations.sqlalchemy import track_models
 from menu_service.infra import QueryLog, make_async_engine, make_engine
 from menu_service.limits import MAX_BODY_BYTES, BodyLimits
 from menu_service.models import EDITABLE, Menu

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from cacheguard import CacheGuard
-from cacheguard.sqlalchemy import track_models
+from cacheguard.integrations.sqlalchemy import track_models
 from menu_service.infra import (
     Backends,
     QueryLog,

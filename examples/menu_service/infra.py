@@ -22,7 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session
 
-from cacheguard.sqlalchemy import sqlite_async_engine, sqlite_engine
+from cacheguard.integrations.sqlalchemy import sqlite_async_engine, sqlite_engine
 from cacheguard.testing import redis_server
 from menu_service.models import Menu
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from cacheguard import MISSING, CacheGuard, CacheLoader, JsonCodec, MsgpackCodec
 from cacheguard.cache.entry import pack_entry, unpack_entry
-from cacheguard.keys import ResourceKeys
+from cacheguard.redis.keys import ResourceKeys
 from tests.helpers import make_guard
 
 CODECS = [MsgpackCodec(), JsonCodec()]

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from cacheguard import MISSING, CacheGuard, CacheGuardError
-from cacheguard.locks.notifier import notifier_for
+from cacheguard.redis.notifier import notifier_for
 from cacheguard.testing import OwnedRedisServer
 from tests.faults.proxy import TcpProxy
 from tests.helpers import start_gated_fill, subscribers, wait_until

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 import redis
+from cacheguard_testing.deployments import OwnedRedisCluster, OwnedSentinelSet
 
 from cacheguard import BackendUnavailable, CacheGuard
-from cacheguard.deployments import OwnedRedisCluster, OwnedSentinelSet
-from cacheguard.keys import ResourceKeys
+from cacheguard.redis.keys import ResourceKeys
 from cacheguard.testing import OwnedRedisServer
 from tests.guard_drivers import KINDS, Guard, guard_from_url
 from tests.outage_support import (

@@ -11,7 +11,7 @@ import redis
 
 from cacheguard import MISSING, BackendUnavailable, CacheGuard, CacheGuardError, PickleCodec
 from cacheguard.cache.entry import pack_entry
-from cacheguard.keys import ResourceKeys
+from cacheguard.redis.keys import ResourceKeys
 from cacheguard.testing import OwnedRedisServer, free_port
 
 

@@ -1,0 +1,450 @@
+"""AsyncCacheGuard: the read-through cache and its write path on asyncio.
+
+The twin of :class:`cacheguard.CacheGuard`, on the same
+:class:`~cacheguard.cache.flows.core.GuardCore` and the same fill flow, with awaits:
+
+::
+
+    guard = AsyncCacheGuard.from_url(url, namespace="menu", lease=30.0)
+    menu = await guard.get_or_load("menu:7", load_menu, ttl=300)
+    async with guard.write("menu:list", "menu:7"):
+        await update_menu_and_commit()
+
+Native asyncio end to end: a ``redis.asyncio`` client, the loop's notifier and
+watchdog tasks, a task-level lock in front of the distributed one, a single
+flight of asyncio events. Entries, locks, fills, versions and announcements are
+the sync guard's: sync and asyncio processes on one namespace share them.
+
+Cancellation: a task cancelled while it waits leaves nothing held; a cancelled
+filler still ends its fill (storing nothing) and releases its hold; followers of
+a cancelled leader carry on without it; a cancelled writer releases its locks.
+A guard belongs to the event loop it is first used on (:class:`WrongEventLoop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Generator
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio
+
+from cacheguard._loop import LoopBinding
+from cacheguard.cache.async_driver import Deferral, arun_load, drive_fill_async
+from cacheguard.cache.driver import backend_down, is_loader
+from cacheguard.cache.entry import MISSING, Entry, Missing
+from cacheguard.cache.flows.core import value_key
+from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
+from cacheguard.cache.flows.read import Gutter, Replay, RunFill, WaitFlight
+from cacheguard.cache.flows.write import (
+    BODY,
+    AcquireWrite,
+    Command,
+    Pipelined,
+    ReleaseWrites,
+    Scan,
+    WritePath,
+)
+from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
+from cacheguard.cache.outage.gutter import gutter_guard_made, gutter_settings
+from cacheguard.cache.settings import GuardSettings, client_options
+from cacheguard.cache.write_locks import AsyncStoreWriteLock, WriteLockStore, checked_store
+from cacheguard.checks import check_int
+from cacheguard.locks.async_local import current_task
+from cacheguard.locks.async_two_tier import AsyncLockFactory, AsyncTwoTierRWLock
+from cacheguard.redis.async_notifier import aclose_notifiers_of, async_notifier_for
+from cacheguard.redis.async_scripts import aclose_node_clients, arun_pipelined
+from cacheguard.redis.clients import (
+    AsyncClient,
+    aclose_async_client,
+    async_client_from_url,
+    check_async_client,
+    node_namer,
+    replicas_expected,
+)
+from cacheguard.redis.errors import REDIS_DOWN, classify
+
+__all__ = ["AsyncCacheGuard"]
+
+log = logging.getLogger("cacheguard")
+
+T = TypeVar("T")
+
+
+class AsyncCacheGuard(WritePath):
+    """A read-through cache on Redis for asyncio: each missing key loaded once,
+    by one task of one process, while every other caller awaits its value.
+
+    The settings are :class:`~cacheguard.cache.settings.GuardSettings`' (those of
+    :class:`~cacheguard.CacheGuard`, as are ``on_event``, ``write_locks`` and
+    ``gutter``: here an asyncio client or a URL); ``load`` functions may be
+    ``async def`` or plain functions (a plain one runs on the loop: keep it quick).
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        on_event: Callable[[Any], None] | None = None,
+        write_locks: WriteLockStore | None = None,
+        gutter: AsyncClient | str | None = None,
+        timer: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+        **settings: Any,
+    ) -> None:
+        check_async_client(client, "AsyncCacheGuard")
+        config = GuardSettings(**settings)
+        if gutter is not None and not isinstance(gutter, str):
+            check_async_client(gutter, "AsyncCacheGuard's gutter")
+        super().__init__(
+            config,
+            on_event=on_event,
+            timer=timer,
+            clock=clock,
+            rng=rng,
+            flight_event=asyncio.Event,
+            node_of=node_namer(client),
+            replicas=replicas_expected(client),
+        )
+        self.client = client
+        self._binding = LoopBinding("this AsyncCacheGuard")
+        self._write_locks = checked_store(write_locks)
+        self._locks = AsyncLockFactory(
+            client,
+            namespace=config.namespace,
+            lease=config.lease,
+            timeout=config.wait_timeout,
+            timer=timer,
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()  # background refreshes, L1 subscribing
+        if config.l1_maxsize:
+            # Subscribed on first use, from inside the loop.
+            self._l1 = L1Feed(
+                LocalTier(maxsize=config.l1_maxsize, ttl=config.l1_ttl, timer=timer),
+                self._listen_l1,
+            )
+        if gutter is not None:
+            settings = gutter_settings(config)
+            self._gutter = (
+                AsyncCacheGuard.from_url(gutter, timer=timer, clock=clock, rng=rng, **settings)
+                if isinstance(gutter, str)
+                else AsyncCacheGuard(gutter, timer=timer, clock=clock, rng=rng, **settings)
+            )  # see cacheguard/cache/outage/gutter.py; closed with this guard
+            gutter_guard_made(self._gutter, self._stats)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        connect_timeout: float = 1.0,
+        socket_timeout: float = 2.0,
+        max_connections: int | None = None,
+        **settings: Any,
+    ) -> AsyncCacheGuard:
+        """A guard on a new ``redis.asyncio`` client for ``url``; the client options
+        are :meth:`CacheGuard.from_url`'s (fail fast, no client retries).
+
+        The pool of one server (or Sentinel master) holds at most ``max_connections``
+        (default 64) and makes a task wait for a free one (up to ``socket_timeout``)
+        rather than fail: hundreds of tasks may call at once, and a refused
+        connection would count as Redis being down. redis-py's cluster client does
+        not queue tasks: there the limit is per node and defaults to 1,024.
+
+        The guard owns the client: :meth:`aclose` closes it (every connection, pool
+        and sentinel client it made)."""
+        if max_connections is not None:
+            check_int("max_connections", max_connections, minimum=1)
+        client = async_client_from_url(
+            url, client_options(connect_timeout, socket_timeout), max_connections
+        )
+        guard = cls(client, **settings)  # (refused: the client never connected, holds nothing)
+        guard._owns_client = True
+        return guard
+
+    # -- public API -----------------------------------------------------------------
+
+    def rwlock(self, name: str) -> AsyncTwoTierRWLock:
+        """The two-tier read-write lock of resource ``name`` (shared in this loop)."""
+        return self._locks.rwlock(self._name(name))
+
+    def write_lock(self, name: str) -> AsyncTwoTierRWLock | AsyncStoreWriteLock:
+        """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
+        lock, or the ``write_locks`` store's (an asyncio store: its calls are awaited)."""
+        name = self._name(name)
+        if self._write_locks is None:
+            return self._locks.rwlock(name)
+        return AsyncStoreWriteLock(self._write_locks(name))
+
+    async def get_or_load(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        *,
+        ttl: float,
+        none_ttl: float | Missing | None = MISSING,
+        template: str | None = None,
+    ) -> Any:
+        """The cached value of ``name``, loaded by ``load()`` once if missing."""
+        self._binding.check()
+        # template: labels the call's events (see CacheGuard.get_or_load)
+        name = self._name(name)
+        flow = self._read(name, load, ttl, none_ttl, template)
+        return await self._run(flow, name, load, template)
+
+    async def peek(self, name: str, *, template: str | None = None) -> Any:
+        """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
+        self._binding.check()
+        name = self._name(name)
+        return await self._drive(self._peek_flow(name, template), name)
+
+    async def peek_entry(self, name: str) -> Entry | None:
+        """The stored entry of ``name`` even past its logical expiry, or None."""
+        self._binding.check()
+        name = self._name(name)
+        return await self._drive(self._peek_entry_flow(name), name)  # type: ignore[no-any-return]
+
+    async def refresh(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        *,
+        ttl: float,
+        none_ttl: float | Missing | None = MISSING,
+        template: str | None = None,
+    ) -> Any:
+        """Load ``name`` now (under its locks, once across processes) and store it;
+        ``on_backend_error`` applies as for reads."""
+        self._binding.check()
+        name = self._name(name)
+        flow = self._refresh_flow(name, ttl, none_ttl, template)
+        return await self._drive(flow, name, load, template)
+
+    async def watermark(self) -> int:
+        """The namespace's invalidation sequence now (see :meth:`CacheGuard.watermark`)."""
+        self._binding.check()
+        self._check_open()
+        return await self._drive(self._watermark_flow(), "the watermark")  # type: ignore[no-any-return]
+
+    async def invalidate(self, *names: str, template: str | None = None) -> None:
+        """Stamp ``names`` with the next invalidation number and delete them, without
+        taking locks (see :meth:`CacheGuard.invalidate`)."""
+        self._binding.check()
+        names = self._names(names)
+        await self._drive(self._invalidate_flow(names, template=template), ", ".join(names))
+
+    async def invalidate_prefix(self, prefix: str) -> int:
+        """Invalidate every key whose name starts with ``prefix`` (a SCAN; see
+        :meth:`CacheGuard.invalidate_prefix`); returns how many."""
+        self._binding.check()
+        prefix = self._prefix(prefix)
+        return await self._drive(self._invalidate_prefix_flow(prefix), f"{prefix}*")  # type: ignore[no-any-return]
+
+    @asynccontextmanager
+    async def write(self, *names: str, timeout: float | None = None) -> AsyncIterator[None]:
+        """The write path around a database update and commit: write locks in one
+        global order, invalidate, the body, invalidate again (also if the body
+        raised or was cancelled), release; then :class:`LockLostError` if a lock
+        was lost meanwhile (see :meth:`CacheGuard.write`)."""
+        self._binding.check()
+        names = self._names(names)
+        flow = self._write_flow(names, timeout, current_task())  # the exit may run elsewhere
+        await self._run(flow, "the write")  # up to the body; raising, it holds nothing
+        try:
+            yield
+        except BaseException as body_error:
+            await self._run(flow, "the write", error=body_error, to_the_end=True)
+            raise
+        # The body is done (committed): a cancellation now must not skip the rest.
+        await self._run(flow, "the write", to_the_end=True)
+
+    async def aclose(self) -> None:
+        """Stop background work (L1 listener, refresh tasks: cancelled and awaited)
+        and close what the guard made: the client ``from_url`` made, with its
+        connections, pools and release-notification listener. A client passed in is
+        left open (it is yours). Closing again does nothing.
+
+        Afterwards every call that would talk to Redis raises :class:`GuardClosed`."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._l1 is not None:
+            self._l1.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._gutter is not None:
+            await self._gutter.aclose()
+        if self._owns_client:
+            await aclose_notifiers_of(self.client)
+            await aclose_node_clients(self.client)  # a cluster's per-node pipelines
+            await aclose_async_client(self.client)
+
+    async def __aenter__(self) -> AsyncCacheGuard:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the driver: every step of the flows, carried out with awaits -----------------------
+
+    async def _drive(
+        self,
+        flow: Generator[Any, Any, Any],
+        name: str,
+        load: Any = None,
+        template: str | None = None,
+    ) -> Any:
+        """Run ``flow`` to its end and return its value."""
+        return await self._run(flow, name, load, template)
+
+    async def _run(
+        self,
+        flow: Generator[Any, Any, Any],
+        name: str,
+        load: Any = None,
+        template: str | None = None,
+        *,
+        error: BaseException | None = None,
+        to_the_end: bool = False,
+    ) -> Any:
+        """Resume ``flow`` (with ``error`` thrown in, if given) and carry out its steps
+        until it returns (its value) or asks for the caller's ``with`` block; closed
+        unless suspended there. With ``to_the_end``, and for releases, a cancellation
+        waits for the flow's end. ``template`` labels the events of ``load``'s runs."""
+        deferral: Deferral | None = None  # made on the first step that must run through
+        step: Any = None
+        try:
+            step = flow.send(None) if error is None else flow.throw(error)
+            while step is not BODY:
+                try:
+                    if step.__class__ is Lookup:  # the hit path's one step, inline
+                        reply = await self.client.get(value_key(self.namespace, name))
+                    elif to_the_end or isinstance(step, ReleaseWrites):
+                        deferral = deferral or Deferral()
+                        reply = await deferral.through(self._answer(step, name, load, template))
+                    else:
+                        reply = await self._answer(step, name, load, template)
+                except REDIS_DOWN as exc:
+                    step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
+                except redis.ResponseError as exc:  # a GET of someone else's key: not ours
+                    if not is_loader(step) and isinstance(refusal := classify(exc), REDIS_DOWN):
+                        step = flow.throw(backend_down(name, refusal))
+                    else:
+                        step = flow.send(exc) if step.__class__ is Lookup else flow.throw(exc)
+                except BaseException as exc:
+                    step = flow.throw(exc)
+                else:
+                    step = flow.send(reply)
+        except StopIteration as done:
+            if deferral is not None and deferral.cancelled:
+                raise asyncio.CancelledError from None
+            return done.value
+        finally:
+            if step is not BODY:
+                flow.close()
+        if deferral is not None and deferral.cancelled:
+            raise asyncio.CancelledError
+        return None
+
+    async def _answer(self, step: Any, name: str, load: Any, template: str | None) -> Any:
+        client = self.client
+        if isinstance(step, RunFill):
+            return await drive_fill_async(
+                step.flow,
+                client=client,
+                lock=step.lock,
+                loads=self._loads,
+                name=name,
+                load=load,
+                seal=step.seal,
+                template=template,
+            )
+        if isinstance(step, WaitFlight):
+            return await step.flight.wait_async(step.timeout)
+        if isinstance(step, LoadUnlocked):
+            return (await arun_load(self._loads, name, load, template))[0]
+        if isinstance(step, Gutter):
+            return await self._gutter.get_or_load(
+                name, load, ttl=step.ttl, none_ttl=step.none_ttl, template=template
+            )
+        if isinstance(step, Replay):
+            return await self._recovery.arun()
+        if isinstance(step, Command):
+            return await client.execute_command(*step.args)
+        if isinstance(step, Pipelined):
+            return await arun_pipelined(client, list(step.calls), step.confirm)
+        if isinstance(step, Call):
+            script, keys, args = step.call
+            return await script.acall(client, keys, args)
+        if isinstance(step, Scan):
+            return [key async for key in client.scan_iter(match=step.pattern, count=1000)]
+        if isinstance(step, AcquireWrite):
+            return await step.lock.acquire_write(step.timeout)
+        if isinstance(step, ReleaseWrites):
+            errors: list[Exception | None] = []
+            for lock in reversed(step.locks):
+                try:
+                    await lock.release_write(holder=step.holder)
+                except Exception as exc:  # the flow tells a lost lock from a failure
+                    errors.append(exc)
+                else:
+                    errors.append(None)
+            return errors[::-1]
+        raise TypeError(f"not a guard step: {step!r}")
+
+    def _start_background(
+        self,
+        flow: Generator[Any, Any, None],
+        name: str,
+        load: Callable[[], Any],
+        template: str | None = None,
+    ) -> bool:
+        self._spawn(self._drive(flow, name, load, template), "cacheguard-refresh")
+        return True
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        # In a context of its own: a background refresh is nobody's nested load, and
+        # the caller's open database snapshots are not its snapshots. aclose()
+        # cancels it (the SQLAlchemy outbox's poller is one too).
+        loop = asyncio.get_running_loop()
+        task = contextvars.Context().run(loop.create_task, coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- L1 ------------------------------------------------------------------------------
+
+    def _listen_l1(self, timeout: float) -> Listener | None:
+        """Subscribe in a task of the running loop (none yet: on first use)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        if not any(t.get_name() == "cacheguard-l1" for t in self._tasks):
+            self._spawn(self._subscribe_l1(timeout), "cacheguard-l1")
+        return None
+
+    async def _subscribe_l1(self, timeout: float) -> None:
+        l1 = self._l1
+        assert l1 is not None
+        try:
+            listener = await async_notifier_for(self.client).listen(
+                self._invalidation.l1_channel,
+                l1.on_message,
+                timeout=max(timeout, 5.0),
+                on_gap=l1.on_gap,
+            )
+        except Exception as exc:  # L1 keeps nothing until a later use subscribes
+            log.warning("L1 invalidation feed not subscribed: %s", exc)
+            return
+        l1.attach(listener)

@@ -1,0 +1,105 @@
+"""The asyncio loaders: :class:`AsyncCacheLoader` and the decorator's
+:class:`AsyncCachedFunction` (what :func:`cacheguard.cached_with_lock` returns for
+an :class:`AsyncCacheGuard`).
+
+::
+
+    menu = AsyncCacheLoader(guard, key="menu:{menu_id}", load=load_menu, ttl=300)
+    await menu.get(menu_id=7); await menu.invalidate(menu_id=7)
+
+    @cached_with_lock(guard, key="menu:list", ttl=300)
+    async def list_menus() -> list[dict]: ...
+
+Keys, templates, validation and method binding are the sync loaders'
+(:mod:`cacheguard.cache.loader`); only the calls are awaited.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar, cast
+
+from cacheguard.cache.async_guard import AsyncCacheGuard
+from cacheguard.cache.entry import MISSING, Missing
+from cacheguard.cache.loader import Decorated, KeyedLoader
+
+__all__ = ["AsyncCacheLoader", "AsyncCachedFunction"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class AsyncCacheLoader(KeyedLoader[P, R]):
+    """Read-through access to one family of keys, loaded by ``load`` (``async def``,
+    or a plain function)."""
+
+    guard_type = AsyncCacheGuard
+    takes_async = True
+    guard: AsyncCacheGuard
+
+    def __init__(
+        self,
+        guard: AsyncCacheGuard,
+        *,
+        key: str | None,
+        load: Callable[P, Awaitable[R]] | Callable[P, R],
+        ttl: float,
+        none_ttl: float | Missing | None = MISSING,
+    ) -> None:
+        super().__init__(guard, key=key, load=load, ttl=ttl, none_ttl=none_ttl)
+
+    async def get(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """The cached value, loaded once across all processes if missing."""
+        name = self._keys.build(args, kwargs)
+        value: R = await self.guard.get_or_load(
+            name,
+            lambda: self.load(*args, **kwargs),
+            ttl=self.ttl,
+            none_ttl=self.none_ttl,
+            template=self._label,
+        )
+        return value
+
+    async def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Load now and store (under the key's locks, once across processes)."""
+        name = self._keys.build(args, kwargs)
+        value: R = await self.guard.refresh(
+            name,
+            lambda: self.load(*args, **kwargs),
+            ttl=self.ttl,
+            none_ttl=self.none_ttl,
+            template=self._label,
+        )
+        return value
+
+    async def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Drop the cached value without locking (fills in flight fail their store)."""
+        await self.guard.invalidate(self._keys.build(args, kwargs), template=self._label)
+
+    async def peek(self, *args: P.args, **kwargs: P.kwargs) -> R | Missing:
+        """The cached value, or :data:`MISSING`; never loads."""
+        value: R | Missing = await self.guard.peek(
+            self._keys.build(args, kwargs), template=self._label
+        )
+        return value
+
+
+class AsyncCachedFunction(Decorated, AsyncCacheLoader[P, R]):
+    """An ``async def`` whose calls are read through the cache."""
+
+    def __init__(
+        self,
+        guard: AsyncCacheGuard,
+        func: Callable[P, Awaitable[R]],
+        *,
+        key: str | None,
+        ttl: float,
+        none_ttl: float | Missing | None = MISSING,
+    ) -> None:
+        func = cast("Callable[P, Awaitable[R]]", self._unwrap(func))
+        AsyncCacheLoader.__init__(self, guard, key=key, load=func, ttl=ttl, none_ttl=none_ttl)
+        functools.update_wrapper(self, func)
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await self.get(*args, **kwargs)

@@ -1,0 +1,78 @@
+"""``@cached_with_lock``: one decorator for both guards.
+
+With a :class:`~cacheguard.CacheGuard` it returns a
+:class:`~cacheguard.cache.loader.CachedFunction`; with an
+:class:`~cacheguard.aio.AsyncCacheGuard`, for an ``async def``, an
+:class:`~cacheguard.cache.async_loader.AsyncCachedFunction` whose calls and methods are
+awaited. Keys, templates and method binding are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar, overload
+
+from cacheguard.cache.async_guard import AsyncCacheGuard
+from cacheguard.cache.async_loader import AsyncCachedFunction
+from cacheguard.cache.entry import MISSING, Missing
+from cacheguard.cache.guard import CacheGuard
+from cacheguard.cache.loader import CachedFunction
+
+__all__ = ["cached_with_lock"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@overload
+def cached_with_lock(
+    guard: CacheGuard,
+    *,
+    key: str | None = None,
+    ttl: float,
+    none_ttl: float | Missing | None = MISSING,
+) -> Callable[[Callable[P, R]], CachedFunction[P, R]]: ...
+
+
+@overload
+def cached_with_lock(
+    guard: AsyncCacheGuard,
+    *,
+    key: str | None = None,
+    ttl: float,
+    none_ttl: float | Missing | None = MISSING,
+) -> Callable[[Callable[P, Awaitable[R]]], AsyncCachedFunction[P, R]]: ...
+
+
+def cached_with_lock(
+    guard: CacheGuard | AsyncCacheGuard,
+    *,
+    key: str | None = None,
+    ttl: float,
+    none_ttl: float | Missing | None = MISSING,
+) -> Callable[[Callable[P, Any]], Any]:
+    """Read calls of the decorated function (or method) through ``guard``.
+
+    ``key`` is a template naming the function's parameters, e.g. ``"menu:{menu_id}"``;
+    without it, the key is the function's qualified name and its arguments.
+    The result keeps the signature and adds ``.invalidate``, ``.refresh`` and
+    ``.peek`` taking the same arguments. With an ``AsyncCacheGuard``, decorate an
+    ``async def``: calls and those methods are awaited. A ``CacheGuard`` refuses an
+    ``async def`` here, at decoration (``TypeError``). The result pickles by
+    reference, as the function it replaces (see :mod:`cacheguard.cache.loader`).
+    """
+    if isinstance(guard, CacheGuard):
+        sync_guard = guard
+
+        def decorate(func: Callable[P, Any]) -> Any:
+            return CachedFunction(sync_guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
+
+        return decorate
+    if isinstance(guard, AsyncCacheGuard):
+        async_guard = guard
+
+        def decorate_async(func: Callable[P, Any]) -> Any:
+            return AsyncCachedFunction(async_guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
+
+        return decorate_async
+    raise TypeError(f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}")

@@ -1,0 +1,432 @@
+"""What both guards share: their parts and every decision that is not I/O.
+
+:class:`~cacheguard.CacheGuard` (sync) and :class:`~cacheguard.aio.AsyncCacheGuard`
+derive from :class:`GuardCore` and add only the I/O: they read, call scripts
+and wait, and hand what they got to the methods here (or to the fill flow), so
+a decision is written once for both.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable, Generator, Iterable
+from typing import Any, Final, Protocol
+
+from cacheguard.backoff import Backoff
+from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
+from cacheguard.cache.flows.fill import (
+    REFRESH,
+    STALE,
+    WAIT_BACKOFF,
+    FillJob,
+    Outcome,
+    Step,
+    fill_flow,
+    judge,
+)
+from cacheguard.cache.invalidation import Invalidation
+from cacheguard.cache.l1 import L1Feed
+from cacheguard.cache.loading import Loads
+from cacheguard.cache.outage.breaker import Breakers, CircuitBreaker
+from cacheguard.cache.outage.fallback import LastSeen
+from cacheguard.cache.outage.recovery import Recovery
+from cacheguard.cache.outage.shared_loads import SharedLoads
+from cacheguard.cache.server_clock import ServerClock
+from cacheguard.cache.settings import GuardSettings
+from cacheguard.cache.singleflight import SingleFlight
+from cacheguard.cache.stats import EventHook, Stats, StatsRecorder
+from cacheguard.checks import MAX_SECONDS, check_positive
+from cacheguard.exceptions import BackendUnavailable, GuardClosed
+from cacheguard.redis.keys import ResourceKeys, check_name
+from cacheguard.redis.scripts import Confirm
+
+__all__ = ["GuardCore", "Lock", "add_note", "value_key"]
+
+log = logging.getLogger("cacheguard")
+
+_NUMBERS: Final = (int, float)  # exact classes: bool is refused by check_positive
+
+
+class Lock(Protocol):
+    """What a fill needs of a two-tier lock, sync or asyncio."""
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def remote(self) -> Any: ...
+
+    @property
+    def local(self) -> Any: ...
+
+
+class GuardCore:
+    """Settings, counters, breaker, loader bookkeeping, invalidation layout, L1."""
+
+    def __init__(
+        self,
+        settings: GuardSettings,
+        *,
+        on_event: Callable[[Any], None] | None = None,
+        timer: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+        flight_event: Callable[[], Any],
+        node_of: Callable[[str], str] | None = None,
+        replicas: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.settings = settings
+        self.namespace = settings.namespace
+        self._timer = timer
+        self._clock = clock
+        self._server_clock = ServerClock(timer, clock)  # entries' ages are judged by it
+        self._rng = rng
+        self._flights = SingleFlight(flight_event)
+        self._refreshes = SingleFlight(flight_event)
+        # The unlocked loads of callers whose waits timed out, shared per key.
+        self._shared_loads = SharedLoads(flight_event, timer, settings.max_load_time)
+        self._stats = StatsRecorder(on_event)
+        # Outbox replays before serving after an outage: pending again whenever a
+        # circuit closes (its node is back: rows for it may wait in the outbox).
+        self._recovery = Recovery(timer=timer)
+        self._breakers = Breakers(
+            failures=settings.breaker_failures,
+            cooldown=settings.breaker_cooldown,
+            timer=timer,
+            node_of=node_of,
+            on_close=self._recovery.mark,
+        )
+        self._replicas = replicas  # how many the deployment has, for confirm_replicas=None
+        self._loads = Loads(self._stats, timer)
+        self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms, timer=timer)
+        self._l1: L1Feed | None = None
+        # What this process saw last, for outage_ttl and stale_if_error (docs/outage.md)
+        self._last_seen: LastSeen | None = None
+        if settings.outage_ttl or settings.stale_if_error:
+            self._last_seen = LastSeen(maxsize=settings.fallback_maxsize, timer=timer)
+        self._gutter: Any = None  # the guard on the gutter Redis, if one is given
+        self._checks_snapshots = True  # False in a gutter's guard (cache/gutter.py)
+        self._closed = False
+        self._owns_client = False  # from_url made the client: close() closes it
+        self._max_key_length = settings.max_key_length
+        self._wait_backoff: Callable[[], Backoff] = WAIT_BACKOFF  # tests lengthen it
+
+    # -- public, no I/O ---------------------------------------------------------------
+
+    def stats(self) -> Stats:
+        return self._stats.snapshot()
+
+    def add_event_hook(self, hook: EventHook) -> None:
+        """Call ``hook(event)`` with every :class:`~cacheguard.CacheEvent` from now on,
+        besides ``on_event`` (thread-safe; adding a hook twice adds it once). Hooks
+        run in the calling thread (or on the loop) and must be quick; one that raises
+        is logged and never fails the cache call."""
+        self._stats.add_hook(hook)
+
+    def remove_event_hook(self, hook: EventHook) -> None:
+        """Stop calling ``hook``; :class:`ValueError` if it is not a hook of this guard."""
+        self._stats.remove_hook(hook)
+
+    def keys(self, name: str) -> ResourceKeys:
+        return ResourceKeys(self.namespace, name)
+
+    def watch_prefix(self, prefix: str) -> None:
+        """Make fills of keys under ``prefix`` honour its prefix invalidations (see
+        ``invalidate_prefix``) in this process, for good. The SQLAlchemy hooks watch
+        their templates' prefixes; ``invalidate_prefix`` makes its process honour its
+        own stamp for as long as the stamp lives (``version_ttl``)."""
+        self._invalidation.watch(prefix)
+
+    # -- what every call checks first, before Redis is touched -------------------------------
+
+    def _check_open(self) -> None:
+        """Refuse a call on a closed guard (:class:`GuardClosed`)."""
+        if self._closed:
+            raise GuardClosed(
+                f"this {type(self).__name__} is closed: make a new one "
+                "(a client the guard made was closed with it)"
+            )
+
+    def _checked_name(self, name: object) -> str:
+        """A key name as the guard uses it: a non-empty str encodable as UTF-8
+        (``TypeError``/``ValueError`` otherwise), shortened past ``max_key_length``
+        as a template's names are (see :func:`~cacheguard.redis.keys.check_name`)."""
+        if type(name) is str and name and len(name) <= self._max_key_length and name.isascii():
+            return name  # the hit path: nothing to check further
+        return check_name(name, self._max_key_length)
+
+    def _name(self, name: object) -> str:
+        """The name of a call that talks to Redis: the guard open, the name checked."""
+        if self._closed:
+            self._check_open()
+        return self._checked_name(name)
+
+    def _names(self, names: Iterable[object]) -> tuple[str, ...]:
+        """:meth:`_name` for every name of a call."""
+        self._check_open()
+        return tuple(self._checked_name(name) for name in names)
+
+    def _prefix(self, prefix: object) -> str:
+        """An ``invalidate_prefix`` prefix: a str encodable as UTF-8 (empty: every key
+        of the namespace), never shortened."""
+        self._check_open()
+        if prefix == "":
+            return ""
+        return check_name(prefix, sys.maxsize, "a prefix")
+
+    # -- decisions the drivers ask for --------------------------------------------------------
+
+    @staticmethod
+    def _ttl(ttl: float) -> float:
+        if ttl.__class__ in _NUMBERS and 0 < ttl <= MAX_SECONDS:  # the hit path: cheap
+            return ttl
+        return check_positive("ttl", ttl)
+
+    def _l1_seen(self) -> tuple[int, object] | None:
+        """Taken before a GET whose value L1 may keep (see :meth:`L1Feed.guard`)."""
+        return self._l1.guard() if self._l1 is not None else None
+
+    def _served(
+        self,
+        name: str,
+        raw: Any,
+        l1_seen: tuple[int, object] | None,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None,
+        seen_ticket: int,
+    ) -> tuple[bool, Entry | None]:
+        """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
+        the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
+        past its expiry for the stale policy). ``seen_ticket``: :meth:`_seen_ticket`,
+        taken before the GET."""
+        entry = self._decode(name, raw, template=template)
+        if entry is None:
+            return False, None
+        now = self._server_clock.now()
+        verdict = judge(entry, now, self.settings, self._rng)
+        if verdict <= REFRESH:
+            self._stats.count("l2_hits", name, 0.0, None, template)
+            if self._last_seen is not None:
+                self._last_seen.note(name, entry.value, seen_ticket)
+            if verdict == REFRESH:
+                self._refresh_in_background(name, load, ttl, none_ttl, template)
+            if l1_seen is not None:
+                self._l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
+            return True, entry
+        if verdict == STALE:  # inside the stale window: serve, reload in the background
+            self._stats.count("stale_served", name, 0.0, None, template)
+            self._refresh_in_background(name, load, ttl, none_ttl, template)
+            return True, entry
+        return False, entry
+
+    def _keep_filled(
+        self, name: str, outcome: Outcome, l1_seen: tuple[int, object] | None, ttl: float
+    ) -> None:
+        """Keep a fill's outcome in L1, for as long as its entry lives."""
+        if l1_seen is None or outcome.source not in ("l2", "loaded", "peer"):
+            return
+        if outcome.entry is not None:
+            lifetime = outcome.entry.expires_at - self._server_clock.now()
+        else:  # our own store: its TTL was jittered, never below this floor
+            lifetime = ttl * (1 - self.settings.ttl_jitter)
+        if lifetime > 0:
+            self._l1.keep(name, outcome.value, lifetime, l1_seen)  # type: ignore[union-attr]
+
+    def _peeked(self, entry: Entry | None) -> Any:
+        if entry is None or self._server_clock.now() >= entry.expires_at:
+            return MISSING
+        return entry.value
+
+    def _refresh_in_background(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
+    ) -> None:
+        raise NotImplementedError  # each driver runs refreshes its own way
+
+    def _decode(
+        self, name: str, raw: Any, *, count: bool = True, template: str | None = None
+    ) -> Entry | None:
+        """An entry from what a GET or a script returned; what is not one of ours
+        (corrupt bytes, another type of key) is a miss, counted unless ``count``
+        is false (the same bytes were counted when first read)."""
+        try:
+            if raw.__class__ is bytes:
+                return unpack_entry(self.settings.codec, raw)
+            if raw is None:
+                return None
+            if isinstance(raw, Exception):
+                raise ValueError(f"the key is not ours: {raw}")
+            raise ValueError(f"expected bytes from Redis, got {type(raw).__name__}")
+        except ValueError as exc:
+            if count:
+                self._stats.count("corrupt_entries", name, 0.0, exc, template)
+                log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
+            return None
+
+    def _breaker(self, name: str) -> CircuitBreaker:
+        """The circuit breaker of the node serving resource ``name`` (see Breakers)."""
+        breakers = self._breakers
+        return breakers.shared if breakers.single else breakers.of(value_key(self.namespace, name))
+
+    def _confirm(self) -> Confirm | None:
+        """What a write-path invalidation waits for: (replicas, seconds), or None."""
+        wanted = self.settings.confirm_replicas
+        if wanted is None:
+            wanted = self._replicas()
+        return (wanted, self.settings.confirm_timeout) if wanted else None
+
+    def _backend_failed(
+        self,
+        name: str,
+        exc: BaseException,
+        *,
+        key: str | None = None,
+        template: str | None = None,
+    ) -> None:
+        """Redis failed ``name``'s call (or the call on Redis key ``key``)."""
+        (self._breakers.of(key) if key is not None else self._breaker(name)).failure()
+        self._recovery.mark()  # writes may have gone to an outbox meanwhile
+        self._stats.count("backend_errors", name, 0.0, exc, template)
+        log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
+
+    def _seen_ticket(self, name: str) -> int:
+        """Taken before a read of ``name`` whose value the fallback memory may keep: a
+        write of ``name`` here meanwhile voids the note (see
+        :mod:`cacheguard.cache.outage.fallback`)."""
+        return self._last_seen.ticket(name) if self._last_seen is not None else 0
+
+    def _replay_pending(self) -> bool:
+        return self._recovery.pending
+
+    def _forget_here(self, names: Iterable[str]) -> None:
+        """Drop what this process keeps of ``names`` (L1, the last values seen): they
+        are being written or invalidated."""
+        if self._l1 is not None:
+            self._l1.drop(names)
+        if self._last_seen is not None:
+            self._last_seen.drop(names)
+
+    def _refuse_bypass(
+        self,
+        name: str,
+        exc: BaseException | None,
+        template: str | None = None,
+        *,
+        failure_counted: bool = False,
+    ) -> None:
+        """Redis is down (``exc``) or the circuit is open (None): raise under
+        ``on_backend_error="raise"``, else count the bypass and return (the caller
+        loads directly). ``failure_counted``: ``exc`` was counted already."""
+        if exc is not None and not failure_counted:
+            self._backend_failed(name, exc, template=template)
+        if self.settings.on_backend_error == "raise":
+            raise BackendUnavailable(
+                f"Redis unavailable for {name!r}"
+                + (f": {exc}" if exc is not None else " (circuit open)")
+            ) from exc
+        self._stats.count("bypasses", name, 0.0, None, template)
+
+    def _circuit_open(
+        self, what: str, names: Iterable[str] = (), key: str | None = None
+    ) -> BackendUnavailable | None:
+        """The error for ``what`` when the circuit of a node it needs (serving one of
+        ``names``, or Redis key ``key``) is open, else None."""
+        needed = [self._breaker(name) for name in names]
+        if key is not None:
+            needed.append(self._breakers.of(key))
+        # Each breaker once: keys on one node share it, and in its half-open state a
+        # second ask would be refused while the first holds the probe.
+        breakers = {id(breaker): breaker for breaker in needed}.values()
+        if all(breaker.allow() for breaker in breakers):
+            return None
+        return BackendUnavailable(f"Redis unavailable {what} (circuit open)")
+
+    def _fill_flow(
+        self,
+        name: str,
+        lock: Lock,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        *,
+        refresh: bool,
+        stale: Entry | None,
+        background: bool = False,
+        budget: float | None = None,
+        since: Callable[[], float] | None = None,
+        template: str | None = None,
+    ) -> Generator[Step, Any, Outcome]:
+        """The fill flow of ``name`` for either driver (a loader asking for its own
+        key is refused here, before any wait); ``since``: see :func:`fill_flow`."""
+        self._loads.refuse_recursion(name, template)
+        return fill_flow(
+            self._job(name, lock, ttl, none_ttl, template),
+            refresh=refresh,
+            background=background,
+            stale=stale,
+            budget=self.settings.wait_timeout if budget is None else budget,
+            since=since,
+        )
+
+    def _job(
+        self,
+        name: str,
+        lock: Lock,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
+    ) -> FillJob:
+        # The flow counts by name; the template rides along in the callbacks.
+        return FillJob(
+            name=name,
+            keys=lock.remote.keys,
+            owner=lock.owner,
+            settings=self.settings,
+            ttl=ttl,
+            none_ttl=none_ttl,
+            writing_here=lock.local.is_write_held_by_me(),
+            stamps=functools.partial(self._invalidation.stamps_for, name),
+            timer=self._timer,
+            clock=self._server_clock.now,
+            saw_server_clock=self._server_clock.sample,
+            rng=self._rng,
+            count=functools.partial(self._stats.count, template=template),
+            decode=functools.partial(self._decode, name, template=template),
+            decode_quiet=functools.partial(self._decode, name, count=False),
+            backend_failed=functools.partial(self._backend_failed, template=template),
+            shared_loads=self._shared_loads,
+            backoff=self._wait_backoff,
+            replay_pending=self._replay_pending,
+            checks_snapshots=self._checks_snapshots,
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def value_key(namespace: str, name: str) -> str:
+    """The hit path's only key: built once per name (bounded LRU), not per call."""
+    return ResourceKeys(namespace, name).value
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` (Python 3.11+); logged on older versions."""
+    add = getattr(error, "add_note", None)
+    if add is not None:
+        add(note)
+    else:
+        log.error("%s (while handling %r)", note, error)
+
+
+def closing_failed_note(names: list[str], error: BaseException) -> str:
+    return (
+        f"cacheguard: the closing invalidation of {names!r} also failed: "
+        f"{type(error).__name__}: {error}"
+    )

@@ -1,0 +1,574 @@
+"""The read path's flows, with no I/O in them: ``get_or_load``, ``refresh``, ``peek``.
+
+Each public read of both guards is one generator here; the sync guard and the
+asyncio guard only carry out its steps (:class:`Lookup`, :class:`LoadUnlocked`,
+:class:`WaitFlight`, :class:`RunFill`) and send the answers back in. Redis
+being down reaches a flow as :class:`BackendUnavailable` with the client's error
+as its ``__cause__``.
+
+``get_or_load``:
+
+1. L1, when the guard has one: a hit sends nothing;
+2. the key's single flight: one caller per process goes on (the leader); the
+   others wait for its outcome, or read again if they joined after the read it
+   shares was sent (see :mod:`cacheguard.cache.singleflight`). A caller that
+   holds the key's write lock loads its own view at once;
+3. the leader's one GET, judged by :func:`~cacheguard.cache.flows.fill.judge`; on a
+   miss the fill flow runs (one filler across processes);
+4. Redis down, or the circuit open: a value this process saw within
+   ``outage_ttl``, else the gutter's single flight (``gutter=``), else
+   ``on_backend_error`` (load directly, or raise); see ``docs/outage.md``;
+5. after an outage, the guard's outbox replays run before a value read from
+   Redis is served (:class:`Replay`, :mod:`cacheguard.cache.outage.recovery`), and the
+   key is read again after them (their invalidations may have deleted it).
+
+With ``stale_if_error``, an error the call would raise (the loader's, or
+:class:`BackendUnavailable`) is answered by the last value this process saw,
+if seen recently enough (:mod:`cacheguard.cache.outage.fallback`).
+
+A leader that fails shares its error with its followers; one that is
+interrupted (cancelled, KeyboardInterrupt) does not: they go on without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from cacheguard.cache.entry import MISSING, Entry, Missing
+from cacheguard.cache.flows.core import GuardCore, Lock
+from cacheguard.cache.flows.fill import (
+    LOAD_UNLOCKED,
+    LOOKUP,
+    Call,
+    LoadUnlocked,
+    Lookup,
+    Outcome,
+    Step,
+    timed_out_flow,
+)
+from cacheguard.cache.l1 import ABSENT
+from cacheguard.cache.outage.fallback import NOT_SEEN, from_loader
+from cacheguard.cache.outage.recovery import ReplayFailed
+from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
+from cacheguard.cache.wire import parse_timed_get, timed_get_call
+from cacheguard.exceptions import BackendUnavailable, GuardClosed
+
+__all__ = [
+    "REPLAY",
+    "Gutter",
+    "ReadPath",
+    "ReadStep",
+    "Replay",
+    "RunFill",
+    "WaitFlight",
+    "client_error",
+    "valid_for_all",
+]
+
+log = logging.getLogger("cacheguard")
+
+LATE_FOLLOWER_REREADS: Final = 2  # shared re-reads for late joiners; stragglers read themselves
+
+
+@dataclass(frozen=True, slots=True)
+class WaitFlight:
+    """Step: wait up to ``timeout`` s for ``flight``'s leader to finish. Answer:
+    ``True`` once it finished, ``False`` at the timeout."""
+
+    flight: Flight
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunFill:
+    """Step: drive ``flow`` (a fill flow of the key) under ``lock``; ``seal`` seals
+    the caller's single flight. Answer: ``(Outcome, generation below which
+    followers may share it)``, or the flow's error thrown in."""
+
+    lock: Lock
+    flow: Generator[Step, Any, Outcome]
+    seal: Callable[[], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Gutter:
+    """Step: ``get_or_load`` the key on the gutter guard (its own single flight across
+    processes) with these lifetimes. Answer: the value, or the gutter guard's error
+    (:class:`BackendUnavailable` when the gutter is unreachable too) thrown in."""
+
+    ttl: float
+    none_ttl: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Step: run the guard's outbox replays if still pending (see
+    :mod:`cacheguard.cache.outage.recovery`). Answer: None, or their error thrown in."""
+
+
+REPLAY: Final = Replay()
+
+
+class _NotReplayed:
+    """What :meth:`ReadPath._replayed_then_reread` gives when the replays failed."""
+
+    def __repr__(self) -> str:
+        return "NOT_REPLAYED"
+
+
+NOT_REPLAYED: Final = _NotReplayed()
+
+ReadStep = Lookup | Call | LoadUnlocked | WaitFlight | RunFill | Gutter | Replay
+
+# Outcomes fresh from Redis or the loader: worth remembering for outage_ttl/stale_if_error.
+_FRESH_SOURCES: Final = frozenset({"l2", "loaded", "peer", "unlocked"})
+
+
+def client_error(exc: BackendUnavailable) -> BaseException:
+    """The client's own error behind a :class:`BackendUnavailable` a driver threw in."""
+    return exc.__cause__ or exc
+
+
+def valid_for_all() -> int:
+    """The seal of a fill that no single flight shares."""
+    return VALID_FOR_ALL
+
+
+class ReadPath(GuardCore):
+    """The read flows of both guards."""
+
+    def _read(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
+    ) -> Generator[ReadStep, Any, Any]:
+        """The flow of ``get_or_load``: :meth:`_read_flow`, answered by the last value
+        seen instead of an error under ``stale_if_error``."""
+        flow = self._read_flow(name, load, ttl, none_ttl, template)
+        if self.settings.stale_if_error:
+            return self._stale_if_error(flow, name, template)
+        return flow
+
+    def _stale_if_error(
+        self, flow: Generator[ReadStep, Any, Any], name: str, template: str | None
+    ) -> Generator[ReadStep, Any, Any]:
+        try:
+            return (yield from flow)
+        except Exception as exc:
+            if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):
+                raise  # the cache's own refusals (LockTimeout, bad input...) stand
+            assert self._last_seen is not None
+            value = self._last_seen.within(name, self.settings.stale_if_error)
+            if value is NOT_SEEN:
+                raise
+            self._stats.count("stale_on_error", name, 0.0, exc, template)
+            log.info("served the last value seen of %r instead of %r", name, exc)
+            return value
+
+    def _read_flow(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
+    ) -> Generator[ReadStep, Any, Any]:
+        """``get_or_load``: the cached value of ``name``, loaded once if missing;
+        ``template`` labels its events (see :mod:`cacheguard.cache.stats`)."""
+        ttl = self._ttl(ttl)
+        l1 = self._l1
+        if l1 is not None and not self._recovery.pending:  # L1 may predate outbox writes
+            kept = l1.tier.get(name)
+            if kept is not ABSENT:
+                self._stats.count("l1_hits", name, 0.0, None, template)
+                return kept
+        start = self._timer()
+        while True:  # bounded: every pass waits on a leader that was already running
+            flight, leader, joined = self._flights.join(name, start)
+            if leader:
+                break
+            self._loads.refuse_recursion(name, template)  # the leader may be our loader
+            lock = self.rwlock(name)
+            if lock.local.is_write_held_by_me():
+                # Our own write: the leader waits for us, and what it loads is not our
+                # view. Load privately (see fill_flow's writing_here), storing nothing.
+                flow = self._fill_flow(
+                    name, lock, ttl, none_ttl, refresh=False, stale=None, template=template
+                )
+                return (yield RunFill(lock, flow, valid_for_all))[0].value
+            left = self.settings.wait_timeout - (self._timer() - start)
+            if not (yield WaitFlight(flight, left)):
+                waited = self._timer() - start
+                job = self._job(name, lock, ttl, none_ttl, template)
+                flow = timed_out_flow(job, None, waited, since=lambda: start)
+                return (yield RunFill(lock, flow, valid_for_all))[0].value
+            if flight.serves(joined):
+                if flight.error is not None:
+                    raise flight.error
+                return flight.result
+            # We joined after the leader's read was sent (it may predate a write that
+            # ended before we started), or the leader was interrupted: read again.
+        try:
+            # The leader's read. The hit is written out here, not in a sub-flow: it is
+            # the path nearly every call takes, and a generator less is worth it.
+            breaker = self._breaker(name)
+            if breaker.allow():
+                l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
+                seen_ticket = self._seen_ticket(name) if self._last_seen is not None else 0
+                sealed = flight.generation  # flights are born sealed for this first GET
+                try:
+                    if self._timer() < self._server_clock.resample_at:
+                        raw = yield LOOKUP
+                    else:  # the same round trip also samples the server's clock
+                        raw = yield from self._timed_lookup(name)
+                except BackendUnavailable as exc:
+                    value, valid_below = yield from self._bypassed(
+                        name, flight, exc.__cause__, template, ttl, none_ttl
+                    )
+                else:
+                    breaker.success()  # closing, it marks the recovery pending
+                    if self._recovery.pending:
+                        raw = yield from self._replayed_then_reread(name, template)
+                    if raw is NOT_REPLAYED:
+                        # Redis may hold values the outbox's writes replaced: not served,
+                        # nor a value remembered or the gutter's (Redis answers: no outage).
+                        value, valid_below = yield from self._bypassed(
+                            name, flight, None, template, ttl, none_ttl, fallbacks=False
+                        )
+                    else:
+                        served, entry = self._served(
+                            name, raw, l1_seen, load, ttl, none_ttl, template, seen_ticket
+                        )
+                        if served:
+                            value, valid_below = entry.value, sealed  # type: ignore[union-attr]
+                        else:
+                            value, valid_below = yield from self._fill_missing(
+                                name, flight, entry, l1_seen, ttl, none_ttl, start, template
+                            )
+            else:
+                value, valid_below = yield from self._bypassed(
+                    name, flight, None, template, ttl, none_ttl
+                )
+            if flight.has_followers_from(valid_below):
+                value, valid_below = yield from self._reread_for_late_followers(
+                    name, flight, value, valid_below, template
+                )
+        except Exception as exc:
+            self._flights.finish(name, flight, error=exc)
+            raise
+        except BaseException:  # cancelled or interrupted: not an outcome to share
+            self._flights.finish(name, flight, valid_below=0)
+            raise
+        self._flights.finish(name, flight, value, valid_below=valid_below)
+        return value
+
+    def _fill_missing(
+        self,
+        name: str,
+        flight: Flight,
+        stale: Entry | None,
+        l1_seen: tuple[int, object] | None,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        start: float,
+        template: str | None,
+    ) -> Generator[ReadStep, Any, tuple[Any, int]]:
+        """The leader's GET missed (the call began at ``start``): fill ``name`` (once
+        across processes); the value and the generation below which followers may
+        take it. ``stale`` is the expired entry, if any, for the stale policy."""
+        self._stats.count("misses", name, 0.0, None, template)
+        lock = self.rwlock(name)  # one instance for the job and the driver: one owner
+        seen_ticket = self._seen_ticket(name)
+        flow = self._fill_flow(
+            name,
+            lock,
+            ttl,
+            none_ttl,
+            refresh=False,
+            stale=stale,
+            budget=self.settings.wait_timeout - (self._timer() - start),
+            since=lambda: flight.newest_start,  # of the followers it serves, and its own
+            template=template,
+        )
+        try:
+            outcome, valid_below = yield RunFill(
+                lock, flow, functools.partial(self._flights.seal, flight)
+            )
+        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
+            return (yield from self._bypassed(name, flight, exc, template, ttl, none_ttl))
+        self._keep_filled(name, outcome, l1_seen, ttl)
+        if self._last_seen is not None and not outcome.private and outcome.source in _FRESH_SOURCES:
+            self._last_seen.note(name, outcome.value, seen_ticket)
+        return outcome.value, valid_below
+
+    def _timed_lookup(self, name: str) -> Generator[ReadStep, Any, Any]:
+        """The GET of ``name``'s value with the server's clock, sampled for judging
+        entries' ages (see :mod:`cacheguard.cache.server_clock`): one round trip."""
+        sent = self._timer()
+        raw, server = parse_timed_get((yield Call(timed_get_call(self.keys(name)))))
+        self._server_clock.sample(server, (sent + self._timer()) / 2)
+        return raw
+
+    def _bypassed(
+        self,
+        name: str,
+        flight: Flight,
+        exc: BaseException | None,
+        template: str | None,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        *,
+        fallbacks: bool = True,
+    ) -> Generator[ReadStep, Any, tuple[Any, int]]:
+        """:meth:`_bypass` for the flight's leader: its value, for the followers that
+        joined before it was sought (sealed first: one who joins during the load may
+        have started after a write the load did not see, and must load again)."""
+        if self.rwlock(name).local.is_write_held_by_me():
+            # Our own write's key (guard.write, a tracked transaction): what we load
+            # may be uncommitted. Ours alone: not remembered, not shared, no gutter.
+            self._refuse_bypass(name, exc, template)
+            return (yield LOAD_UNLOCKED), 0
+        sealed = self._flights.seal(flight)
+        if not fallbacks:  # on_backend_error only
+            return (yield from self._bypass(name, exc, template)), sealed
+        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)
+        return value, sealed
+
+    def _replayed_then_reread(
+        self, name: str, template: str | None
+    ) -> Generator[ReadStep, Any, Any]:
+        """Run the pending outbox replays, then GET ``name`` again: the value read
+        before them may be one the outbox's writes replaced (their invalidation
+        deleted it since). :data:`NOT_REPLAYED` if the replays or the GET failed
+        (then nothing read from Redis may be served yet)."""
+        try:
+            yield REPLAY
+        except Exception as exc:
+            self._stats.count("replay_failures", name, 0.0, exc, template)
+            # Logged once per failed run; the reads it turns away meanwhile are counted.
+            if not isinstance(exc, ReplayFailed):
+                log.warning("outbox replay failed, %r is not served from Redis: %s", name, exc)
+            return NOT_REPLAYED
+        try:
+            return (yield LOOKUP)
+        except BackendUnavailable as exc:
+            self._backend_failed(name, client_error(exc), template=template)
+            return NOT_REPLAYED
+
+    def _reread_for_late_followers(
+        self, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
+    ) -> Generator[ReadStep, Any, tuple[Any, int]]:
+        """Some followers joined after our read was sent; one more shared GET serves
+        them all (instead of each re-reading). Bounded; stragglers read themselves."""
+        for _ in range(LATE_FOLLOWER_REREADS):
+            if self._recovery.pending:
+                break  # not before the outbox replays ran: late followers read themselves
+            sealed = self._flights.seal(flight)
+            try:
+                entry = self._decode(name, (yield LOOKUP), template=template)
+            except BackendUnavailable:
+                break
+            if entry is None or self._server_clock.now() >= entry.expires_at:
+                break  # invalidated again: late followers must load it themselves
+            value, valid_below = entry.value, sealed
+            if not flight.has_followers_from(sealed):
+                break
+        return value, valid_below
+
+    def _bypass(
+        self,
+        name: str,
+        exc: BaseException | None,
+        template: str | None = None,
+        *,
+        ttl: float | None = None,
+        none_ttl: float | Missing | None = MISSING,
+    ) -> Generator[ReadStep, Any, Any]:
+        """Redis is down (``exc``) or the circuit is open (None). A read (``ttl``
+        given; a refresh means "load now") first reuses a value this process saw
+        within ``outage_ttl``, then asks the gutter; then ``on_backend_error``:
+        load directly, or raise."""
+        counted = False
+        if ttl is not None:
+            if exc is not None:
+                self._backend_failed(name, exc, template=template)
+                counted = True
+            seen = self._last_seen
+            if seen is not None:
+                value = seen.within(name, self.settings.outage_ttl)
+                if value is not NOT_SEEN:
+                    self._stats.count("outage_reuses", name, 0.0, None, template)
+                    return value
+            if self._gutter is not None:
+                try:
+                    value = yield Gutter(*self._gutter_lifetimes(ttl, none_ttl))
+                except BackendUnavailable as gutter_down:
+                    log.info("the gutter is unreachable too for %r: %s", name, gutter_down)
+                else:
+                    # Not remembered: it may be gutter_ttl old already.
+                    self._stats.count("gutter_reads", name, 0.0, None, template)
+                    return value
+        self._refuse_bypass(name, exc, template, failure_counted=counted)
+        seen_ticket = self._seen_ticket(name)
+        value = yield LOAD_UNLOCKED
+        if self._last_seen is not None:
+            self._last_seen.note(name, value, seen_ticket)
+        return value
+
+    def _gutter_lifetimes(
+        self, ttl: float, none_ttl: float | Missing | None
+    ) -> tuple[float, float | None]:
+        """A read's lifetimes cut to ``gutter_ttl``: the gutter's staleness bound."""
+        cap = self.settings.gutter_ttl
+        lifetime = self.settings.none_ttl if isinstance(none_ttl, Missing) else none_ttl
+        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)
+
+    def _refresh_flow(
+        self,
+        name: str,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
+    ) -> Generator[ReadStep, Any, Any]:
+        """``refresh``: load ``name`` now (under its locks, once across processes) and
+        store it; Redis down or the circuit open: ``on_backend_error``."""
+        ttl = self._ttl(ttl)
+        self._loads.refuse_recursion(name, template)
+        if not self._breaker(name).allow():
+            return (yield from self._bypass(name, None, template))
+        lock = self.rwlock(name)
+        flow = self._fill_flow(
+            name, lock, ttl, none_ttl, refresh=True, stale=None, template=template
+        )
+        try:
+            outcome, _ = yield RunFill(lock, flow, valid_for_all)
+        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
+            return (yield from self._bypass(name, exc, template))
+        return outcome.value
+
+    def _peek_flow(self, name: str, template: str | None = None) -> Generator[ReadStep, Any, Any]:
+        """``peek``: the cached value of ``name`` or MISSING; never loads, never locks."""
+        if self._l1 is not None and not self._recovery.pending:
+            value = self._l1.tier.get(name)
+            if value is not ABSENT:
+                return value
+        raising = self.settings.on_backend_error == "raise"
+        closed = self._circuit_open(f"reading {name!r}", (name,))
+        if closed is not None:
+            if raising:
+                raise closed
+            return MISSING
+        try:
+            raw = (
+                (yield LOOKUP)
+                if not self._server_clock.due()
+                else (yield from self._timed_lookup(name))
+            )
+            entry = self._decode(name, raw, template=template)
+        except BackendUnavailable as exc:
+            self._backend_failed(name, client_error(exc), template=template)
+            if raising:
+                raise BackendUnavailable(
+                    f"Redis unreachable reading {name!r}: {client_error(exc)}"
+                ) from client_error(exc)
+            return MISSING
+        self._breaker(name).success()
+        if self._recovery.pending:
+            raw = yield from self._replayed_then_reread(name, template)
+            if raw is NOT_REPLAYED:
+                if raising:
+                    raise BackendUnavailable(f"outbox replay failed before reading {name!r}")
+                return MISSING
+            entry = self._decode(name, raw, template=template)
+        return self._peeked(entry)
+
+    def _peek_entry_flow(self, name: str) -> Generator[ReadStep, Any, Any]:
+        """``peek_entry``: the stored entry even past its expiry, or None (also while
+        pending outbox replays fail: what Redis holds may be replaced)."""
+        try:
+            raw = yield LOOKUP
+        except BackendUnavailable:
+            return None
+        if self._recovery.pending:
+            raw = yield from self._replayed_then_reread(name, None)
+            if raw is NOT_REPLAYED:
+                return None
+        return self._decode(name, raw)
+
+    def _refresh_in_background(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
+    ) -> None:
+        """Start one background refresh of ``name`` per process (loop), unless one runs."""
+        if self._closed:
+            return
+        flight, leader, _ = self._refreshes.join(name)
+        if not leader:
+            return
+        flow = self._background_refresh_flow(name, flight, ttl, none_ttl, template)
+        if not self._start_background(flow, name, load, template):
+            flow.close()
+            self._refreshes.finish(name, flight)
+
+    def _background_refresh_flow(
+        self,
+        name: str,
+        flight: Flight,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None,
+    ) -> Generator[ReadStep, Any, None]:
+        try:
+            lock = self.rwlock(name)
+            flow = self._fill_flow(
+                name,
+                lock,
+                ttl,
+                none_ttl,
+                refresh=True,
+                stale=None,
+                background=True,
+                template=template,
+            )
+            outcome, _ = yield RunFill(lock, flow, valid_for_all)
+            if outcome.source == "loaded":
+                self._stats.count("early_refreshes", name, 0.0, None, template)
+        except GuardClosed:
+            log.debug("background refresh of %r dropped: the guard closed", name)
+        except Exception:
+            log.exception("background refresh of %r failed", name)
+        finally:
+            self._refreshes.finish(name, flight)
+
+    # -- what each guard provides --------------------------------------------------------
+
+    def rwlock(self, name: str) -> Any:
+        """The two-tier read-write lock of resource ``name``."""
+        raise NotImplementedError
+
+    def write_lock(self, name: str) -> Any:
+        """The lock the write path takes for ``name``: the two-tier lock (a guard with
+        ``write_locks`` gives the store's instead, see :mod:`cacheguard.cache.write_locks`)."""
+        return self.rwlock(name)
+
+    def _start_background(
+        self,
+        flow: Generator[ReadStep, Any, None],
+        name: str,
+        load: Callable[[], Any],
+        template: str | None = None,
+    ) -> bool:
+        """Run ``flow`` apart from the caller (a thread, a task); False if it cannot;
+        ``template`` labels the load's events."""
+        raise NotImplementedError

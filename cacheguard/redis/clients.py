@@ -1,0 +1,303 @@
+"""The Redis deployments cacheguard runs on, through redis-py's own clients.
+
+* one server: ``redis.Redis`` (URLs ``redis://``, ``rediss://``, ``unix://``);
+* a master watched by Sentinel: ``Sentinel(...).master_for(name)``, a
+  ``redis.Redis`` whose pool finds the master again after a failover
+  (``redis+sentinel://``);
+* a Redis Cluster: ``redis.cluster.RedisCluster`` (``redis+cluster://``);
+
+and the ``redis.asyncio`` twin of each. Every key of a resource shares one hash
+slot and every script touches one resource, so the scripts run unchanged on all
+three; what differs is kept in two places that ask :func:`is_cluster`: script
+batches (pipelined per node on a cluster, see ``locks/scripts.py``) and pub/sub
+(one listener per shard, see ``locks/notifier.py``).
+
+URL forms for ``from_url``::
+
+    redis://[[user]:password@]host[:port][/db]             one server (redis-py's own form)
+    redis+cluster://[[user]:password@]host:port[,host:port...]
+    redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]
+
+``rediss+cluster://`` and ``rediss+sentinel://`` connect with TLS. The password
+of a cluster or Sentinel URL is the data nodes'; the sentinels are asked without
+one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
+
+try:  # a redis-py with maintenance notifications (see _idle_connections_checked)
+    from redis.maint_notifications import MaintNotificationsConfig
+except ImportError:  # an older redis-py, without them
+    MaintNotificationsConfig = None  # type: ignore[assignment, misc]
+
+__all__ = [
+    "AsyncClient",
+    "SyncClient",
+    "Target",
+    "aclose_async_client",
+    "async_client_from_url",
+    "check_async_client",
+    "check_sync_client",
+    "close_sync_client",
+    "is_cluster",
+    "node_namer",
+    "parse_url",
+    "replicas_expected",
+    "sync_client_from_url",
+]
+
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+
+_CLUSTERS = (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)
+
+
+def is_cluster(client: object) -> bool:
+    """Is ``client`` a Redis Cluster client (sync or asyncio)?"""
+    return isinstance(client, _CLUSTERS)
+
+
+def node_namer(client: object) -> Callable[[str], str] | None:
+    """For a cluster client, a function naming the node that serves a key now (from
+    the client's own slot map); None for a single server or a Sentinel master."""
+    if not isinstance(client, _CLUSTERS):
+        return None
+    cluster: Any = client
+
+    def node_of(key: str) -> str:
+        name: str = cluster.nodes_manager.get_node_from_slot(cluster.keyslot(key)).name
+        return name
+
+    return node_of
+
+
+def replicas_expected(client: object) -> Callable[[], int]:
+    """How many replicas must acknowledge a write-path invalidation when a guard's
+    ``confirm_replicas`` is left to choose: one behind a Sentinel master (Sentinel is
+    there to fail over to a replica) and on a cluster whose client knows replicas
+    (asked at each write: an asyncio cluster client learns its nodes on first use);
+    none on a single server."""
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(
+        pool,
+        (redis.sentinel.SentinelConnectionPool, redis.asyncio.sentinel.SentinelConnectionPool),
+    ):
+        return lambda: 1
+    if isinstance(client, _CLUSTERS):
+        cluster: Any = client
+        return lambda: 1 if cluster.get_replicas() else 0
+    return lambda: 0
+
+
+def check_sync_client(client: object, who: str) -> None:
+    """Refuse what ``who`` (a sync class) cannot use: an asyncio client, another
+    object, or a client that decodes replies to str."""
+    if not isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
+        hint = (
+            " (use the asyncio twin from cacheguard.aio for a redis.asyncio client)"
+            if isinstance(client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster))
+            else ""
+        )
+        raise TypeError(
+            f"{who} needs a redis.Redis or redis.cluster.RedisCluster client, "
+            f"not {type(client).__name__}{hint}"
+        )
+    _check_bytes(client, who)
+
+
+def check_async_client(client: object, who: str) -> None:
+    """:func:`check_sync_client` for the asyncio classes."""
+    if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)):
+        raise TypeError(
+            f"{who} needs a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster "
+            f"client, not {type(client).__name__}"
+            + (" (use the sync class for a sync client)" if isinstance(client, SyncClient) else "")
+        )
+    _check_bytes(client, who)
+
+
+def _check_bytes(client: Any, who: str) -> None:
+    if client.get_encoder().decode_responses:
+        raise ValueError(f"{who} needs a client with decode_responses=False (it stores bytes)")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a URL names: one server (``url``), a cluster (its ``nodes``), or a
+    Sentinel ``service`` (its sentinels are ``nodes``)."""
+
+    kind: Literal["server", "cluster", "sentinel"]
+    url: str = ""
+    nodes: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    db: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)  # username, password, ssl
+
+
+def parse_url(url: str) -> Target:
+    """The deployment ``url`` names (the module docstring lists the forms)."""
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, not {type(url).__name__}")
+    scheme, _, rest = url.partition("://")
+    base, _, kind = scheme.lower().partition("+")
+    if not kind:
+        return Target("server", url=url)
+    if base not in ("redis", "rediss") or kind not in ("cluster", "sentinel") or not rest:
+        raise ValueError(
+            f"unsupported Redis URL {_redacted(url)!r}: expected redis://, rediss://, unix://, "
+            "redis+cluster://host:port[,host:port...] or "
+            "redis+sentinel://host:port[,host:port...]/service[/db]"
+        )
+    parts = urlsplit(f"{base}://{rest}")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    options: dict[str, Any] = {"ssl": base == "rediss"}
+    if user:
+        options["username"] = unquote(user)
+    if password:
+        options["password"] = unquote(password)
+    nodes = tuple(
+        _host_port(h, url, 26379 if kind == "sentinel" else 6379) for h in hosts.split(",")
+    )
+    path = [p for p in parts.path.split("/") if p]
+    if kind == "cluster":
+        if path:
+            raise ValueError(f"a cluster URL names no database or service: {_redacted(url)!r}")
+        return Target("cluster", nodes=nodes, options=options)
+    if not path or len(path) > 2:
+        raise ValueError(f"a Sentinel URL needs /service[/db]: {_redacted(url)!r}")
+    db = path[1] if len(path) == 2 else "0"
+    if not db.isdigit():
+        raise ValueError(f"the database of a Sentinel URL is a number: {_redacted(url)!r}")
+    return Target("sentinel", nodes=nodes, service=unquote(path[0]), db=int(db), options=options)
+
+
+def _host_port(text: str, url: str, default_port: int) -> tuple[str, int]:
+    if text.startswith("["):  # [IPv6]:port
+        host, _, port = text[1:].partition("]")
+        port = port.removeprefix(":") or str(default_port)
+    elif ":" in text:
+        host, _, port = text.rpartition(":")
+    else:
+        host, port = text, str(default_port)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad host:port {text!r} in {_redacted(url)!r}")
+    return host, int(port)
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    head, at, tail = rest.rpartition("@")
+    return f"{scheme}{sep}***@{tail}" if at and head else url
+
+
+def sync_client_from_url(url: str, options: Mapping[str, Any]) -> SyncClient:
+    """A sync client for ``url`` with the connection ``options`` of every node."""
+    target = parse_url(url)
+    if target.kind == "server":
+        return redis.Redis.from_url(url, **options)
+    if target.kind == "cluster":
+        return redis.cluster.RedisCluster(
+            startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in target.nodes],  # type: ignore[no-untyped-call]
+            **target.options,
+            **options,
+        )
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        list(target.nodes), sentinel_kwargs=_sentinel_options(target, options), **options
+    )
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        target.service, db=target.db, **target.options
+    )
+    return client
+
+
+def async_client_from_url(
+    url: str, options: Mapping[str, Any], max_connections: int | None = None
+) -> AsyncClient:
+    """An asyncio client for ``url``. One server: a pool of at most
+    ``max_connections`` (default 64) that makes tasks wait for a free connection; a
+    cluster: at most that many per node (default 1,024; a task beyond it fails as
+    Redis unavailable, since redis-py's cluster client does not queue tasks)."""
+    target = parse_url(url)
+    if target.kind == "server":
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections or 64,
+            timeout=options["socket_timeout"],
+            **_idle_connections_checked(),
+            **options,
+        )
+        return redis.asyncio.Redis.from_pool(pool)  # its aclose() closes the pool too
+    if target.kind == "cluster":
+        return redis.asyncio.cluster.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.nodes],
+            max_connections=max_connections or 1024,
+            **target.options,
+            **options,
+        )
+    sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        list(target.nodes), sentinel_kwargs=_sentinel_options(target, options), **options
+    )
+    client: redis.asyncio.Redis = sentinel.master_for(
+        target.service, db=target.db, **target.options
+    )
+    return client
+
+
+def _idle_connections_checked() -> dict[str, Any]:
+    """Pool options so that a connection the server closed while it sat idle in the
+    pool (a restarted Redis) is replaced when taken, not handed out to fail its
+    first command (a backend error, a breaker failure and a bypass load in every
+    process right after a recovery). redis-py 8 skips that check while maintenance
+    notifications are on, and turns them on ("auto") by default: off here."""
+    if MaintNotificationsConfig is None:  # an older redis-py: the check always runs
+        return {}
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
+def _sentinel_options(target: Target, options: Mapping[str, Any]) -> dict[str, Any]:
+    # The sentinels' own connections: the same timeouts and TLS, no credentials.
+    return {**options, "ssl": target.options.get("ssl", False)}
+
+
+# -- closing what from_url made ------------------------------------------------------------
+
+
+def _sentinel_clients(client: object) -> list[Any]:
+    """The clients of the sentinels behind a Sentinel master client (none otherwise)."""
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    return list(getattr(manager, "sentinels", ()))
+
+
+def close_sync_client(client: SyncClient) -> None:
+    """Close a client :func:`sync_client_from_url` made: its connections and pool
+    (every node's, on a cluster) and, behind a Sentinel master, the sentinels'."""
+    sentinels = _sentinel_clients(client)
+    client.close()
+    if not isinstance(client, redis.cluster.RedisCluster):  # a cluster's close() does both
+        client.connection_pool.disconnect()
+    for sentinel in sentinels:
+        sentinel.close()
+
+
+async def aclose_async_client(client: AsyncClient) -> None:
+    """:func:`close_sync_client` for a client :func:`async_client_from_url` made."""
+    sentinels = _sentinel_clients(client)
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        await client.aclose()
+    else:
+        await client.aclose(close_connection_pool=True)
+    for sentinel in sentinels:
+        await sentinel.aclose()
