@@ -23,8 +23,8 @@ from dogpile.cache import make_region
 
 from cacheguard import MISSING, CacheGuard, CacheLoader
 from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader
-from cacheguard.cache.templates import shorten
 from cacheguard.integrations.dogpile import BackendArgumentError
+from cacheguard.redis.keys import shorten
 
 KINDS = ("sync", "async")
 NOWHERE = "redis://127.0.0.1:1/0"  # nothing listens: any call reaching Redis fails

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # What a run needs (docs too: some tests read tables from it); the venv and git stay behind.
 COPIED = (
     "cacheguard",
+    "testing",  # the test rigs (cacheguard_testing)
     "tests",
     "examples",
     "bench",
@@ -3473,7 +3474,9 @@ RUN_TIMEOUT = 600.0
 
 def run_tests(tree: Path, tests: Iterable[str], *extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(tree), str(tree / "testing"), env.get("PYTHONPATH")])
+    )
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # a mutant and its original may share an mtime
     command = pytest_command(tests, *extra)
     try:

@@ -9,14 +9,23 @@ awaited. Keys, templates and method binding are the same.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from cacheguard.cache.async_guard import AsyncCacheGuard
-from cacheguard.cache.async_loader import AsyncCachedFunction
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.loader import CachedFunction
+
+if TYPE_CHECKING:
+    from cacheguard.cache.async_guard import AsyncCacheGuard
+    from cacheguard.cache.async_loader import AsyncCachedFunction
+
+# The asyncio side is looked up, not imported: a sync program never loads it, and an
+# AsyncCacheGuard can only exist once its module was imported.
+_ASYNC_GUARD = "cacheguard.cache.async_guard"
+_ASYNC_LOADER = "cacheguard.cache.async_loader"
 
 __all__ = ["cached_with_lock"]
 
@@ -68,11 +77,13 @@ def cached_with_lock(
             return CachedFunction(sync_guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
 
         return decorate
-    if isinstance(guard, AsyncCacheGuard):
+    async_module = sys.modules.get(_ASYNC_GUARD)
+    if async_module is not None and isinstance(guard, async_module.AsyncCacheGuard):
         async_guard = guard
+        cached_function = importlib.import_module(_ASYNC_LOADER).AsyncCachedFunction
 
         def decorate_async(func: Callable[P, Any]) -> Any:
-            return AsyncCachedFunction(async_guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
+            return cached_function(async_guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
 
         return decorate_async
     raise TypeError(f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}")

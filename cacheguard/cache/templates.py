@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import inspect
 import string
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from cacheguard.exceptions import KeyTemplateError
+from cacheguard.redis.keys import shorten
 
-__all__ = ["Binding", "KeyBuilder", "render_key", "shorten", "template_fields"]
+__all__ = ["Binding", "KeyBuilder", "render_key", "template_fields"]
+
 
 # '#' too: it marks shortened names, which arguments must not be able to spell.
 _ALWAYS_ESCAPED = "%:#"
@@ -41,15 +42,6 @@ _PLAIN = (str, int, float, bool, type(None))
 Binding = Literal["function", "method", "classmethod"]
 
 _BUILT_NAMES = 1024  # names remembered per function (calls by position, ints and strs)
-
-
-def shorten(name: str, max_length: int) -> str:
-    """``name`` itself, or a prefix plus a digest when longer than ``max_length``."""
-    if len(name) <= max_length:
-        return name
-    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    keep = max(max_length - len(digest) - 1, 0)
-    return f"{name[:keep]}#{digest}"
 
 
 def _percent(char: str) -> str:

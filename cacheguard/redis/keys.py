@@ -27,9 +27,8 @@ names when longer than the guard's ``max_key_length``.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-
-from cacheguard.cache.templates import shorten
 
 __all__ = [
     "ResourceKeys",
@@ -39,6 +38,7 @@ __all__ = [
     "invalidation_channel",
     "name_from_tag",
     "prefix_stamp_key",
+    "shorten",
     "watermark_key",
 ]
 
@@ -66,9 +66,18 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
+def shorten(name: str, max_length: int) -> str:
+    """``name`` itself, or a prefix plus a digest when longer than ``max_length``."""
+    if len(name) <= max_length:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    keep = max(max_length - len(digest) - 1, 0)
+    return f"{name[:keep]}#{digest}"
+
+
 def check_name(name: object, max_length: int, what: str = "a key name") -> str:
     """``name`` as a guard uses it: refused unless it is a non-empty str that encodes
-    as UTF-8, shortened (prefix and digest, as :func:`~cacheguard.cache.templates.shorten`
+    as UTF-8, shortened (prefix and digest, as :func:`shorten`
     does for template names) when longer than ``max_length``."""
     if not isinstance(name, str):
         hint = " (decode bytes first)" if isinstance(name, (bytes, bytearray)) else ""
