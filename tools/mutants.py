@@ -6,20 +6,32 @@ directory, applies one mutant at a time, runs only that mutant's tests there and
 fails if any mutant survives (its tests pass), if a mutant no longer applies (its
 code changed: update the mutant with the code), or if its tests cannot run.
 
+A patch is anchored: ``within`` names the def, class or module-level assignment
+holding its find text, which must occur exactly once inside it. A file that moved,
+or an anchor that moved to another module, is found again by the anchor (the one
+module of cacheguard/, or of the file's own top folder, defining it) with a warning
+to update ``file``. A patch that no longer applies is reported with what is missing
+or ambiguous and the lines now closest to its find text.
+
     python tools/mutants.py                  # all mutants (CI: --jobs 4)
     python tools/mutants.py --only fence     # the mutants whose id contains "fence"
-    python tools/mutants.py --list           # id, guarantee, tests
+    python tools/mutants.py --list           # id, guarantee, where it applies, tests
     python tools/mutants.py --discover ID tests/test_x.py ...
                                              # which tests of those files kill ID
 
 docs/testing.md lists the mutants; tests/test_mutants.py keeps both in step with
-the code (every patch applies exactly once, every named test exists).
+the code (every patch applies exactly once inside its anchor, every named test
+exists).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
+import dataclasses
+import difflib
+import functools
 import os
 import queue
 import re
@@ -51,10 +63,16 @@ COPIED = (
 class Mutant:
     id: str
     guarantee: str
+    # Where the code lives: a hint. A file that moved, or an anchor that moved to another
+    # module, is found again by ``within`` (with a warning to update this path).
     file: str
     find: str
     replace: str
     tests: tuple[str, ...]
+    # The qualified name of the def, class or module/class-level assignment holding
+    # ``find`` ("LuaScript.__call__", "acquire_flow", "_ACQUIRE_BODY"): the patch applies
+    # exactly once inside its lines, so refactors elsewhere in the file leave it be.
+    within: str = ""
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -2202,6 +2220,69 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return check(args.only)\n",
         ("tests/test_mutants.py::test_jobs_check_mutants_at_the_same_time",),
     ),
+    Mutant(
+        "mutants-patch-inside-its-anchor",
+        "a mutant's patch applies inside its anchor's definition only, not wherever else in "
+        "the file its find text occurs",
+        "tools/mutants.py",
+        "original[: site.start] + inside + original[site.end :]",
+        "original.replace(mutant.find, mutant.replace)",
+        ("tests/test_mutants.py::test_a_patch_applies_once_inside_its_anchor_only",),
+        within="apply",
+    ),
+    Mutant(
+        "mutants-moved-anchor-found",
+        "a mutant whose file moved, or whose definition moved to another module, is found "
+        "again by its anchor",
+        "tools/mutants.py",
+        "        found.extend((file, text, d) for d in named(text, mutant.within))\n",
+        "",
+        (
+            "tests/test_mutants.py::test_a_moved_file_is_found_by_its_anchor",
+            "tests/test_mutants.py::test_a_function_moved_to_another_module_is_found_by_its_anchor",
+        ),
+        within="defined_elsewhere",
+    ),
+    Mutant(
+        "mutants-ambiguous-anchor-refused",
+        "an anchor defined in several modules, which the find text does not tell apart, is "
+        "an error naming them all, never a guess",
+        "tools/mutants.py",
+        "    if len(fitting) != 1:\n        places",
+        "    if not fitting:\n        places",
+        ("tests/test_mutants.py::test_an_anchor_defined_in_two_modules_is_ambiguous",),
+        within="locate",
+    ),
+    Mutant(
+        "mutants-anchor-twice-in-a-file-refused",
+        "an anchor its file defines twice (a property's setter) is an error, never the first",
+        "tools/mutants.py",
+        "    if len(here) > 1:\n",
+        "    if False:\n",
+        ("tests/test_mutants.py::test_an_anchor_defined_twice_in_its_file_is_ambiguous",),
+        within="locate",
+    ),
+    Mutant(
+        "mutants-drift-shows-closest-lines",
+        "a find text no longer in its anchor is reported with the lines now closest to it",
+        "tools/mutants.py",
+        "        report += closest_lines(text[site.start : site.end], site.first, mutant.find)\n",
+        "",
+        (
+            "tests/test_mutants.py::test_a_drifted_find_text_is_reported_with_the_closest_lines",
+            "tests/test_mutants.py::test_the_check_reports_a_patch_that_no_longer_applies",
+        ),
+        within="_check_find",
+    ),
+    Mutant(
+        "mutants-moved-file-warned",
+        "the check warns of each mutant found by its anchor in another file, to update its file=",
+        "tools/mutants.py",
+        "    moved = warn_moved(mutants, ROOT)\n",
+        "    moved = 0\n",
+        ("tests/test_mutants.py::test_the_check_patches_a_moved_file_and_warns",),
+        within="check",
+    ),
     # -- the menu service on FastAPI (examples/menu_service: api, limits, server; #14) ----------
     Mutant(
         "service-body-refused-from-its-header",
@@ -3418,6 +3499,358 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 
 
+# -- where a mutant applies: its anchor, found again after a move -----------------------------
+
+# A moved anchor is looked for in the package and in the hinted file's own top folder
+# (a mutant of examples/, tests/ or tools/ keeps to it).
+PACKAGE = "cacheguard"
+
+
+class MutantError(Exception):
+    """A mutant that cannot be checked: stale snippet, missing anchor, missing tests."""
+
+
+@dataclass(frozen=True)
+class Definition:
+    """What an anchor names: a def, class or assignment, its lines (1-based, inclusive)."""
+
+    name: str
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a mutant's patch applies: ``text[start:end]`` of ``file`` holds ``find`` once."""
+
+    file: str  # relative to the tree, with "/"
+    anchor: str  # "" for the whole file
+    first: int  # the span's lines, for reports
+    last: int
+    start: int
+    end: int
+    moved_from: str = ""  # the mutant's file= when its anchor was found in another file
+    note: str = ""  # the other modules defining the anchor, when the find text chose
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}::{self.anchor}" if self.anchor else self.file
+
+
+@functools.lru_cache(maxsize=512)
+def definitions(text: str) -> tuple[Definition, ...]:
+    """The anchors a module offers: defs and classes (nested ones as ``Outer.inner``) and
+    the names assigned at module or class level (a Lua script's string constant). A text
+    that does not parse offers none."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return ()
+    found: list[Definition] = []
+
+    def visit(nodes: Iterable[ast.AST], prefix: str, in_function: bool) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + node.name
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                found.append(Definition(name, first, node.end_lineno or node.lineno))
+                visit(node.body, name + ".", not isinstance(node, ast.ClassDef))
+                continue
+            if not in_function and isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        last = node.end_lineno or node.lineno
+                        found.append(Definition(prefix + target.id, node.lineno, last))
+            # defs under if/try/with/for/match keep the name of what encloses the block
+            inner = (ast.stmt, ast.excepthandler, ast.match_case)
+            visit(
+                [c for c in ast.iter_child_nodes(node) if isinstance(c, inner)], prefix, in_function
+            )
+
+    visit(tree.body, "", False)
+    return tuple(found)
+
+
+def line_starts(text: str) -> list[int]:
+    """The offset of each line's first character, then the text's end."""
+    return [0, *(m.end() for m in re.finditer("\n", text) if m.end() < len(text)), len(text)]
+
+
+def line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def named(text: str, anchor: str) -> list[Definition]:
+    # Python's own qualified names say "<locals>" for a def inside a function.
+    anchor = anchor.replace(".<locals>", "")
+    return [d for d in definitions(text) if d.name == anchor]
+
+
+def innermost_anchor(text: str, start: int, end: int) -> str:
+    """The innermost definition holding ``text[start:end]`` whose name is unique in
+    ``text`` ("" when only the module holds it): the anchor to name for that snippet."""
+    first, last = line_of(text, start), line_of(text, max(start, end - 1))
+    counts: dict[str, int] = {}
+    for d in definitions(text):
+        counts[d.name] = counts.get(d.name, 0) + 1
+    holding = [
+        d for d in definitions(text) if d.first <= first and last <= d.last and counts[d.name] == 1
+    ]
+    return min(holding, key=lambda d: d.last - d.first).name if holding else ""
+
+
+def suggested_anchor(text: str, find: str) -> str:
+    """The anchor for a snippet found once in ``text`` ("" if none, or not once)."""
+    if text.count(find) != 1:
+        return ""
+    start = text.index(find)
+    return innermost_anchor(text, start, start + len(find))
+
+
+def _read(root: Path, file: str) -> str | None:
+    path = root / file
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def searched_files(root: Path, hint: str) -> list[str]:
+    """The modules a moved anchor may be in: the package's, and the hint's top folder's."""
+    folders = [PACKAGE]
+    parts = Path(hint).parts
+    if len(parts) > 1 and parts[0] not in folders:
+        folders.append(parts[0])
+    return sorted(
+        path.relative_to(root).as_posix()
+        for folder in folders
+        if (root / folder).is_dir()
+        for path in (root / folder).rglob("*.py")
+        if "__pycache__" not in path.parts
+    )
+
+
+def _offsets(text: str, d: Definition) -> tuple[int, int]:
+    """The character span of ``d``'s lines (their newlines included)."""
+    starts = line_starts(text)
+    return starts[d.first - 1], starts[min(d.last, len(starts) - 1)]
+
+
+def _span(file: str, text: str, anchor: str, d: Definition, moved_from: str = "") -> Site:
+    return Site(file, anchor, d.first, d.last, *_offsets(text, d), moved_from)
+
+
+# A definition in a module: its file, the file's text, the definition.
+Candidate = tuple[str, str, Definition]
+
+
+def defined_elsewhere(mutant: Mutant, root: Path) -> list[Candidate]:
+    """The definitions of the mutant's anchor in the searched modules but its file=."""
+    found: list[Candidate] = []
+    for file in searched_files(root, mutant.file):
+        text = _read(root, file)
+        if text is None or file == mutant.file:
+            continue
+        found.extend((file, text, d) for d in named(text, mutant.within))
+    return found
+
+
+def _fits(mutant: Mutant, candidate: Candidate) -> bool:
+    _, text, d = candidate
+    return text.count(mutant.find, *_offsets(text, d)) == 1
+
+
+def _moved(mutant: Mutant, candidate: Candidate, note: str = "") -> Site:
+    file, text, d = candidate
+    site = _span(file, text, mutant.within, d, moved_from=mutant.file)
+    site = dataclasses.replace(site, note=note)
+    _check_find(mutant, site, text)
+    return site
+
+
+def locate(mutant: Mutant, root: Path) -> Site:
+    """Where ``mutant`` applies in the tree at ``root``: inside its anchor, in its file or,
+    when the anchor is no longer there, in the one module of the package defining it.
+    Raises MutantError with a report saying what no longer matches and what is closest."""
+    text = _read(root, mutant.file)
+    if not mutant.within:
+        if text is None:
+            raise MutantError(_missing_file_report(mutant, root))
+        site = Site(mutant.file, "", 1, len(line_starts(text)) - 1, 0, len(text))
+        _check_find(mutant, site, text)
+        return site
+    here = named(text, mutant.within) if text is not None else []
+    if len(here) > 1:
+        lines = ", ".join(str(d.first) for d in here)
+        raise MutantError(
+            f"{mutant.id}: its anchor `{mutant.within}` is ambiguous: {mutant.file} "
+            f"defines it {len(here)} times (lines {lines}); name the definition around "
+            "the find text that is unique (or rename one of them)"
+        )
+    if text is not None and here:
+        site = _span(mutant.file, text, mutant.within, here[0])
+        if text.count(mutant.find, site.start, site.end) == 0:
+            # The definition lost its find text: did its code move, leaving a shim here?
+            fitting = [c for c in defined_elsewhere(mutant, root) if _fits(mutant, c)]
+            if len(fitting) == 1:
+                return _moved(mutant, fitting[0], f"{mutant.file} still defines it, without it")
+        _check_find(mutant, site, text)
+        return site
+    # The anchor is not (or no longer) where the mutant says: look for it elsewhere.
+    candidates = defined_elsewhere(mutant, root)
+    if not candidates:
+        raise MutantError(_missing_anchor_report(mutant, root, text is not None))
+    if len(candidates) == 1:
+        return _moved(mutant, candidates[0])
+    # The find text may tell the modules apart (a sync and an asyncio twin).
+    fitting = [c for c in candidates if _fits(mutant, c)]
+    if len(fitting) != 1:
+        places = "\n".join(
+            f"    {file} lines {d.first}-{d.last}: the find text occurs "
+            f"{times(other.count(mutant.find, *_offsets(other, d)))} in it"
+            for file, other, d in candidates
+        )
+        raise MutantError(
+            f"{mutant.id}: its anchor `{mutant.within}` is ambiguous: "
+            f"{_not_there(mutant, text is not None)}, and {len(candidates)} definitions "
+            f"elsewhere could be it:\n{places}\n"
+            "    set file= to the module meant (or name a more qualified anchor)"
+        )
+    others = ", ".join(sorted({file for file, _, _ in candidates} - {fitting[0][0]}))
+    return _moved(mutant, fitting[0], f"also defined in {others}")
+
+
+def _not_there(mutant: Mutant, file_exists: bool) -> str:
+    if file_exists:
+        return f"{mutant.file} no longer defines it"
+    return f"{mutant.file} does not exist"
+
+
+def _check_find(mutant: Mutant, site: Site, text: str) -> None:
+    """The find text must occur exactly once in the site's span; else a report."""
+    found = text.count(mutant.find, site.start, site.end)
+    if found == 1:
+        return
+    inside = f"`{site.anchor}` ({site.file}, lines {site.first}-{site.last})"
+    if not site.anchor:
+        inside = site.file
+    if found == 0:
+        report = [f"{mutant.id}: its find text is not in {inside}"]
+        report += closest_lines(text[site.start : site.end], site.first, mutant.find)
+        report.append("    update the mutant's find (and replace) to today's code")
+    else:
+        at = []
+        position = text.find(mutant.find, site.start, site.end)
+        while position != -1:
+            anchor = innermost_anchor(text, position, position + len(mutant.find))
+            at.append(f"{line_of(text, position)}" + (f" (in `{anchor}`)" if anchor else ""))
+            position = text.find(mutant.find, position + 1, site.end)
+        report = [
+            f"{mutant.id}: its find text occurs {times(found)} in {inside}: at lines "
+            + ", ".join(at),
+            "    lengthen the find text, or name the narrower definition as its anchor",
+        ]
+    raise MutantError("\n".join(report))
+
+
+# Lines at least this alike (difflib's ratio) are shown as the closest to a lost find text.
+CLOSE_ENOUGH = 0.5
+
+
+def closest_lines(span: str, first: int, find: str, shown: int = 2) -> list[str]:
+    """Report lines: the windows of ``span`` (its first line is line ``first``) most like
+    ``find``, as many lines as it, each as a diff from the find text."""
+    wanted = find.strip("\n").splitlines() or [find]
+    lines = span.splitlines()
+    size = len(wanted)
+    target = "\n".join(line.strip() for line in wanted)
+    scored: list[tuple[float, int]] = []
+    for index in range(max(1, len(lines) - size + 1)):
+        window = "\n".join(line.strip() for line in lines[index : index + size])
+        matcher = difflib.SequenceMatcher(None, target, window, autojunk=False)
+        if matcher.real_quick_ratio() >= CLOSE_ENOUGH and matcher.quick_ratio() >= CLOSE_ENOUGH:
+            scored.append((matcher.ratio(), index))
+    scored.sort(key=lambda pair: (-pair[0], pair[1]))
+    report: list[str] = []
+    taken: list[int] = []
+    for ratio, index in scored:
+        if ratio < CLOSE_ENOUGH or len(taken) == shown:
+            break
+        if any(abs(index - other) < size for other in taken):
+            continue  # the same lines again, shifted by one
+        taken.append(index)
+        now = lines[index : index + size]
+        report.append(
+            f"    closest lines now, line {first + index} ({ratio:.0%} alike; - find, + now):"
+        )
+        report += [f"      {line.rstrip()}" for line in difflib.ndiff(wanted, now)]
+    if not report:
+        report.append("    no lines in it are like the find text any more")
+    return report
+
+
+def times(count: int) -> str:
+    return {0: "no times", 1: "once", 2: "twice"}.get(count, f"{count} times")
+
+
+def _elsewhere(mutant: Mutant, root: Path) -> list[str]:
+    """Report lines: where the find text occurs among the searched modules now."""
+    lines = []
+    for file in searched_files(root, mutant.file):
+        text = _read(root, file)
+        if text is None or mutant.find not in text:
+            continue
+        anchor = suggested_anchor(text, mutant.find)
+        count = text.count(mutant.find)
+        hint = f', within="{anchor}"' if anchor else ""
+        lines.append(f"    the find text occurs {times(count)} in {file}{hint}")
+    return lines
+
+
+def _missing_file_report(mutant: Mutant, root: Path) -> str:
+    report = [f"{mutant.id}: {mutant.file} does not exist, and the mutant names no anchor"]
+    report += _elsewhere(mutant, root) or ["    the find text occurs in no searched module"]
+    report.append("    give the mutant its file= now (and a within= anchor, so moves cost nothing)")
+    return "\n".join(report)
+
+
+def _missing_anchor_report(mutant: Mutant, root: Path, file_exists: bool) -> str:
+    names: dict[str, list[str]] = {}
+    for file in searched_files(root, mutant.file):
+        text = _read(root, file)
+        for d in definitions(text or ""):
+            names.setdefault(d.name, []).append(file)
+    wanted = mutant.within.replace(".<locals>", "")
+    last = wanted.rsplit(".", 1)[-1]
+    alike = difflib.get_close_matches(wanted, list(names), n=4, cutoff=0.6)
+    alike += [n for n in names if n.rsplit(".", 1)[-1] == last and n not in alike][:4]
+    report = [
+        f"{mutant.id}: its anchor `{mutant.within}` is missing: "
+        f"{_not_there(mutant, file_exists)}, nor does any module of "
+        f"{', '.join(sorted({f.split('/')[0] for f in searched_files(root, mutant.file)}))}/"
+    ]
+    report += [f"    a definition named like it: `{n}` in {', '.join(names[n])}" for n in alike]
+    report += _elsewhere(mutant, root)
+    report.append("    update within= (and file=) to where the code is now")
+    return "\n".join(report)
+
+
+def apply(mutant: Mutant, tree: Path) -> tuple[Path, str]:
+    """Patch ``tree`` with ``mutant``; returns the patched file and its original text."""
+    site = locate(mutant, tree)
+    path = tree / site.file
+    original = path.read_text(encoding="utf-8")
+    inside = original[site.start : site.end].replace(mutant.find, mutant.replace)
+    path.write_text(original[: site.start] + inside + original[site.end :], encoding="utf-8")
+    return path, original
+
+
+def moved_warning(mutant: Mutant, site: Site) -> str:
+    note = f"; {site.note}" if site.note else ""
+    return (
+        f"warning: mutant {mutant.id}: `{mutant.within}` is no longer in {site.moved_from}; "
+        f'found it in {site.file}{note}: update its file= to "{site.file}"'
+    )
+
+
 # -- running ---------------------------------------------------------------------------------
 
 
@@ -3433,21 +3866,6 @@ def scratch_copy(destination: Path) -> Path:
         elif source.exists():
             shutil.copy2(source, tree / name)
     return tree
-
-
-def apply(mutant: Mutant, tree: Path) -> str:
-    """Patch ``tree`` with ``mutant``; returns the original text of the file."""
-    path = tree / mutant.file
-    original = path.read_text(encoding="utf-8")
-    found = original.count(mutant.find)
-    if found != 1:
-        raise MutantError(f"{mutant.id}: its snippet occurs {found} times in {mutant.file}")
-    path.write_text(original.replace(mutant.find, mutant.replace), encoding="utf-8")
-    return original
-
-
-class MutantError(Exception):
-    """A mutant that cannot be checked: stale snippet, missing tests."""
 
 
 def pytest_command(tests: Iterable[str], *extra: str) -> list[str]:
@@ -3509,8 +3927,7 @@ def check_imports_from(tree: Path) -> None:
 
 def check_one(mutant: Mutant, tree: Path) -> tuple[str, str]:
     """(verdict, detail): killed, survived or error."""
-    path = tree / mutant.file
-    original = apply(mutant, tree)
+    path, original = apply(mutant, tree)
     try:
         done = run_tests(tree, mutant.tests, "-x")
     finally:
@@ -3521,6 +3938,21 @@ def check_one(mutant: Mutant, tree: Path) -> tuple[str, str]:
     if done.returncode == 0:
         return "survived", tail
     return "error", f"pytest exit {done.returncode}: {tail or done.stderr.strip()[-300:]}"
+
+
+def warn_moved(mutants: Iterable[Mutant], root: Path) -> int:
+    """Warn of each mutant whose anchor was found in another file than its file=; how many.
+    (One that does not apply is reported where it is checked.)"""
+    moved = 0
+    for mutant in mutants:
+        try:
+            site = locate(mutant, root)
+        except MutantError:
+            continue
+        if site.moved_from:
+            moved += 1
+            print(moved_warning(mutant, site), file=sys.stderr, flush=True)
+    return moved
 
 
 def select(only: Sequence[str]) -> list[Mutant]:
@@ -3535,6 +3967,7 @@ def check(only: Sequence[str], jobs: int = 1) -> int:
     most tests wait on Redis, timeouts and child processes, so two jobs nearly halve the
     time on two cores)."""
     mutants = select(only)
+    moved = warn_moved(mutants, ROOT)
     jobs = max(1, min(jobs, len(mutants)))
     bad = 0
     done = 0
@@ -3570,6 +4003,12 @@ def check(only: Sequence[str], jobs: int = 1) -> int:
             for future in [pool.submit(run, mutant) for mutant in mutants]:
                 future.result()
     print(f"{len(mutants) - bad} of {len(mutants)} mutants killed", flush=True)
+    if moved:
+        print(
+            f"{moved} found their code by its anchor in another file: update their file= "
+            "(see the warnings)",
+            flush=True,
+        )
     return 1 if bad else 0
 
 
@@ -3579,6 +4018,7 @@ def discover(mutant_id: str, test_paths: Sequence[str]) -> int:
     if not matching:
         raise SystemExit(f"no mutant {mutant_id!r}")
     mutant = matching[0]
+    warn_moved([mutant], ROOT)
     with tempfile.TemporaryDirectory(prefix="cacheguard-mutants-") as scratch:
         tree = scratch_copy(Path(scratch))
         apply(mutant, tree)
@@ -3608,7 +4048,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.list:
         for mutant in select(args.only):
-            print(f"{mutant.id}: {mutant.guarantee}\n    {' '.join(mutant.tests)}")
+            print(f"{mutant.id}: {mutant.guarantee}")
+            try:
+                site = locate(mutant, ROOT)
+            except MutantError as exc:
+                print(f"    DOES NOT APPLY: {exc}")
+            else:
+                moved = f"  (moved: its file= says {site.moved_from})" if site.moved_from else ""
+                print(f"    at {site.where}, lines {site.first}-{site.last}{moved}")
+                if site.moved_from:
+                    print(moved_warning(mutant, site), file=sys.stderr)
+            print(f"    {' '.join(mutant.tests)}")
         return 0
     if args.discover:
         return discover(args.discover[0], args.discover[1:])
