@@ -84,6 +84,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  if mode == 'write' then return false end\n",
         "",
         ("tests/test_redis_lock.py::test_lock_timeout_within_deadline",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-writer-excludes-writers",
@@ -92,6 +93,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    first = not mode\n",
         "    first = true\n",
         ("tests/test_redis_lock.py::test_readers_overlap_and_writer_excluded",),
+        within="_ACQUIRE_BODY",
     ),
     Mutant(
         "lock-waiting-writer-holds-off-readers",
@@ -100,6 +102,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  for who in pairs(s.q) do\n    if who ~= owner then return false end\n  end\n",
         "",
         ("tests/test_redis_lock.py::test_waiting_writer_blocks_new_readers",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-fencing-tokens",
@@ -108,6 +111,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    redis.call('INCR', fence)\n",
         "",
         ("tests/test_redis_lock.py::test_fencing_tokens_strictly_increase",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-fencing-after-expiry",
@@ -117,6 +121,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  local token = time_epoch()\n",
         "  local token = '1'\n",
         ("tests/test_redis_lock.py::test_fencing_tokens_increase_after_the_counter_expired",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-fence-counter-expires",
@@ -132,6 +137,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_key_lifetimes.py::"
             "test_a_guards_workload_leaves_only_the_sequence_without_a_ttl[async]",
         ),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-fence-counter-lifetime-renewed",
@@ -141,6 +147,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    redis.call('PEXPIRE', fence, FENCE_TTL_MS)\n",
         "",
         ("tests/test_redis_lock.py::test_a_counter_without_a_lifetime_gets_one_on_its_next_token",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "redlock-raised-fence-expires",
@@ -149,6 +156,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  redis.call('SET', KEYS[1], ARGV[1], 'PX', FENCE_TTL_MS)\n",
         "  redis.call('SET', KEYS[1], ARGV[1])\n",
         ("tests/test_lock_redlock.py::test_fencing_counters_expire_and_tokens_still_increase",),
+        within="_RAISE_FENCE_BODY",
     ),
     Mutant(
         "lock-expired-holders-swept",
@@ -157,6 +165,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  for who, ends in pairs(s.e) do\n    if ends <= now then\n",
         "  for who, ends in pairs(s.e) do\n    if false then\n",
         ("tests/test_redis_lock.py::test_crashed_reader_stops_counting_when_its_lease_ends",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-release-checks-epoch",
@@ -165,6 +174,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if (s[kind][owner] or 0) == 0 or s.g[owner] ~= epoch then",
         "if (s[kind][owner] or 0) == 0 then",
         ("tests/test_redis_lock.py::test_same_owner_stale_handle_cannot_release_new_holding",),
+        within="_RELEASE_BODY",
     ),
     Mutant(
         "lock-lease-renewal",
@@ -174,6 +184,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "for who in pairs(s.q) do",
         "settle(key, s, now)\nfor who in pairs(s.q) do",
         ("tests/test_redis_lock.py::test_watchdog_keeps_live_holder_then_stops",),
+        within="_RENEW_BODY",
     ),
     Mutant(
         "lock-release-announced",
@@ -182,6 +193,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if after ~= before then redis.call('SPUBLISH', channel, after or 'free') end",
         "",
         ("tests/test_guarantees.py::test_lock_waiter_is_woken_by_the_release_announcement",),
+        within="_RELEASE_BODY",
     ),
     Mutant(
         "notifier-delivers",
@@ -191,6 +203,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            waiter._deliver(payload)\n",
         "",
         ("tests/test_notifier.py::test_subscription_is_confirmed_and_woken",),
+        within="Notifier._dispatch",
     ),
     # -- ownership follows the holder (cacheguard/_identity.py, locks/; issue #23) ----------------
     Mutant(
@@ -205,6 +218,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_ownership.py::test_guard_write_excludes_requests_sharing_pool_threads",
             "tests/test_ownership.py::test_two_tier_write_excludes_requests_sharing_pool_threads",
         ),
+        within="enter_holder",
     ),
     Mutant(
         "holder-owner-never-reused",
@@ -218,6 +232,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_hold_handed_between_pool_threads_stays_one_owners[redis]",
             "tests/test_ownership.py::test_ident_reuse_does_not_inherit_a_store_hold",
         ),
+        within="Holder.owner",
     ),
     Mutant(
         "holder-context-reentry",
@@ -226,6 +241,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if holder is None:\n        holder = ambient_holder()\n        if holder is None:\n",
         "    if holder is None:\n        holder = None\n        if holder is None:\n",
         ("tests/test_ownership.py::test_nested_blocks_in_one_context_reenter_and_copies_carry_it",),
+        within="enter_holder",
     ),
     Mutant(
         "holder-abandoned-holds-end",
@@ -234,6 +250,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self._holders[n] = weakref.ref(holder, lambda _ref: self._collected(n))\n",
         "            self._holders[n] = weakref.ref(holder)\n",
         ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
+        within="LocalRWLock._track",
     ),
     Mutant(
         "holder-abandoned-distributed-hold-released",
@@ -243,6 +260,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    released.append(self._write_handle)\n",
         "",
         ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
+        within="TwoTierRWLock._abandoned",
     ),
     Mutant(
         "holder-abandoned-local-last",
@@ -255,6 +273,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_ownership.py::"
             "test_an_abandoned_read_hold_is_given_back_before_local_writers_go_on",
         ),
+        within="TwoTierRWLock._abandoned",
     ),
     Mutant(
         "watchdog-weak-store-handles",
@@ -263,6 +282,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self._watchdog.watch(handle, renew_for=renew_for, weak=True)\n",
         "            self._watchdog.watch(handle, renew_for=renew_for)\n",
         ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
+        within="RedisRWLock._granted",
     ),
     Mutant(
         "aio-watchdog-weak-store-handles",
@@ -271,6 +291,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            watchdog.watch(handle, renew_for=renew_for, weak=True)\n",
         "            watchdog.watch(handle, renew_for=renew_for)\n",
         ("tests/test_ownership.py::test_async_a_dropped_store_hold_is_given_back_not_renewed",),
+        within="AsyncRedisRWLock._granted",
     ),
     Mutant(
         "redlock-watchdog-weak-handles",
@@ -283,6 +304,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_a_handle_dropped_unreleased_is_given_back_on_every_master",
         ),
+        within="RedlockRWLock._granted",
     ),
     Mutant(
         "aio-redlock-watchdog-weak-handles",
@@ -295,6 +317,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_async_a_handle_dropped_unreleased_is_given_back_on_every_master",
         ),
+        within="AsyncRedlockRWLock._granted",
     ),
     Mutant(
         "redlock-dropped-handle-forgets-its-epochs",
@@ -307,6 +330,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_a_handle_dropped_unreleased_is_given_back_on_every_master",
         ),
+        within="RedlockHandleState._dropped",
     ),
     Mutant(
         "watchdog-releases-dropped-handles",
@@ -315,6 +339,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if not entry.releasing and entry.abandoned:\n",
         "            if False:\n",
         ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
+        within="LeaseBook._batches",
     ),
     Mutant(
         "two-tier-reentered-read-joins",
@@ -327,6 +352,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_ownership.py::"
             "test_reentered_read_does_not_wait_behind_a_queued_remote_writer",
         ),
+        within="TwoTierRWLock.acquire_read",
     ),
     Mutant(
         "aio-two-tier-reentered-read-joins",
@@ -339,6 +365,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_ownership.py::"
             "test_async_reentered_read_does_not_wait_behind_a_queued_remote_writer",
         ),
+        within="AsyncTwoTierRWLock._join_read",
     ),
     # -- the read-through cache (cache/scripts.py, flow.py, guard.py) ---------------------
     Mutant(
@@ -348,6 +375,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if fresh and (redis.call('GET', verkey) or '0') == seen then",
         "if fresh then",
         ("tests/test_cache.py::test_a_version_moved_without_the_fill_mark_rejects_the_store",),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "fill-store-checks-watermark",
@@ -356,6 +384,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "local fresh = watermark == nil or tonumber(seen) <= watermark",
         "local fresh = true",
         ("tests/test_sqlalchemy.py::test_a_reader_with_an_old_snapshot_cannot_fill_a_stale_row",),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "fill-store-needs-its-mark",
@@ -369,6 +398,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_an_evicted_version_key_does_not_let_the_old_value_in",
             "tests/test_eviction.py::test_an_evicted_version_key_never_lets_an_old_value_in",
         ),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "invalidate-fails-fills-in-flight",
@@ -383,6 +413,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_eviction.py::test_an_evicted_version_key_never_lets_an_old_value_in",
             "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
         ),
+        within="INVALIDATE",
     ),
     Mutant(
         "invalidate-deletes-before-it-writes",
@@ -394,6 +425,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "local raw = redis.call('GET', KEYS[2])\nredis.call('SET', KEYS[2], raw or '0')\n"
         "redis.call('DEL', KEYS[1])\nredis.call('HDEL', KEYS[3], 'fs')\n",
         ("tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",),
+        within="INVALIDATE",
     ),
     Mutant(
         "full-redis-poisons-on-one-server",
@@ -406,6 +438,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::test_a_full_redis_poisons_even_on_one_server",
             "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
         ),
+        within="WritePath._stamp_flow",
     ),
     Mutant(
         "out-of-memory-is-redis-refusing",
@@ -418,6 +451,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::test_a_full_redis_poisons_even_on_one_server",
             "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
         ),
+        within="REDIS_REFUSING",
     ),
     Mutant(
         "fill-takes-read-hold",
@@ -426,6 +460,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if not may_read(s, owner, mode) then\n  local wait = soonest_end(s, now, owner)",
         "if false then\n  local wait = soonest_end(s, now, owner)",
         ("tests/test_cache.py::test_write_waits_for_fill_and_fill_waits_for_write",),
+        within="_FILL_BEGIN_BODY",
     ),
     Mutant(
         "fill-one-filler",
@@ -437,6 +472,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cache_regressions.py::test_two_fills_in_one_process_leave_no_hold",
             "tests/test_cache_processes.py::test_cold_key_stampede_loads_once",
         ),
+        within="_FILL_BEGIN_BODY",
     ),
     Mutant(
         "fill-dead-filler-abandoned",
@@ -448,6 +484,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_a_dead_fillers_fill_ends_with_its_lease_while_others_keep_the_lock_alive",
         ),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "invalidate-broadcasts-to-l1",
@@ -456,6 +493,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end",
         "",
         ("tests/test_cache.py::test_l1_hits_and_cross_guard_invalidation",),
+        within="INVALIDATE",
     ),
     Mutant(
         "announcement-from-fill-seen-or-later",
@@ -467,6 +505,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_an_older_fills_announcement_is_refused_even_at_the_same_version",
         ),
+        within="_served_by",
     ),
     Mutant(
         "prefix-invalidation-stamps-honoured",
@@ -475,6 +514,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return -1 if stamps and max(stamps) > snapshot else snapshot\n",
         "    return snapshot\n",
         ("tests/test_sqlalchemy.py::test_prefix_invalidation_refuses_fills_from_older_snapshots",),
+        within="_oldest_allowed",
     ),
     Mutant(
         "fill-store-younger-than-version-ttl",
@@ -484,6 +524,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "now - begun < verttl",
         "true",
         ("tests/test_guarantees.py::test_a_fill_older_than_version_ttl_does_not_store",),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "fill-begin-renews-version",
@@ -493,6 +534,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if version then redis.call('PEXPIRE', verkey, verttl) else version = '0' end",
         "if not version then version = '0' end",
         ("tests/test_guarantees.py::test_a_fill_keeps_its_keys_version_alive_until_it_stores",),
+        within="_FILL_BEGIN_BODY",
     ),
     Mutant(
         "prefix-bookkeeping-bounded",
@@ -502,6 +544,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if ends > now and len(recent) <= self.capacity:",
         "if ends > now:",
         ("tests/test_prefix_bookkeeping.py::test_many_prefixes_keep_the_bookkeeping_bounded",),
+        within="Prefixes.remember",
     ),
     Mutant(
         "prefix-forgotten-raises-floor",
@@ -513,6 +556,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
         ),
+        within="Prefixes.remember",
     ),
     Mutant(
         "prefix-floor-refuses-older-snapshots",
@@ -523,6 +567,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
         ),
+        within="_oldest_allowed",
     ),
     Mutant(
         "session-end-invalidates-again",
@@ -535,6 +580,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_sqlalchemy.py::"
             "test_lock_timeout_midway_in_a_savepoint_invalidates_and_releases",
         ),
+        within="_release",
     ),
     Mutant(
         "write-invalidates-after-body",
@@ -547,6 +593,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "write-invalidates-after-failed-body",
@@ -561,6 +608,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "writer-reads-its-own-view",
@@ -575,6 +623,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_review_guard.py::"
             "test_an_async_writer_reads_its_own_view_while_another_task_leads_the_key",
         ),
+        within="ReadPath._read_flow",
     ),
     # -- trust fixes (tests/test_trust.py) ----------------------------------------------
     Mutant(
@@ -584,6 +633,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        errors = yield ReleaseWrites(tuple(held), holder)\n",
         "        errors = yield ReleaseWrites(tuple(held), None)\n",
         ("tests/test_trust.py::test_a_write_exited_in_another_thread_releases_its_locks",),
+        within="WritePath._release_writes",
     ),
     Mutant(
         "write-lost-lock-raises",
@@ -598,6 +648,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lost_write_locks.py::"
             "test_a_write_whose_lock_was_lost_raises_after_invalidating[async]",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "write-lost-handle-counts",
@@ -610,6 +661,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_locks.py::"
             "test_a_stores_lock_lost_during_a_write_fails_the_write[redis]",
         ),
+        within="WritePath._release_writes",
     ),
     Mutant(
         "write-lost-lock-noted-on-body-error",
@@ -618,6 +670,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '                    add_note(error, f"cacheguard: {lost}")\n',
         "                    pass\n",
         ("tests/test_lost_write_locks.py::test_the_bodys_error_wins_over_a_lost_lock[async]",),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "sqlalchemy-lost-lock-fails-commit",
@@ -630,6 +683,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_sqlalchemy_async.py::"
             "test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
         ),
+        within="ModelTracker._on_before_commit",
     ),
     # -- the outbox (issue #24: cacheguard/sqlalchemy/outbox.py, tests/test_outbox.py) --
     Mutant(
@@ -646,6 +700,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_tracked_write_commits_with_its_invalidations_in_the_same_transaction"
             "[sqlite-killed]",
         ),
+        within="TrackerOutbox.write",
     ),
     Mutant(
         "outbox-rows-deleted-after-confirmed-invalidation",
@@ -659,6 +714,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_tracked_write_commits_with_its_invalidations_in_the_same_transaction"
             "[sqlite-killed]",
         ),
+        within="_release_all",
     ),
     Mutant(
         "outbox-replay-before-serving",
@@ -675,6 +731,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[sync]",
             "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[async]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "outbox-replay-waits-for-held-rows",
@@ -688,6 +745,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_a_replay_waits_for_the_rows_another_replayer_holds[postgresql]",
         ),
+        within="_Replay.__init__",
     ),
     Mutant(
         "outbox-replay-then-read-again",
@@ -699,6 +757,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_a_guard_that_saw_the_outage_replays_before_serving_from_redis[sqlite]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "outbox-poller-replays",
@@ -711,6 +770,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::test_a_process_that_never_saw_the_outage_stops_serving_"
             "the_old_value_within_the_poll[sqlite-sync]",
         ),
+        within="_ThreadPoller._run",
     ),
     Mutant(
         "outbox-asyncio-poller-replays",
@@ -722,6 +782,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::test_a_process_that_never_saw_the_outage_stops_serving_"
             "the_old_value_within_the_poll[sqlite-asyncio]",
         ),
+        within="_TaskPoller._run",
     ),
     Mutant(
         "outbox-dead-shard-rows-wait",
@@ -735,6 +796,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_dead_shards_rows_wait_while_the_other_shards_keys_are_served_from_redis"
             "[sqlite]",
         ),
+        within="_Replay._invalidate",
     ),
     Mutant(
         "outbox-replay-wait-bounded",
@@ -747,6 +809,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_a_replay_waits_for_held_rows_at_most_wait_timeout[postgresql]",
         ),
+        within="_Replay._replay_batch",
     ),
     Mutant(
         "outbox-sqlite-replay-never-waits-for-itself",
@@ -760,6 +823,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_sqlite_transaction_reading_through_a_pending_guard_does_not_wait_for_itself"
             "[sqlite]",
         ),
+        within="_Replay._replay_batch",
     ),
     Mutant(
         "outbox-asyncio-poller-on-the-guards-loop",
@@ -771,6 +835,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_the_asyncio_poller_starts_only_on_the_loop_the_guard_is_bound_to[sqlite]",
         ),
+        within="_TaskPoller.ensure_running",
     ),
     Mutant(
         "write-body-error-wins",
@@ -779,6 +844,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    add_note(body_error, closing_failed_note(ordered, closing_error))\n",
         "                    raise closing_error\n",
         ("tests/test_trust.py::test_the_bodys_error_wins_over_a_failing_closing_invalidation",),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "l1-resubscribes-after-fork",
@@ -787,6 +853,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self.tier.reset_after_fork()\n        self._listener = None\n",
         "        self.tier.reset_after_fork()\n",
         ("tests/test_trust.py::test_a_forked_worker_drops_its_l1_copy_when_the_parent_writes",),
+        within="L1Feed.reset_after_fork",
     ),
     Mutant(
         "l1-bounded-by-entry-expiry",
@@ -795,6 +862,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        lifetime = min(lifetime, self.ttl)\n",
         "        lifetime = self.ttl\n",
         ("tests/test_trust.py::test_an_l1_copy_never_outlives_its_entry",),
+        within="LocalTier.put",
     ),
     Mutant(
         "l1-refuses-copies-older-than-a-drop",
@@ -803,6 +871,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if self.epoch != epoch:\n                return False\n",
         "",
         ("tests/test_trust.py::test_l1_refuses_a_copy_read_before_an_invalidation",),
+        within="LocalTier.put",
     ),
     Mutant(
         "recursive-load-refused",
@@ -811,6 +880,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if (id(self), name) in _LOADING.get():\n",
         "        if False:\n",
         ("tests/test_trust.py::test_a_loader_reading_its_own_key_fails_at_once",),
+        within="Loads.refuse_recursion",
     ),
     Mutant(
         "max-load-time-ends-renewal",
@@ -819,6 +889,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "entry.renew_until is not None and now >= entry.renew_until",
         "entry.renew_until is not None and False",
         ("tests/test_trust.py::test_a_hung_loader_stops_blocking_writers_after_max_load_time",),
+        within="LeaseBook._batches",
     ),
     Mutant(
         "stale-policy-keeps-values",
@@ -827,6 +898,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '(lifetime if self.on_timeout == "stale" else 0.0)',
         "0.0",
         ("tests/test_trust.py::test_on_timeout_stale_serves_the_last_value_after_a_wait_timeout",),
+        within="GuardSettings.kept_for",
     ),
     Mutant(
         "expired-entry-is-not-a-hit",
@@ -835,6 +907,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if now >= entry.expires_at:  # kept only for stale serving\n",
         "        if False:\n",
         ("tests/test_trust.py::test_on_timeout_stale_serves_the_last_value_after_a_wait_timeout",),
+        within="parse_fill_begin",
     ),
     Mutant(
         "breaker-guards-peek",
@@ -843,6 +916,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        closed = self._circuit_open(f"reading {name!r}", (name,))\n',
         "        closed = None\n",
         ("tests/test_trust.py::test_every_entry_point_honours_an_open_circuit",),
+        within="ReadPath._peek_flow",
     ),
     Mutant(
         "refresh-follows-backend-policy",
@@ -855,6 +929,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            return (yield from self._bypass(name, exc, template))\n"
         "        return outcome.value",
         ("tests/test_trust.py::test_refresh_follows_on_backend_error",),
+        within="ReadPath._refresh_flow",
     ),
     Mutant(
         "nested-namespaces-separate",
@@ -863,6 +938,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'return f"{namespace}:{{{hash_tag(prefix)}}}:ps"',
         'return f"{namespace}:ps:{hash_tag(prefix)}"',
         ("tests/test_trust.py::test_nested_namespaces_do_not_share_keys",),
+        within="prefix_stamp_key",
     ),
     Mutant(
         "durations-bounded",
@@ -871,6 +947,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if number > MAX_SECONDS:\n        raise ValueError(\n",
         "    if False:\n        raise ValueError(\n",
         ("tests/test_trust.py::test_durations_redis_cannot_take_are_refused_up_front",),
+        within="check_positive",
     ),
     Mutant(
         "corrupt-counted-once",
@@ -879,6 +956,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "parse_fill_begin(reply, job.decode_quiet, job.clock())",
         "parse_fill_begin(reply, job.decode, job.clock())",
         ("tests/test_trust.py::test_a_corrupt_entry_is_counted_once_per_read",),
+        within="fill_flow",
     ),
     # -- key names (cache/templates.py, tests/test_key_names.py) ------------------------------
     Mutant(
@@ -890,6 +968,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_key_names.py::test_functions_made_by_one_factory_are_refused_without_a_template",
         ),
+        within="stable_name",
     ),
     Mutant(
         "keys-lambdas-refused",
@@ -898,6 +977,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    elif target.__name__ == "<lambda>":\n',
         "    elif False:\n",
         ("tests/test_key_names.py::test_lambdas_partials_and_callable_objects_need_a_template",),
+        within="stable_name",
     ),
     Mutant(
         "keys-self-left-out-only-for-methods",
@@ -908,6 +988,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_key_names.py::test_a_plain_function_keeps_a_first_argument_named_cls_or_self",
         ),
+        within="KeyBuilder._build",
     ),
     Mutant(
         "keys-classmethod-by-class",
@@ -916,6 +997,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '                prefix = f"{prefix}[{stable_type_name(first)}]"\n',
         "                prefix = prefix\n",
         ("tests/test_key_names.py::test_a_classmethod_is_keyed_by_the_class_it_is_called_on",),
+        within="KeyBuilder._build",
     ),
     Mutant(
         "template-adjacent-fields-refused",
@@ -924,6 +1006,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                if not literal:\n",
         "                if False:\n",
         ("tests/test_key_names.py::test_adjacent_fields_are_refused",),
+        within="_Template.__init__",
     ),
     Mutant(
         "template-separators-escaped",
@@ -932,6 +1015,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        escaped = set(_ALWAYS_ESCAPED) | {sep[0] for sep in separators}\n",
         "        escaped = set(_ALWAYS_ESCAPED)\n",
         ("tests/test_key_names.py::test_any_separator_keeps_fields_apart",),
+        within="_Template.__init__",
     ),
     # -- codecs (cache/codec.py, tests/test_codecs.py) -----------------------------------
     Mutant(
@@ -943,6 +1027,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_codecs.py::test_a_value_that_would_not_decode_is_refused_once_and_nothing_is_left",
         ),
+        within="_check_round_trip",
     ),
     Mutant(
         "codecs-read-each-others-entries",
@@ -951,6 +1036,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return _READERS.get(codec_id)\n",
         "    return None\n",
         ("tests/test_codecs.py::test_guards_with_different_codecs_read_each_others_entries",),
+        within="reader_for",
     ),
     Mutant(
         "custom-codec-ids-checked",
@@ -959,6 +1045,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if built_in is not None and not isinstance(codec, built_in):\n",
         "    if False:\n",
         ("tests/test_codecs.py::test_custom_codecs_are_checked",),
+        within="check_codec",
     ),
     # -- tests that can fail (issue "Trust"): the hit path, wake-ups, refresh, two tiers ---
     Mutant(
@@ -968,6 +1055,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if verdict <= REFRESH:\n",
         "        if verdict <= REFRESH and False:\n",
         ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
+        within="GuardCore._served",
     ),
     Mutant(
         "hit-get-seals-the-flight",
@@ -982,6 +1070,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "hit-judged-by-server-clock",
@@ -996,6 +1085,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
         ),
+        within="GuardCore._served",
     ),
     Mutant(
         "read-samples-server-clock",
@@ -1010,6 +1100,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "entries-stamped-by-server-clock",
@@ -1024,6 +1115,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
         ),
+        within="GuardCore._job",
     ),
     Mutant(
         "fill-samples-server-clock",
@@ -1038,6 +1130,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
         ),
+        within="fill_flow",
     ),
     Mutant(
         "l1-hit-sends-nothing",
@@ -1046,6 +1139,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            kept = l1.tier.get(name)\n",
         "            kept = ABSENT\n",
         ("tests/test_cache.py::test_an_l1_hit_sends_nothing",),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "cache-waiter-woken-by-announcement",
@@ -1057,6 +1151,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cache_processes.py::"
             "test_waiter_in_another_process_is_woken_by_the_fills_announcement",
         ),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "fill-end-releases-hold",
@@ -1065,6 +1160,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  drop(s, owner, 'r')\n",
         "",
         ("tests/test_cache.py::test_early_refresh_reloads_in_background",),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "refresh-loads-itself",
@@ -1073,6 +1169,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "for message in messages if not refresh else ():",
         "for message in messages:",
         ("tests/test_cache.py::test_explicit_refresh_waits_for_a_fill_in_progress",),
+        within="fill_flow",
     ),
     Mutant(
         "two-tier-owners-distinct",
@@ -1081,6 +1178,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'return f"{process_id()}:tt{self._instance}"',
         'return f"{process_id()}:tt"',
         ("tests/test_two_tier.py::test_other_processes_are_excluded_through_redis_until_release",),
+        within="TwoTierRWLock.owner",
     ),
     # -- the sans-I/O core (cache/flow.py, wire.py, templates.py) ------------------------------
     Mutant(
@@ -1093,6 +1191,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_key_names.py::test_remembered_names_keep_equal_arguments_of_other_types_apart",
         ),
+        within="KeyBuilder.build",
     ),
     Mutant(
         "fill-end-argv-order",
@@ -1105,6 +1204,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_flow_scripted.py::"
             "test_the_filler_adopts_its_hold_loads_and_ends_with_a_versioned_store",
         ),
+        within="fill_end_call",
     ),
     Mutant(
         "flow-drains-before-begin",
@@ -1114,6 +1214,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if waited_from is not None:\n                yield DRAIN",
         "            if False:\n                yield DRAIN",
         ("tests/test_flow_scripted.py::test_a_late_announcement_from_before_the_begin_is_ignored",),
+        within="fill_flow",
     ),
     Mutant(
         "flow-seals-before-begin",
@@ -1125,6 +1226,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_flow_scripted.py::test_a_value_that_appeared_meanwhile_is_served_from_the_begin",
         ),
+        within="fill_flow",
     ),
     # -- the asyncio guard (cacheguard/aio/guard.py, driver.py) -------------------------------
     Mutant(
@@ -1141,6 +1243,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
             "tests/test_review_guard.py::test_followers_of_an_interrupted_sync_leader_carry_on",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "aio-cancelled-filler-ends-its-fill",
@@ -1152,6 +1255,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_aio_guard.py::"
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
         ),
+        within="drive_fill_async",
     ),
     Mutant(
         "aio-fill-call-survives-a-second-cancel",
@@ -1164,6 +1268,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_review_guard.py::"
             "test_a_filler_cancelled_twice_during_fill_begin_still_ends_its_fill",
         ),
+        within="Deferral.through",
     ),
     Mutant(
         "aio-write-closing-invalidation-shielded",
@@ -1175,6 +1280,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_review_guard.py::"
             "test_a_writer_cancelled_during_its_closing_invalidation_still_invalidates",
         ),
+        within="AsyncCacheGuard.write",
     ),
     Mutant(
         "aio-write-releases-every-lock",
@@ -1188,6 +1294,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_review_guard.py::"
             "test_a_writer_cancelled_while_acquiring_and_again_while_releasing_frees_its_locks",
         ),
+        within="AsyncCacheGuard._run",
     ),
     Mutant(
         "aio-guard-one-event-loop",
@@ -1197,6 +1304,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self._binding.check()\n",
         '        """The cached value of ``name``, loaded by ``load()`` once if missing."""\n',
         ("tests/test_aio_guard.py::test_a_guard_used_from_a_second_event_loop_fails_clearly",),
+        within="AsyncCacheGuard.get_or_load",
     ),
     Mutant(
         "async-tracker-own-session-class",
@@ -1206,6 +1314,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if sync_class is Session:\n",
         "        if False:\n",
         ("tests/test_sqlalchemy_async.py::test_mismatched_guards_and_factories_are_refused",),
+        within="session_class_of",
     ),
     Mutant(
         "async-session-hooks-hold-the-keys",
@@ -1219,6 +1328,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_sqlalchemy_async.py::"
             "test_a_reader_waits_for_the_transaction_and_sees_the_commit",
         ),
+        within="_Awaiting.acquire_write",
     ),
     Mutant(
         "aio-background-work-own-context",
@@ -1228,6 +1338,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        task = contextvars.Context().run(loop.create_task, coro, name=name)\n",
         "        task = loop.create_task(coro, name=name)\n",
         ("tests/test_aio_guard.py::test_background_work_starts_in_a_context_of_its_own",),
+        within="AsyncCacheGuard._spawn",
     ),
     Mutant(
         "loader-errors-are-the-loaders",
@@ -1240,6 +1351,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guard_both_drivers.py::"
             "test_a_loaders_own_oserror_is_its_error_not_redis_being_down",
         ),
+        within="is_loader",
     ),
     Mutant(
         "unanswered-end-is-not-a-rejection",
@@ -1252,6 +1364,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_flow_scripted.py::"
             "test_a_lost_end_reply_keeps_the_value_and_releases_in_the_background",
         ),
+        within="_end",
     ),
     # -- asyncio locks (cacheguard/aio/, locks/wire.py) ------------------------------------
     Mutant(
@@ -1267,6 +1380,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_aio_locks.py::"
             "test_a_sync_holder_blocks_an_async_acquirer_and_its_release_wakes_it",
         ),
+        within="AsyncNotifier._dispatch",
     ),
     Mutant(
         "aio-cancel-while-waiting-withdraws",
@@ -1280,6 +1394,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract_async.py::"
             "test_a_writer_cancelled_while_waiting_leaves_nothing_behind[redis-async]",
         ),
+        within="AsyncRedisRWLock._drive",
     ),
     Mutant(
         "aio-cancel-during-acquire-takes-back",
@@ -1291,6 +1406,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_aio_locks.py::"
             "test_a_task_cancelled_during_the_acquire_round_trip_leaks_nothing",
         ),
+        within="AsyncRedisRWLock._attempt",
     ),
     Mutant(
         "aio-cancelled-body-releases",
@@ -1299,6 +1415,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    except BaseException:\n        try:\n            await release()\n",
         "    except BaseException:\n        try:\n            pass\n",
         ("tests/test_aio_locks.py::test_a_cancelled_body_releases",),
+        within="release_on_exit",
     ),
     Mutant(
         "aio-watchdog-close-stops-its-task",
@@ -1313,6 +1430,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_aio_locks.py::"
             "test_a_closed_redlock_watchdog_stops_even_if_its_round_trip_swallows_the_cancel",
         ),
+        within="LoopTask._run",
     ),
     Mutant(
         "aio-watchdog-renews",
@@ -1321,6 +1439,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return await arun_pipelined(client, [e.call() for e in entries])\n",
         "    return [1 for _ in entries]\n",
         ("tests/test_locks_both_drivers.py::test_the_watchdog_renews_past_the_lease[async]",),
+        within="_run_batch",
     ),
     Mutant(
         "aio-notifier-resubscribes",
@@ -1329,6 +1448,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self._unsent = list(self._channels.values())\n",
         "        self._unsent = list(self._channels.values()) if not self.reconnects else []\n",
         ("tests/test_aio_locks.py::test_the_notifier_reconnects_and_waiters_are_still_woken",),
+        within="AsyncNotifier._reconnect",
     ),
     Mutant(
         "aio-one-event-loop",
@@ -1337,6 +1457,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        elif self._loop() is not loop:\n",
         "        elif False:\n",
         ("tests/test_aio_locks.py::test_a_second_event_loop_is_refused",),
+        within="LoopBinding.check",
     ),
     Mutant(
         "wire-acquire-argument-order",
@@ -1345,6 +1466,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        [owner, mode, lease_ms, mark_ms, keys.released_channel],\n",
         "        [owner, mode, mark_ms, lease_ms, keys.released_channel],\n",
         ("tests/test_lock_wire.py::test_acquire_call_follows_its_contract",),
+        within="acquire_call",
     ),
     # -- deployments: cluster, Sentinel (issue #13) -------------------------------------------
     Mutant(
@@ -1358,6 +1480,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guard_both_drivers.py::"
             "test_a_deployment_in_transition_is_redis_down_not_a_corrupt_entry",
         ),
+        within="REDIS_DOWN",
     ),
     Mutant(
         "sharded-channels-subscribed-alone",
@@ -1370,6 +1493,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_pubsub_wire.py::"
             "test_broadcast_channels_share_a_command_and_sharded_ones_go_alone",
         ),
+        within="_commands",
     ),
     Mutant(
         "revoked-channel-wakes-waiters",
@@ -1381,6 +1505,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_notifier_revocation.py::test_a_revoked_channel_wakes_its_waiters_and_is_forgotten",
         ),
+        within="Notifier._dispatch",
     ),
     Mutant(
         "aio-revoked-channel-wakes-waiters",
@@ -1394,6 +1519,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_notifier_revocation.py::"
             "test_a_revoked_channel_wakes_its_waiting_tasks_and_is_forgotten",
         ),
+        within="AsyncNotifier._dispatch",
     ),
     Mutant(
         "cluster-scripts-per-node",
@@ -1404,6 +1530,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return _run_per_node(client, calls, confirm)\n",
         "",
         ("tests/test_cluster.py::test_every_master_serves_fills_writes_and_invalidations[sync]",),
+        within="run_pipelined",
     ),
     Mutant(
         "breaker-per-node",
@@ -1413,6 +1540,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            node_of=node_namer(client),\n",
         "            node_of=None,\n",
         ("tests/test_cluster.py::test_a_dead_shard_bypasses_only_its_own_keys[sync]",),
+        within="CacheGuard.__init__",
     ),
     Mutant(
         "script-loaded-on-its-own-node",
@@ -1423,6 +1551,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            client.script_load(self.source)\n"
         "            return client.evalsha(self.sha, len(keys), *keys, *args)\n",
         ("tests/test_cluster.py::test_a_dead_shard_bypasses_only_its_own_keys[sync]",),
+        within="LuaScript.__call__",
     ),
     Mutant(
         "write-waits-for-replicas",
@@ -1439,6 +1568,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_an_unconfirmed_invalidation_fails_the_write_before_its_body",
             "tests/test_failovers.py::test_sentinel_planned_failover_under_load[sync]",
         ),
+        within="WritePath._invalidate_flow",
     ),
     Mutant(
         "noreplicas-is-refusing",
@@ -1451,6 +1581,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clients.py::"
             "test_a_master_without_its_replicas_is_redis_refusing_not_an_error",
         ),
+        within="classify",
     ),
     Mutant(
         "breaker-probe-expires",
@@ -1460,6 +1591,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if self._probing and now - self._probe_at < self.cooldown:\n",
         "            if self._probing:\n",
         ("tests/test_breaker.py::test_a_probe_whose_outcome_never_comes_back_expires",),
+        within="CircuitBreaker.allow",
     ),
     Mutant(
         "write-lock-failure-counts",
@@ -1473,6 +1605,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guard_both_drivers.py::"
             "test_a_write_failing_in_the_lock_layer_counts_toward_the_circuit",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "circuit-asks-each-breaker-once",
@@ -1485,6 +1618,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_trust.py::"
             "test_a_write_of_several_keys_can_be_the_probe_of_a_half_open_circuit",
         ),
+        within="GuardCore._circuit_open",
     ),
     # -- the invalidation sequence's shard down (issue #13) -------------------------------------
     Mutant(
@@ -1500,6 +1634,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cluster.py::"
             "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[sync]",
         ),
+        within="WritePath._stamp_flow",
     ),
     Mutant(
         "write-needs-only-its-keys-nodes",
@@ -1512,6 +1647,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::"
             "test_a_dead_sequence_opens_its_own_circuit_and_is_not_asked_again",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "poison-outranks-every-watermark",
@@ -1520,6 +1656,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  if version < floor then version = floor + version + 1 else version = version + 1 end\n",
         "  version = version + 1\n",
         ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
+        within="INVALIDATE",
     ),
     Mutant(
         "heal-only-the-healers-own-poison",
@@ -1528,6 +1665,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "elseif ARGV[5] ~= '' and raw == ARGV[5] then\n",
         "elseif ARGV[5] ~= '' then\n",
         ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
+        within="INVALIDATE",
     ),
     Mutant(
         "poisoned-versions-are-healed",
@@ -1541,6 +1679,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cluster.py::"
             "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[sync]",
         ),
+        within="WritePath._tend_sequence",
     ),
     Mutant(
         "lift-ignores-poison",
@@ -1549,6 +1688,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if isinstance(r, int) and r < POISON_FLOOR),",
         "if isinstance(r, int)),",
         ("tests/test_write_path_scripted.py::test_the_lift_ignores_poisoned_versions",),
+        within="Invalidation.lift",
     ),
     Mutant(
         "stamps-are-confirmed",
@@ -1560,6 +1700,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::"
             "test_a_stamp_is_taken_then_every_key_is_stamped_with_it",
         ),
+        within="WritePath._stamp_flow",
     ),
     Mutant(
         "watermark-read-is-confirmed",
@@ -1568,6 +1709,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "yield Pipelined((invalidation.read_watermark(),), self._confirm())",
         "yield Pipelined((invalidation.read_watermark(),), None)",
         ("tests/test_write_path_scripted.py::test_the_watermark_is_read_as_a_confirmed_write",),
+        within="WritePath._watermark_flow",
     ),
     Mutant(
         "unplaced-calls-go-again",
@@ -1579,6 +1721,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cluster.py::"
             "test_a_call_outside_the_clients_slot_map_goes_again_after_reading_it_anew",
         ),
+        within="_by_node",
     ),
     # -- the menu-service demo (examples/menu_service, issue #14) ------------------------------
     Mutant(
@@ -1591,6 +1734,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service.py::"
             "test_a_database_of_yours_that_holds_tables_is_refused_without_reset",
         ),
+        within="check_database",
     ),
     Mutant(
         "demo-table-of-its-own",
@@ -1599,6 +1743,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    __tablename__ = "cacheguard_demo_menu"\n',
         '    __tablename__ = "menu"\n',
         ("tests/test_menu_service.py::test_with_reset_the_demo_fills_only_its_own_table",),
+        within="Menu.__tablename__",
     ),
     Mutant(
         "heal-never-below-the-carried-version",
@@ -1608,6 +1753,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  version = math.max(stamp, version - floor + 1)\n",
         "  version = stamp\n",
         ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
+        within="INVALIDATE",
     ),
     Mutant(
         "partial-invalidation-still-lifts",
@@ -1620,6 +1766,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::"
             "test_a_partly_failed_invalidation_still_lifts_the_sequence",
         ),
+        within="WritePath._invalidate_flow",
     ),
     Mutant(
         "sequence-failure-counted-once",
@@ -1631,6 +1778,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::"
             "test_a_sequence_on_a_node_of_the_keys_is_counted_once",
         ),
+        within="WritePath._stamp_flow",
     ),
     # -- the ZooKeeper lock store (cacheguard/locks/zookeeper.py, issue #15) ---------------------
     Mutant(
@@ -1640,6 +1788,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '            if kind != "write":\n                continue\n',
         "            continue\n",
         ("tests/test_lock_contract.py::test_a_writer_excludes_readers_and_writers[zookeeper]",),
+        within="ZooKeeperRWLock._blocker",
     ),
     Mutant(
         "zookeeper-writer-waits-for-everyone",
@@ -1651,6 +1800,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::"
             "test_a_writer_waits_for_the_readers_then_gets_in[zookeeper]",
         ),
+        within="ZooKeeperRWLock._blocker",
     ),
     Mutant(
         "zookeeper-downgrade-in-place",
@@ -1659,6 +1809,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        elif downgrade:\n            self._downgrade(holding)\n",
         "        elif downgrade:\n            pass\n",
         ("tests/test_lock_zookeeper.py::test_a_downgrade_lets_in_the_readers_already_waiting",),
+        within="ZooKeeperRWLock.release",
     ),
     Mutant(
         "zookeeper-suspension-marks-lost",
@@ -1670,6 +1821,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in",
         ),
+        within="_Session._on_state",
     ),
     Mutant(
         "zookeeper-lost-release-raises",
@@ -1681,6 +1833,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_an_expired_session_loses_the_holding_and_frees_the_lock",
         ),
+        within="ZooKeeperRWLock.release",
     ),
     Mutant(
         "zookeeper-lost-nodes-swept",
@@ -1692,6 +1845,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in",
         ),
+        within="_Session._on_state",
     ),
     Mutant(
         "zookeeper-down-is-unavailable",
@@ -1703,6 +1857,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in",
         ),
+        within="ZooKeeperRWLock._give_up",
     ),
     Mutant(
         "zookeeper-fencing-czxid",
@@ -1711,6 +1866,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            return str(path), int(stat.czxid)",
         "            return str(path), int(str(path)[-10:])",
         ("tests/test_lock_contract.py::test_fencing_tokens_increase[zookeeper]",),
+        within="ZooKeeperRWLock._create",
     ),
     Mutant(
         "zookeeper-timeout-withdraws",
@@ -1722,6 +1878,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_a_timed_out_writer_and_a_failed_try_leave_nothing_queued",
         ),
+        within="ZooKeeperRWLock._queue_up",
     ),
     Mutant(
         "zookeeper-waiter-requeues",
@@ -1732,6 +1889,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                except NoNodeError:  # our node went with an expired session\n"
         "                    self._give_up(mode, owner, start, blocking)\n",
         ("tests/test_lock_zookeeper.py::test_a_waiter_whose_session_expired_queues_again",),
+        within="ZooKeeperRWLock._queue_up",
     ),
     Mutant(
         "zookeeper-owners-per-client",
@@ -1740,6 +1898,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            client._cacheguard_session = session\n",
         "",
         ("tests/test_lock_zookeeper.py::test_owners_are_counted_per_client_across_lock_objects",),
+        within="_session_of",
     ),
     Mutant(
         "zookeeper-reentrant",
@@ -1748,6 +1907,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                if holding is not None:\n                    return self._reenter(",
         "                if False:\n                    return self._reenter(",
         ("tests/test_lock_contract.py::test_reentrant_and_downgrade[zookeeper]",),
+        within="ZooKeeperRWLock._acquire_or_none",
     ),
     Mutant(
         "zookeeper-upgrade-refused",
@@ -1756,6 +1916,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                raise LockUpgradeError(name=self.name, owner=owner)\n",
         "                pass\n",
         ("tests/test_lock_contract.py::test_upgrade_is_refused[zookeeper]",),
+        within="ZooKeeperRWLock._reenter",
     ),
     # -- Redlock (cacheguard/locks/quorum.py, the drivers redlock.py and aio/redlock.py; #15) --
     Mutant(
@@ -1769,6 +1930,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_three_of_five_masters_down_refuses_and_leaves_nothing[read]",
         ),
+        within="Round.has_majority",
     ),
     Mutant(
         "redlock-validity-checked",
@@ -1777,6 +1939,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if outcome.has_majority(quorum) and fenced and now < valid_until:\n",
         "    if outcome.has_majority(quorum) and fenced:\n",
         ("tests/test_lock_redlock.py::test_a_grant_that_came_too_late_is_refused",),
+        within="settle_round",
     ),
     Mutant(
         "redlock-failed-round-gives-back",
@@ -1785,6 +1948,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "i: wire.release_call(keys, owner, mode, epoch) for i, epoch in granted.items()",
         "i: wire.withdraw_call(keys, owner) for i, epoch in granted.items()",
         ("tests/test_lock_redlock.py::test_a_round_without_a_majority_gives_back_its_grants",),
+        within="give_back_calls",
     ),
     Mutant(
         "redlock-release-on-every-master",
@@ -1794,6 +1958,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        for i, epoch in enumerate(handle.epochs)\n"
         "        if epoch is not None and i < 3\n",
         ("tests/test_lock_redlock.py::test_release_frees_every_master",),
+        within="release_calls",
     ),
     Mutant(
         "redlock-frozen-master-bounded",
@@ -1806,6 +1971,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::test_a_frozen_master_does_not_stall_an_acquire",
             "tests/test_lock_redlock.py::test_async_frozen_master_does_not_stall_an_acquire",
         ),
+        within="master_connection_kwargs",
     ),
     Mutant(
         "redlock-unanswered-master-tidied",
@@ -1815,6 +1981,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    unanswered += outcome.unanswered\n",
         "",
         ("tests/test_lock_redlock.py::test_a_master_that_did_not_answer_is_tidied_once_it_wakes",),
+        within="round_flow",
     ),
     Mutant(
         "redlock-renewal-needs-majority",
@@ -1823,6 +1990,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if renewed >= quorum and in_time:\n",
         "    if renewed >= 1 and in_time:\n",
         ("tests/test_lock_redlock.py::test_renewal_needs_a_majority",),
+        within="renewal_verdict",
     ),
     Mutant(
         "redlock-fencing-across-majorities",
@@ -1832,6 +2000,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        calls = {i: raise_call for i in outcome.granted}\n",
         "        calls = {i: (RAISE_FENCE, [keys.fence], [0]) for i in outcome.granted}\n",
         ("tests/test_lock_redlock.py::test_fencing_tokens_increase_across_different_majorities",),
+        within="round_flow",
     ),
     Mutant(
         "redlock-writer-queued-on-majority",
@@ -1843,6 +2012,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_writer_preference[redlock]",
             "tests/test_lock_contract_async.py::test_writer_preference[redlock-async]",
         ),
+        within="RedlockCommon._round_flow",
     ),
     Mutant(
         "redlock-give-back-releases-grants",
@@ -1857,6 +2027,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_async_task_cancelled_during_a_round_gives_back_what_it_got",
         ),
+        within="give_back_calls",
     ),
     Mutant(
         "redlock-split-vote-withdraws",
@@ -1866,6 +2037,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        withdraw=tuple(outcome.marked) if (split or upgrade or unreachable) else (),\n",
         "        withdraw=(),\n",
         ("tests/test_quorum_scripted.py::test_a_split_vote_gives_back_and_says_so",),
+        within="settle_round",
     ),
     Mutant(
         "redlock-async-cancelled-round-gives-back",
@@ -1877,6 +2049,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_async_task_cancelled_during_a_round_gives_back_what_it_got",
         ),
+        within="AsyncRedlockRWLock._give_back",
     ),
     Mutant(
         "redlock-async-waiter-withdraws",
@@ -1890,6 +2063,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract_async.py::"
             "test_a_writer_cancelled_while_waiting_leaves_nothing_behind[redlock-async]",
         ),
+        within="AsyncRedlockRWLock._drive",
     ),
     # -- the PostgreSQL lock store (cacheguard/locks/postgres_core.py: the decisions both --------
     # drivers share; cacheguard/locks/postgres.py and aio/postgres.py: sessions and watches)
@@ -1904,6 +2078,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_upgrade_is_refused[postgres]",
             "tests/test_lock_contract_async.py::test_upgrade_is_refused[postgres-async]",
         ),
+        within="Holds.plan",
     ),
     Mutant(
         "pg-downgrade-takes-the-shared-lock",
@@ -1915,6 +2090,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",
             "tests/test_lock_contract_async.py::test_reentrant_and_downgrade[postgres-async]",
         ),
+        within="Holds.plan",
     ),
     Mutant(
         "pg-reentrant-unlock-on-last",
@@ -1926,6 +2102,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",
             "tests/test_lock_contract_async.py::test_reentrant_and_downgrade[postgres-async]",
         ),
+        within="Holds.released",
     ),
     Mutant(
         "pg-connection-parked-only-empty",
@@ -1934,6 +2111,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if not session.broken and not session.holds and session.conn is not None:\n",
         "        if not session.broken and session.conn is not None:\n",
         ("tests/test_lock_contract.py::test_a_writer_excludes_readers_and_writers[postgres]",),
+        within="_Book.leave",
     ),
     Mutant(
         "pg-fencing-tokens",
@@ -1945,6 +2123,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_fencing_tokens_increase[postgres]",
             "tests/test_lock_contract_async.py::test_fencing_tokens_increase[postgres-async]",
         ),
+        within="_FENCE_TOKEN",
     ),
     Mutant(
         "pg-deadline-is-lock-timeout",
@@ -1953,6 +2132,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        params["ms"] = lock_timeout_ms(deadline - timer())\n',
         '        params["ms"] = "0"\n',
         ("tests/test_lock_postgres.py::test_a_wait_ends_at_its_deadline",),
+        within="_lock_call",
     ),
     Mutant(
         "pg-timeout-raises-lock-timeout",
@@ -1966,6 +2146,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract_async.py::"
             "test_timeout_raises_lock_timeout_naming_the_lock[postgres-async]",
         ),
+        within="_lock_call",
     ),
     Mutant(
         "pg-lock-not-available-is-a-timeout",
@@ -1978,6 +2159,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::test_a_wait_ends_at_its_deadline",
             "tests/test_lock_postgres.py::test_write_in_timing_out_leaves_the_transaction_usable",
         ),
+        within="_WAIT_ENDED",
     ),
     Mutant(
         "pg-failed-acquire-undone",
@@ -1988,6 +2170,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                yield from _unlock_quietly(lock, session, mode)\n",
         "                # session lock outlives its statement's error): let it go again.\n",
         ("tests/test_lock_postgres.py::test_a_failed_acquire_leaves_no_hold_behind",),
+        within="_lock_call",
     ),
     Mutant(
         "pg-missing-fence-sequence-made",
@@ -1996,6 +2179,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if token is None and fenced:  # granted, but the fencing sequence is missing\n",
         "        if False:\n",
         ("tests/test_lock_postgres.py::test_a_missing_fence_sequence_is_made_on_first_use",),
+        within="_lock_call",
     ),
     Mutant(
         "pg-interrupt-while-making-the-sequence-unlocks",
@@ -2011,6 +2195,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_a_cancel_while_making_the_fence_sequence_leaves_no_lock_behind",
         ),
+        within="_token_after_making_the_sequence",
     ),
     Mutant(
         "pg-unreachable-is-backend-unavailable",
@@ -2020,6 +2205,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            except (DBAPIError, psycopg.Error, OSError) as exc:\n",
         "            except () as exc:\n",
         ("tests/test_lock_postgres.py::test_an_unreachable_server_raises_backend_unavailable",),
+        within="_lock_call",
     ),
     Mutant(
         "pg-watch-marks-lost",
@@ -2031,6 +2217,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_a_terminated_session_frees_the_lock_and_its_handles_report_it",
         ),
+        within="SessionWatch._check",
     ),
     Mutant(
         "pg-release-reports-lost",
@@ -2039,6 +2226,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            raise handle._lost_at_release() from exc\n",
         "            pass\n",
         ("tests/test_lock_postgres.py::test_release_reports_a_lost_session_even_unwatched",),
+        within="release_flow",
     ),
     Mutant(
         "pg-reentry-checks-the-session",
@@ -2049,6 +2237,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "alive(session.conn):\n",
         "            if False:\n",
         ("tests/test_lock_postgres.py::test_a_reentry_on_an_ended_session_starts_afresh",),
+        within="_acquiring",
     ),
     Mutant(
         "pg-session-keepalives",
@@ -2063,6 +2252,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_a_lock_session_is_never_ended_by_server_timeouts_and_probes_its_client",
         ),
+        within="session_settings",
     ),
     Mutant(
         "pg-fork-keeps-off-the-parents-session",
@@ -2074,6 +2264,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_a_forked_child_neither_inherits_nor_breaks_the_parents_hold",
         ),
+        within="releasable",
     ),
     Mutant(
         "pg-keys-length-prefixed",
@@ -2082,6 +2273,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        digest.update(len(data).to_bytes(8, "big"))\n',
         "",
         ("tests/test_lock_postgres.py::test_distinct_names_get_distinct_keys",),
+        within="advisory_key",
     ),
     Mutant(
         "pg-xact-lock-ends-with-the-transaction",
@@ -2093,6 +2285,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_write_in_lasts_exactly_as_long_as_the_transaction[commit]",
         ),
+        within="_XACT_TRY",
     ),
     Mutant(
         "pg-xact-timeout-keeps-the-transaction",
@@ -2103,6 +2296,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if _sqlstate(exc) in",
         "        if _sqlstate(exc) in",
         ("tests/test_lock_postgres.py::test_write_in_timing_out_leaves_the_transaction_usable",),
+        within="_wait_in",
     ),
     Mutant(
         "pg-xact-lock-timeout-restored",
@@ -2115,6 +2309,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "     restored AS MATERIALIZED (\n"
         "       SELECT current_setting('lock_timeout') FROM granted, previous)",
         ("tests/test_lock_postgres.py::test_write_in_waits_for_a_session_holder_then_gets_in",),
+        within="_XACT_WAIT",
     ),
     Mutant(
         "pg-xact-upgrade-refused",
@@ -2123,6 +2318,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "       SELECT CASE WHEN reads AND NOT writes THEN NULL\n",
         "       SELECT CASE WHEN false THEN NULL\n",
         ("tests/test_lock_postgres.py::test_write_in_refuses_an_upgrade",),
+        within="_XACT_TRY",
     ),
     Mutant(
         "pg-async-cancel-undone",
@@ -2136,6 +2332,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_an_async_wait_cancelled_after_its_grant_leaves_nothing_behind",
         ),
+        within="_lock_call",
     ),
     Mutant(
         "pg-async-cancelled-release-finishes",
@@ -2144,6 +2341,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            book.spawn(self._release_later(handle))\n",
         "            book.spawn(asyncio.sleep(0))\n",
         ("tests/test_lock_postgres.py::test_a_cancelled_async_release_finishes_in_the_background",),
+        within="AsyncPostgresRWLock.release",
     ),
     Mutant(
         "pg-async-watch-marks-lost",
@@ -2153,6 +2351,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        elif not alive(conn):\n",
         "        elif False:\n",
         ("tests/test_lock_postgres.py::test_async_terminated_session_marks_its_handles_lost",),
+        within="_AsyncBook._readable",
     ),
     Mutant(
         "pg-async-watch-survives-statements",
@@ -2162,6 +2361,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "use it\n",
         "",
         ("tests/test_lock_postgres.py::test_async_terminated_session_marks_its_handles_lost",),
+        within="_AsyncBook.enter",
     ),
     # -- write locks from another store (cacheguard/cache/write_locks.py, issue #15) ----------
     Mutant(
@@ -2171,6 +2371,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return StoreWriteLock(self._write_locks(name))\n",
         "        return self._locks.rwlock(name)\n",
         ("tests/test_write_locks.py::test_guard_write_takes_the_stores_lock[redis]",),
+        within="CacheGuard.write_lock",
     ),
     Mutant(
         "write-locks-hooks-use-the-store",
@@ -2183,6 +2384,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "timeout: float | None, holder: Any) -> Any:\n"
         "        return lock.acquire_write(timeout, holder=holder)\n",
         ("tests/test_write_locks.py::test_tracked_sessions_take_the_stores_lock[redis]",),
+        within="_Blocking",
     ),
     Mutant(
         "write-locks-async-from-the-store",
@@ -2191,6 +2393,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return AsyncStoreWriteLock(self._write_locks(name))\n",
         "        return self._locks.rwlock(name)\n",
         ("tests/test_write_locks.py::test_an_asyncio_guard_takes_an_asyncio_stores_lock",),
+        within="AsyncCacheGuard.write_lock",
     ),
     Mutant(
         "write-locks-async-refuses-a-sync-store",
@@ -2199,6 +2402,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if not inspect.isawaitable(pending):\n",
         "        if False:\n",
         ("tests/test_write_locks.py::test_an_asyncio_guard_refuses_a_sync_store",),
+        within="AsyncStoreWriteLock.acquire_write",
     ),
     Mutant(
         "lock-factory-uses-the-store",
@@ -2210,6 +2414,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_locks.py::"
             "test_a_lock_factory_puts_the_stores_lock_behind_its_local_tier[redis]",
         ),
+        within="LockFactory._create",
     ),
     # -- the mutation check itself (tools/mutants.py) ------------------------------------------
     Mutant(
@@ -2219,6 +2424,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return check(args.only, args.jobs)\n",
         "    return check(args.only)\n",
         ("tests/test_mutants.py::test_jobs_check_mutants_at_the_same_time",),
+        within="main",
     ),
     Mutant(
         "mutants-patch-inside-its-anchor",
@@ -2294,6 +2500,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[200-MB-body]",
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[50-MB-name]",
         ),
+        within="BodyLimits.__call__",
     ),
     Mutant(
         "service-body-counted-as-it-arrives",
@@ -2304,6 +2511,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[chunked-body-over-64-KiB]",
         ),
+        within="BodyLimits._limited.limited",
     ),
     Mutant(
         "service-body-deadline",
@@ -2314,6 +2522,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[Content-Length-above-the-body]",
         ),
+        within="BodyLimits._limited.limited",
     ),
     Mutant(
         "service-head-deadline",
@@ -2324,6 +2533,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[request-head-never-finished]",
         ),
+        within="GuardedH11Protocol.connection_made",
     ),
     Mutant(
         "service-protocol-errors-are-json",
@@ -2335,6 +2545,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[Content-Length-abc]",
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[not-HTTP]",
         ),
+        within="GuardedH11Protocol.send_400_response",
     ),
     Mutant(
         "service-no-control-characters",
@@ -2345,6 +2556,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[NUL-in-a-name]",
         ),
+        within="MenuUpdate.storable_text",
     ),
     Mutant(
         "service-errors-do-not-echo-input",
@@ -2355,6 +2567,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[name-over-100]",
         ),
+        within="create_app.invalid",
     ),
     Mutant(
         "service-parent-must-exist",
@@ -2365,6 +2578,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[missing-parent]",
         ),
+        within="check_parent",
     ),
     Mutant(
         "service-parent-no-cycle",
@@ -2376,6 +2590,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[own-parent]",
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[parent-below]",
         ),
+        within="check_parent",
     ),
     Mutant(
         "service-parent-checked-under-the-list-lock",
@@ -2384,6 +2599,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self.guard.write(LIST_KEY, MENU_KEY.format(menu_id=menu_id)),\n",
         "            self.guard.write(MENU_KEY.format(menu_id=menu_id)),\n",
         ("tests/test_menu_service_http.py::test_writes_check_parents_under_the_list_lock",),
+        within="MenuRepository.update_menu_by_id",
     ),
     Mutant(
         "service-stops-gracefully",
@@ -2395,6 +2611,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service_http.py::test_a_stop_signal_finishes_requests_in_flight_and_leaves_nothing_behind[SIGTERM]",
             "tests/test_menu_service_http.py::test_a_stop_signal_while_starting_leaves_nothing_behind",
         ),
+        within="serve",
     ),
     Mutant(
         "service-later-heads-have-a-deadline",
@@ -2405,6 +2622,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_a_later_request_head_on_a_kept_alive_connection_has_a_deadline_too",
         ),
+        within="GuardedH11Protocol.on_response_complete",
     ),
     Mutant(
         "service-body-deadline-is-total",
@@ -2415,6 +2633,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_a_body_sent_a_byte_at_a_time_is_cut_off_at_the_deadline",
         ),
+        within="BodyLimits._limited.limited",
     ),
     Mutant(
         "service-unread-body-closes",
@@ -2423,6 +2642,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():\n",
         "        if False:\n",
         ("tests/test_menu_service_http.py::test_a_body_nobody_reads_ends_the_connection",),
+        within="GuardedH11Protocol.on_response_complete",
     ),
     Mutant(
         "service-restart-forgets-the-old-cache",
@@ -2433,6 +2653,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_a_restart_does_not_serve_what_an_earlier_run_cached",
         ),
+        within="create_app.lifespan",
     ),
     Mutant(
         "demo-accepts-its-own-table",
@@ -2444,6 +2665,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service.py::"
             "test_a_database_holding_only_the_demos_own_table_is_used_without_reset",
         ),
+        within="check_database",
     ),
     # -- prometheus metrics (cacheguard/integrations/prometheus.py, issue #14) ----------------
     Mutant(
@@ -2455,6 +2677,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="CacheLoader",
     ),
     Mutant(
         "metrics-async-label-by-template-not-key",
@@ -2466,6 +2689,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="AsyncCacheLoader",
     ),
     Mutant(
         "metrics-events-carry-template",
@@ -2477,6 +2701,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
             "tests/test_prometheus.py::test_the_sync_loaders_pass_their_template_to_every_call",
         ),
+        within="StatsRecorder.count",
     ),
     Mutant(
         "metrics-fill-events-templated",
@@ -2485,6 +2710,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "count=functools.partial(self._stats.count, template=template),",
         "count=self._stats.count,",
         ("tests/test_prometheus.py::test_a_stampede_of_several_guards_counts_lock_waits",),
+        within="GuardCore._job",
     ),
     Mutant(
         "metrics-loads-templated",
@@ -2495,6 +2721,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="_Fill.answer",
     ),
     Mutant(
         "metrics-async-loads-templated",
@@ -2505,6 +2732,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="_Fill.answer",
     ),
     Mutant(
         "metrics-bypass-counted",
@@ -2513,6 +2741,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        self._stats.count("bypasses", name, 0.0, None, template)\n',
         "",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
+        within="GuardCore._refuse_bypass",
     ),
     Mutant(
         "metrics-bypass-backend-error-templated",
@@ -2521,6 +2750,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                self._backend_failed(name, exc, template=template)\n",
         "                self._backend_failed(name, exc)\n",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "metrics-hits-by-tier",
@@ -2532,6 +2762,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_prometheus.py::test_l1_hits_are_counted_by_tier",
             "tests/test_prometheus.py::test_every_counter_is_wired",
         ),
+        within="_TIERS",
     ),
     Mutant(
         "metrics-every-counter-wired",
@@ -2540,6 +2771,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        elif kind in metrics.counters:\n",
         '        elif kind in ("misses", "loads"):\n',
         ("tests/test_prometheus.py::test_every_counter_is_wired",),
+        within="_GuardHook._resolve",
     ),
     Mutant(
         "metrics-lock-wait-histogram",
@@ -2548,6 +2780,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "histogram = metrics.lock_wait_seconds.labels(*labels)",
         "histogram = None",
         ("tests/test_prometheus.py::test_a_stampede_of_several_guards_counts_lock_waits",),
+        within="_GuardHook._resolve",
     ),
     Mutant(
         "metrics-load-histogram",
@@ -2558,6 +2791,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="_GuardHook._resolve",
     ),
     Mutant(
         "metrics-hook-failure-contained",
@@ -2566,6 +2800,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                except Exception:\n                    log.exception(",
         "                except ZeroDivisionError:\n                    log.exception(",
         ("tests/test_prometheus.py::test_a_failing_hook_never_breaks_a_call",),
+        within="StatsRecorder.count",
     ),
     Mutant(
         "metrics-hooks-added-once",
@@ -2575,6 +2810,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                self._hooks = (*self._hooks, hook)\n",
         "            self._hooks = (*self._hooks, hook)\n",
         ("tests/test_prometheus.py::test_hooks_are_added_once_and_removed",),
+        within="StatsRecorder.add_hook",
     ),
     Mutant(
         "metrics-instrument-once",
@@ -2583,6 +2819,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if guard in self._hooks:\n                return guard\n",
         "",
         ("tests/test_prometheus.py::test_hooks_are_added_once_and_removed",),
+        within="CacheMetrics.instrument",
     ),
     Mutant(
         "metrics-refusal-registers-nothing",
@@ -2591,6 +2828,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            for collector in done:\n                self.registry.unregister(collector)\n",
         "            pass\n",
         ("tests/test_prometheus.py::test_one_registry_takes_one_cache_metrics_until_it_is_closed",),
+        within="CacheMetrics._register",
     ),
     Mutant(
         "metrics-close-unregisters",
@@ -2600,6 +2838,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self.registry.unregister(collector)\n",
         "",
         ("tests/test_prometheus.py::test_one_registry_takes_one_cache_metrics_until_it_is_closed",),
+        within="CacheMetrics.close",
     ),
     Mutant(
         "metrics-multiprocess-aggregates",
@@ -2608,6 +2847,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if multiprocess_mode():\n",
         "        if False:\n",
         ("tests/test_prometheus.py::test_multiprocess_mode_aggregates_the_workers",),
+        within="CacheMetrics.exposition",
     ),
     # -- the dogpile.cache backend (cacheguard/integrations/dogpile.py, issue #14) ------------
     Mutant(
@@ -2619,6 +2859,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if self.holder is not None and self.holder is not mutex:\n"
         "                if not wait:\n",
         ("tests/test_dogpile_backend.py::test_mutex_is_not_reentrant_in_one_thread",),
+        within="_KeyGate.acquire",
     ),
     Mutant(
         "dogpile-mutex-excludes-processes",
@@ -2631,6 +2872,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_a_stampede_of_processes_creates_once_and_wakes_waiters_by_release",
         ),
+        within="CacheGuardBackend._new_gate",
     ),
     Mutant(
         "dogpile-waiters-woken-by-release",
@@ -2642,6 +2884,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_a_stampede_of_processes_creates_once_and_wakes_waiters_by_release",
         ),
+        within="_RELEASE_BODY",
     ),
     Mutant(
         "dogpile-hold-passed-on-one-round",
@@ -2651,6 +2894,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                self._passes = self.waiting\n",
         "                self._passes = 1 << 62\n",
         ("tests/test_dogpile_backend.py::test_a_busy_process_still_lets_another_process_in",),
+        within="_KeyGate.release",
     ),
     Mutant(
         "lock-holder-id-is-no-thread",
@@ -2668,6 +2912,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_the_async_creation_runner_releases_from_its_own_thread",
         ),
+        within="LocalRWLock.acquire_write",
     ),
     Mutant(
         "dogpile-redis-expiration-time",
@@ -2676,6 +2921,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self._client.set(name, _bytes(key, value), px=self._px)\n",
         "            self._client.set(name, _bytes(key, value))\n",
         ("tests/test_dogpile_backend.py::test_redis_expiration_time_is_the_values_ttl_in_redis",),
+        within="CacheGuardBackend.set_serialized",
     ),
     Mutant(
         "dogpile-fence-counter-expires",
@@ -2689,6 +2935,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_without_redis_expiration_time_a_counter_lives_a_lease_past_its_release",
         ),
+        within="_RELEASE_EXPIRING_FENCE",
     ),
     Mutant(
         "dogpile-delete-expires-fence-counter",
@@ -2698,6 +2945,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            pipe.pexpire(resource.fence, self._fence_ms)\n",
         "",
         ("tests/test_dogpile_backend.py::test_delete_gives_a_dead_holders_counter_its_lifetime",),
+        within="CacheGuardBackend._delete",
     ),
     Mutant(
         "dogpile-port-db-checked-at-configure",
@@ -2710,6 +2958,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_connection_arguments_fail_configure_not_the_first_call",
         ),
+        within="_client_from",
     ),
     Mutant(
         "dogpile-connection-kwargs-checked-at-configure",
@@ -2722,6 +2971,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_connection_arguments_fail_configure_not_the_first_call",
         ),
+        within="_client_from",
     ),
     Mutant(
         "dogpile-connection-built-at-configure",
@@ -2734,6 +2984,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_connection_arguments_that_redis_py_accepts_still_work",
         ),
+        within="_connectable",
     ),
     Mutant(
         "dogpile-key-without-utf8-form",
@@ -2743,6 +2994,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if not key.isascii():\n",
         "    if False:\n",
         ("tests/test_dogpile_backend.py::test_a_key_without_a_utf8_form_is_a_clear_error",),
+        within="_key_name",
     ),
     # -- docs that run (tests/test_docs.py, issue #14) -----------------------------------------
     Mutant(
@@ -2752,6 +3004,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    exec(code, namespace)\n",
         "                    pass\n",
         ("tests/test_docs.py::test_blocks_run_in_order_in_one_namespace_set_up_blocks_included",),
+        within="run_page",
     ),
     Mutant(
         "docs-blocks-share-one-namespace",
@@ -2760,6 +3013,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    exec(code, namespace)\n",
         "                    exec(code, dict(namespace))\n",
         ("tests/test_docs.py::test_blocks_run_in_order_in_one_namespace_set_up_blocks_included",),
+        within="run_page",
     ),
     Mutant(
         "docs-set-up-blocks-run",
@@ -2768,6 +3022,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    blocks = [block for block in read_blocks(page) if block.python]\n",
         "    blocks = [block for block in read_blocks(page) if block.python and not block.setup]\n",
         ("tests/test_docs.py::test_blocks_run_in_order_in_one_namespace_set_up_blocks_included",),
+        within="run_page",
     ),
     Mutant(
         "docs-block-errors-fail-the-page",
@@ -2776,6 +3031,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                raise BlockFailed(_failure(block, exc)) from exc\n",
         "                pass\n",
         ("tests/test_docs.py::test_a_raising_block_fails_with_the_page_the_block_and_the_line",),
+        within="run_page",
     ),
     Mutant(
         "docs-untagged-fences-refused",
@@ -2784,6 +3040,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if not language:\n",
         "        if False:\n",
         ("tests/test_docs.py::test_fences_that_could_hide_a_block_fail_the_page",),
+        within="read_blocks",
     ),
     Mutant(
         "docs-one-event-loop-per-page",
@@ -2792,6 +3049,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    if loop is None:\n                        loop = _new_loop(tasks)\n",
         "                    loop = _new_loop(tasks)\n",
         ("tests/test_docs.py::test_top_level_await_blocks_share_one_event_loop",),
+        within="run_page",
     ),
     Mutant(
         "docs-left-tasks-fail",
@@ -2800,6 +3058,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if left:\n        names = ",
         "    if False:\n        names = ",
         ("tests/test_docs.py::test_a_task_left_running_fails_the_page",),
+        within="_nothing_left_on",
     ),
     Mutant(
         "docs-left-locks-fail",
@@ -2808,6 +3067,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if len(default_watchdog()) > held_before:\n",
         "        if False:\n",
         ("tests/test_docs.py::test_a_lock_left_held_fails_the_page",),
+        within="run_page",
     ),
     Mutant(
         "docs-signatures-compared",
@@ -2816,6 +3076,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if documented != actual:\n",
         "        if False:\n",
         ("tests/test_docs.py::test_signature_blocks_are_compared_with_the_real_signature",),
+        within="check_signatures",
     ),
     Mutant(
         "docs-python-spellings-refused",
@@ -2824,6 +3085,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if language != PYTHON and _NAMES_PYTHON.match(language):\n",
         "        if False:\n",
         ("tests/test_docs.py::test_fences_that_could_hide_a_block_fail_the_page",),
+        within="read_blocks",
     ),
     Mutant(
         "docs-unretrieved-task-errors-fail",
@@ -2832,6 +3094,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if unretrieved:\n",
         "    if False:\n",
         ("tests/test_docs.py::test_a_task_that_failed_unobserved_fails_the_page",),
+        within="_nothing_left_on",
     ),
     Mutant(
         "docs-site-build-not-quiet",
@@ -2840,6 +3103,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'BUILD_FLAGS = ("--strict",)\n',
         'BUILD_FLAGS = ("--strict", "--quiet")\n',
         ("tests/test_docs.py::test_a_broken_link_or_anchor_fails_the_strict_build[tests]",),
+        within="BUILD_FLAGS",
     ),
     # -- clean shutdown, pickling and bad names (issue #23: tests/test_shutdown.py,
     # tests/test_bad_input.py) --
@@ -2850,6 +3114,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            close_sync_client(self.client)\n",
         "            pass\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[no-l1-sync]",),
+        within="CacheGuard.close",
     ),
     Mutant(
         "aclose-closes-its-pool",
@@ -2858,6 +3123,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        await client.aclose(close_connection_pool=True)\n",
         "        await client.aclose(close_connection_pool=False)\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[no-l1-async]",),
+        within="aclose_async_client",
     ),
     Mutant(
         "aclose-closes-its-client",
@@ -2866,6 +3132,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            await aclose_async_client(self.client)\n",
         "            pass\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[no-l1-async]",),
+        within="AsyncCacheGuard.aclose",
     ),
     Mutant(
         "aclose-closes-cluster-node-clients",
@@ -2877,6 +3144,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cluster.py::"
             "test_closing_a_from_url_guard_closes_its_connections_on_every_node[async]",
         ),
+        within="AsyncCacheGuard.aclose",
     ),
     Mutant(
         "close-closes-its-notifier",
@@ -2885,6 +3153,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            close_notifier_of(self.client)\n",
         "            pass\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[l1-sync]",),
+        within="CacheGuard.close",
     ),
     Mutant(
         "close-leaves-a-client-passed-in",
@@ -2893,6 +3162,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self._owns_client = False  # from_url made the client: close() closes it\n",
         "        self._owns_client = True\n",
         ("tests/test_shutdown.py::test_close_leaves_a_client_passed_in_open[sync]",),
+        within="GuardCore.__init__",
     ),
     Mutant(
         "closed-guard-refuses-calls",
@@ -2901,6 +3171,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if self._closed:\n            raise GuardClosed(",
         "        if False:\n            raise GuardClosed(",
         ("tests/test_shutdown.py::test_a_closed_guard_refuses_calls_and_opens_nothing[sync]",),
+        within="GuardCore._check_open",
     ),
     Mutant(
         "notifier-drops-a-connection-made-while-closing",
@@ -2911,6 +3182,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_shutdown.py::test_a_notifier_closed_while_it_connects_drops_the_new_connection",
         ),
+        within="Notifier._reconnect",
     ),
     Mutant(
         "decorated-functions-pickle-by-reference",
@@ -2920,6 +3192,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    def __reduce__(self) -> tuple[Any, ...]:\n        """Pickled by reference, as the',
         '    def _reduce_off(self) -> tuple[Any, ...]:\n        """Pickled by reference, as the',
         ("tests/test_shutdown.py::test_loaders_pickle_by_reference[method]",),
+        within="Decorated.__reduce__",
     ),
     Mutant(
         "loaders-pickle-by-reference",
@@ -2928,6 +3201,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    def __reduce__(self) -> tuple[Any, ...]:\n        """Pickled by reference (see',
         '    def _reduce_off(self) -> tuple[Any, ...]:\n        """Pickled by reference (see',
         ("tests/test_shutdown.py::test_loaders_pickle_by_reference[loader]",),
+        within="KeyedLoader.__reduce__",
     ),
     Mutant(
         "sync-guard-refuses-async-def",
@@ -2936,6 +3210,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if not self.takes_async and is_async_callable(load):\n",
         "        if False:\n",
         ("tests/test_shutdown.py::test_a_sync_guard_refuses_an_async_def_at_decoration",),
+        within="KeyedLoader.__init__",
     ),
     Mutant(
         "sync-guard-refuses-async-loader",
@@ -2948,6 +3223,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_bad_input.py::"
             "test_a_sync_guard_refuses_an_async_loader_and_caches_nothing[get_or_load]",
         ),
+        within="Loads.run",
     ),
     Mutant(
         "bad-key-names-refused-before-redis",
@@ -2958,6 +3234,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_bad_input.py::test_bad_names_are_refused_before_redis[sync-None-get_or_load]",
         ),
+        within="GuardCore._checked_name",
     ),
     Mutant(
         "get-or-load-applies-max-key-length",
@@ -2966,6 +3243,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        name = self._name(name)\n        flow = self._read(",
         "        flow = self._read(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[sync]",),
+        within="CacheGuard.get_or_load",
     ),
     Mutant(
         "aio-get-or-load-applies-max-key-length",
@@ -2974,6 +3252,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        name = self._name(name)\n        flow = self._read(",
         "        flow = self._read(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[async]",),
+        within="AsyncCacheGuard.get_or_load",
     ),
     Mutant(
         "dogpile-checks-the-database-at-configure",
@@ -2984,6 +3263,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_bad_input.py::test_dogpile_backend_refuses_a_database_the_server_lacks_at_configure[db]",
         ),
+        within="_check_database",
     ),
     # -- the asyncio lock contract (issue #15) --
     Mutant(
@@ -2994,6 +3274,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        mark_ms = self._mark_ms if queue else 0\n",
         "        mark_ms = 0\n",
         ("tests/test_lock_contract_async.py::test_writer_preference[redis-async]",),
+        within="AsyncRedisRWLock._attempt",
     ),
     Mutant(
         "pg-async-connection-parked-only-empty",
@@ -3005,6 +3286,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract_async.py::"
             "test_a_writer_excludes_readers_and_writers[postgres-async]",
         ),
+        within="_AsyncBook.leave",
     ),
     # -- outage mode: outage_ttl, stale_if_error, the gutter (issue #24) --
     Mutant(
@@ -3018,6 +3300,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outage_settings.py::test_outage_reuse_serves_a_value_seen_within_outage_ttl_then_loads_once_more[sync]",
             "tests/faults/test_outage_modes.py::test_outage_ttl_loads_each_key_once_per_process_per_window[sync-killed]",
         ),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "fallback-window",
@@ -3029,6 +3312,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outage_settings.py::test_outage_reuse_serves_a_value_seen_within_outage_ttl_then_loads_once_more[sync]",
             "tests/test_outage_settings.py::test_a_failing_loader_is_answered_by_the_last_value_seen_within_stale_if_error[async]",
         ),
+        within="LastSeen.within",
     ),
     Mutant(
         "reused-value-keeps-its-age",
@@ -3041,6 +3325,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_value_reused_keeps_the_age_it_was_first_seen_with[sync]",
         ),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "redis-hit-is-seen",
@@ -3051,6 +3336,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_after_recovery_values_come_from_redis_not_from_reuse[sync]",
         ),
+        within="GuardCore._served",
     ),
     Mutant(
         "writes-drop-from-reuse",
@@ -3062,6 +3348,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_write_or_invalidation_here_drops_the_name_from_reuse[sync]",
         ),
+        within="GuardCore._forget_here",
     ),
     Mutant(
         "refused-write-drops-from-reuse",
@@ -3073,6 +3360,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_write_or_invalidation_here_drops_the_name_from_reuse[async]",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "drop-voids-notes-under-way",
@@ -3084,6 +3372,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_write_here_during_a_load_keeps_that_loads_value_out_of_reuse[sync]",
         ),
+        within="LastSeen.note",
     ),
     Mutant(
         "stale-if-error-answers",
@@ -3096,6 +3385,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outage_settings.py::test_a_failing_loader_is_answered_by_the_last_value_seen_within_stale_if_error[sync]",
             "tests/test_outage_settings.py::test_backend_unavailable_under_raise_is_answered_by_the_last_value_seen[async]",
         ),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "stale-if-error-bound",
@@ -3108,6 +3398,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/faults/test_outage_modes.py::test_no_read_is_older_than_a_committed_write_beyond_the_bound"
             "[sync-stale_if_error-killed]",
         ),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "stale-value-keeps-its-age",
@@ -3118,6 +3409,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n'
         "            self._last_seen.note(name, value, self._last_seen.ticket(name))\n",
         ("tests/test_outage_settings.py::test_a_value_served_stale_keeps_its_age[sync]",),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "gutter-single-flight",
@@ -3130,6 +3422,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
             "tests/faults/test_outage_modes.py::test_the_gutter_loads_each_key_once_per_window_across_processes[sync]",
         ),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "gutter-lifetime-capped",
@@ -3140,6 +3433,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
         ),
+        within="ReadPath._gutter_lifetimes",
     ),
     Mutant(
         "gutter-unjittered",
@@ -3150,6 +3444,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[async]",
         ),
+        within="gutter_settings",
     ),
     Mutant(
         "gutter-no-stale-window",
@@ -3160,6 +3455,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
         ),
+        within="gutter_settings",
     ),
     Mutant(
         "gutter-down-falls-through",
@@ -3171,6 +3467,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_gutter_down_too_falls_through_to_reuse_then_on_backend_error[sync]",
         ),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "gutter-guard-raises-when-down",
@@ -3182,6 +3479,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_gutter_down_too_falls_through_to_reuse_then_on_backend_error[async]",
         ),
+        within="gutter_settings",
     ),
     Mutant(
         "asyncio-pool-replaces-dead-idle-connections",
@@ -3193,6 +3491,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/faults/test_outage_modes.py::test_recovery_refills_each_key_once_across_processes[async-killed]",
         ),
+        within="async_client_from_url",
     ),
     Mutant(
         "stale-if-error-loader",
@@ -3204,6 +3503,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_failing_loader_is_answered_by_the_last_value_seen[sync]",
             "tests/test_fallback.py::test_a_failing_loader_is_answered_by_the_last_value_seen[async]",
         ),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "stale-if-error-own-errors",
@@ -3215,6 +3515,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_the_cache_s_own_errors_are_not_answered[sync]",
             "tests/test_fallback.py::test_the_cache_s_own_errors_are_not_answered[async]",
         ),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "gutter-none-lifetime-capped",
@@ -3223,6 +3524,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
         "        return min(ttl, cap), lifetime\n",
         ("tests/test_fallback.py::test_the_gutter_keeps_none_no_longer_than_gutter_ttl",),
+        within="ReadPath._gutter_lifetimes",
     ),
     Mutant(
         "replay-marks-counted",
@@ -3231,6 +3533,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self.pending = self._done < self._marks and bool(self._hooks)\n",
         "            self.pending = False\n",
         ("tests/test_fallback.py::test_a_failure_seen_during_a_run_keeps_the_guard_pending",),
+        within="Recovery._finished",
     ),
     Mutant(
         "replay-queued-callers-take-the-failure",
@@ -3244,6 +3547,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::"
             "test_asyncio_callers_queued_behind_a_failed_run_take_its_failure",
         ),
+        within="Recovery._refusal",
     ),
     Mutant(
         "replay-retry-delay",
@@ -3258,6 +3562,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_readers_of_a_guard_whose_replay_cannot_reach_the_database_share_one_attempt",
         ),
+        within="Recovery._refusal",
     ),
     Mutant(
         "bypass-seals-before-loading",
@@ -3274,6 +3579,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::"
             "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[async]",
         ),
+        within="ReadPath._bypassed",
     ),
     Mutant(
         "timeout-loads-shared",
@@ -3288,6 +3594,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_timeout_loads.py::"
             "test_timed_out_callers_share_one_load_and_later_ones_the_next[async]",
         ),
+        within="timed_out_flow",
     ),
     Mutant(
         "timeout-loads-linearizable",
@@ -3304,6 +3611,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_shared_loads.py::"
             "test_callers_that_began_before_the_load_take_it_later_ones_share_the_next",
         ),
+        within="SharedLoads.enter",
     ),
     Mutant(
         "timeout-leader-load-after-its-followers",
@@ -3317,6 +3625,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_timed_out_leader_takes_a_running_load_begun_after_every_call_it_serves"
             "[2.0-False]",
         ),
+        within="SingleFlight.join",
     ),
     Mutant(
         "timeout-loads-writer-private",
@@ -3335,6 +3644,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_timeout_loads.py::"
             "test_an_async_writers_read_during_a_shared_load_is_its_own",
         ),
+        within="fill_flow",
     ),
     Mutant(
         "timeout-loads-presumed-hung",
@@ -3349,6 +3659,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_timeout_loads.py::"
             "test_loaders_reading_each_others_keys_do_not_wait_forever[async]",
         ),
+        within="GuardCore.__init__",
     ),
     Mutant(
         "timeout-loads-interrupted-runner",
@@ -3363,6 +3674,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_timeout_loads.py::"
             "test_the_callers_of_an_interrupted_load_go_on_without_it[async]",
         ),
+        within="shared_load",
     ),
     # -- the outage mode's review (issue #24) ------------------------------------------------
     Mutant(
@@ -3376,6 +3688,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox_privacy.py::"
             "test_a_fill_in_such_a_transaction_after_redis_returns_stores_nothing",
         ),
+        within="ModelTracker._to_outbox",
     ),
     Mutant(
         "bypass-keeps-a-writer-s-load-private",
@@ -3388,6 +3701,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox_privacy.py::"
             "test_a_transaction_s_reads_of_its_outboxed_keys_are_its_own",
         ),
+        within="ReadPath._bypassed",
     ),
     Mutant(
         "stale-policy-waits-for-replay",
@@ -3400,6 +3714,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_flow_scripted.py::"
             "test_the_stale_policy_serves_nothing_stored_while_replays_are_pending",
         ),
+        within="timed_out_flow",
     ),
     Mutant(
         "gutter-ignores-snapshots",
@@ -3412,6 +3727,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_the_gutter_stores_loads_whose_snapshot_the_primary_could_not_number[sync]",
             "tests/test_fallback.py::test_the_gutter_stores_loads_whose_snapshot_the_primary_could_not_number[async]",
         ),
+        within="gutter_guard_made",
     ),
     Mutant(
         "gutter-namespace-of-its-own",
@@ -3423,6 +3739,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_gutter_on_the_primary_s_own_server_keeps_to_keys_of_its_own[sync]",
             "tests/test_fallback.py::test_a_gutter_on_the_primary_s_own_server_keeps_to_keys_of_its_own[async]",
         ),
+        within="gutter_settings",
     ),
     Mutant(
         "l1-skipped-while-replay-pending",
@@ -3435,6 +3752,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_l1_is_not_served_while_a_replay_is_pending[sync]",
             "tests/test_fallback.py::test_l1_is_not_served_while_a_replay_is_pending[async]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "loader-errors-not-the-cache-s-own",
@@ -3448,6 +3766,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_stale_if_error_leaves_the_cache_s_own_errors_raised_in_a_loader[sync]",
             "tests/test_fallback.py::test_stale_if_error_leaves_the_cache_s_own_errors_raised_in_a_loader[async]",
         ),
+        within="Loads.loading",
     ),
     Mutant(
         "peek-entry-replays",
@@ -3457,6 +3776,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            raw = yield from self._replayed_then_reread(name, None)\n",
         "        if False:\n            raw = yield from self._replayed_then_reread(name, None)\n",
         ("tests/test_fallback.py::test_peek_entry_replays_before_it_shows_what_redis_holds",),
+        within="ReadPath._peek_entry_flow",
     ),
     Mutant(
         "replay-failure-is-no-outage",
@@ -3469,6 +3789,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[sync]",
             "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[async]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "circuit-closing-marks-replay",
@@ -3483,6 +3804,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_breaker.py::"
             "test_a_circuit_closing_after_it_was_open_calls_on_close_whoever_probed",
         ),
+        within="GuardCore.__init__",
     ),
     Mutant(
         "asyncio-local-release-on-its-loop",
@@ -3495,6 +3817,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox_privacy.py::"
             "test_a_local_hold_released_from_another_thread_wakes_the_loop_s_waiters",
         ),
+        within="_Awaiting.release_local",
     ),
 )
 
