@@ -245,6 +245,14 @@ def test_a_drifted_find_text_is_reported_with_the_closest_lines(tmp_path: Path) 
     assert "      -         self.held = False" in lines
     assert "      +         self.held = None" in lines
     assert lines[-1] == "    update the mutant's find (and replace) to today's code"
+    # the code moved to another definition: the report says which
+    moved = drifted.replace("        return True\n", "        self.held = False\n")
+    (tree / "cacheguard/locks.py").write_text(moved, encoding="utf-8")
+    with pytest.raises(TOOL.MutantError) as error:
+        TOOL.locate(mutant, tree)
+    lines = str(error.value).splitlines()
+    assert '    the find text occurs once in cacheguard/locks.py, within="Lock.acquire"' in lines
+    assert lines[-1].endswith(", or its anchor to where the find text is now")
 
 
 def test_a_find_text_twice_inside_its_anchor_is_reported_with_both_places(tmp_path: Path) -> None:

@@ -3853,7 +3853,7 @@ class Site:
     start: int
     end: int
     moved_from: str = ""  # the mutant's file= when its anchor was found in another file
-    note: str = ""  # the other modules defining the anchor, when the find text chose
+    note: str = ""  # why this definition of the anchor, when others have its name
 
     @property
     def where(self) -> str:
@@ -3936,15 +3936,17 @@ def _read(root: Path, file: str) -> str | None:
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
-def searched_files(root: Path, hint: str) -> list[str]:
-    """The modules a moved anchor may be in: the package's, and the hint's top folder's."""
-    folders = [PACKAGE]
+def searched_folders(hint: str) -> list[str]:
+    """Where a moved anchor may be: the package, and the hinted file's top folder."""
     parts = Path(hint).parts
-    if len(parts) > 1 and parts[0] not in folders:
-        folders.append(parts[0])
+    return [PACKAGE, parts[0]] if len(parts) > 1 and parts[0] != PACKAGE else [PACKAGE]
+
+
+def searched_files(root: Path, hint: str) -> list[str]:
+    """The modules of the searched folders."""
     return sorted(
         path.relative_to(root).as_posix()
-        for folder in folders
+        for folder in searched_folders(hint)
         if (root / folder).is_dir()
         for path in (root / folder).rglob("*.py")
         if "__pycache__" not in path.parts
@@ -3981,11 +3983,11 @@ def _fits(mutant: Mutant, candidate: Candidate) -> bool:
     return text.count(mutant.find, *_offsets(text, d)) == 1
 
 
-def _moved(mutant: Mutant, candidate: Candidate, note: str = "") -> Site:
+def _moved(mutant: Mutant, candidate: Candidate, root: Path, note: str = "") -> Site:
     file, text, d = candidate
     site = _span(file, text, mutant.within, d, moved_from=mutant.file)
     site = dataclasses.replace(site, note=note)
-    _check_find(mutant, site, text)
+    _check_find(mutant, site, text, root)
     return site
 
 
@@ -3998,7 +4000,7 @@ def locate(mutant: Mutant, root: Path) -> Site:
         if text is None:
             raise MutantError(_missing_file_report(mutant, root))
         site = Site(mutant.file, "", 1, len(line_starts(text)) - 1, 0, len(text))
-        _check_find(mutant, site, text)
+        _check_find(mutant, site, text, root)
         return site
     here = named(text, mutant.within) if text is not None else []
     if len(here) > 1:
@@ -4014,15 +4016,16 @@ def locate(mutant: Mutant, root: Path) -> Site:
             # The definition lost its find text: did its code move, leaving a shim here?
             fitting = [c for c in defined_elsewhere(mutant, root) if _fits(mutant, c)]
             if len(fitting) == 1:
-                return _moved(mutant, fitting[0], f"{mutant.file} still defines it, without it")
-        _check_find(mutant, site, text)
+                shim = f"{mutant.file} still defines it, without the find text"
+                return _moved(mutant, fitting[0], root, shim)
+        _check_find(mutant, site, text, root)
         return site
     # The anchor is not (or no longer) where the mutant says: look for it elsewhere.
     candidates = defined_elsewhere(mutant, root)
     if not candidates:
         raise MutantError(_missing_anchor_report(mutant, root, text is not None))
     if len(candidates) == 1:
-        return _moved(mutant, candidates[0])
+        return _moved(mutant, candidates[0], root)
     # The find text may tell the modules apart (a sync and an asyncio twin).
     fitting = [c for c in candidates if _fits(mutant, c)]
     if len(fitting) != 1:
@@ -4038,7 +4041,7 @@ def locate(mutant: Mutant, root: Path) -> Site:
             "    set file= to the module meant (or name a more qualified anchor)"
         )
     others = ", ".join(sorted({file for file, _, _ in candidates} - {fitting[0][0]}))
-    return _moved(mutant, fitting[0], f"also defined in {others}")
+    return _moved(mutant, fitting[0], root, f"also defined in {others}")
 
 
 def _not_there(mutant: Mutant, file_exists: bool) -> str:
@@ -4047,8 +4050,9 @@ def _not_there(mutant: Mutant, file_exists: bool) -> str:
     return f"{mutant.file} does not exist"
 
 
-def _check_find(mutant: Mutant, site: Site, text: str) -> None:
-    """The find text must occur exactly once in the site's span; else a report."""
+def _check_find(mutant: Mutant, site: Site, text: str, root: Path) -> None:
+    """The find text must occur exactly once in the site's span; else a report (with
+    where the find text is now, if it moved out of the anchor)."""
     found = text.count(mutant.find, site.start, site.end)
     if found == 1:
         return
@@ -4058,7 +4062,12 @@ def _check_find(mutant: Mutant, site: Site, text: str) -> None:
     if found == 0:
         report = [f"{mutant.id}: its find text is not in {inside}"]
         report += closest_lines(text[site.start : site.end], site.first, mutant.find)
-        report.append("    update the mutant's find (and replace) to today's code")
+        elsewhere = _elsewhere(mutant, root)
+        report += elsewhere
+        report.append(
+            "    update the mutant's find (and replace) to today's code"
+            + (", or its anchor to where the find text is now" if elsewhere else "")
+        )
     else:
         at = []
         position = text.find(mutant.find, site.start, site.end)
@@ -4148,7 +4157,7 @@ def _missing_anchor_report(mutant: Mutant, root: Path, file_exists: bool) -> str
     report = [
         f"{mutant.id}: its anchor `{mutant.within}` is missing: "
         f"{_not_there(mutant, file_exists)}, nor does any module of "
-        f"{', '.join(sorted({f.split('/')[0] for f in searched_files(root, mutant.file)}))}/"
+        + ", ".join(f"{folder}/" for folder in searched_folders(mutant.file))
     ]
     report += [f"    a definition named like it: `{n}` in {', '.join(names[n])}" for n in alike]
     report += _elsewhere(mutant, root)
