@@ -6,20 +6,32 @@ directory, applies one mutant at a time, runs only that mutant's tests there and
 fails if any mutant survives (its tests pass), if a mutant no longer applies (its
 code changed: update the mutant with the code), or if its tests cannot run.
 
+A patch is anchored: ``within`` names the def, class or module-level assignment
+holding its find text, which must occur exactly once inside it. A file that moved,
+or an anchor that moved to another module, is found again by the anchor (the one
+module of cacheguard/, or of the file's own top folder, defining it) with a warning
+to update ``file``. A patch that no longer applies is reported with what is missing
+or ambiguous and the lines now closest to its find text.
+
     python tools/mutants.py                  # all mutants (CI: --jobs 4)
     python tools/mutants.py --only fence     # the mutants whose id contains "fence"
-    python tools/mutants.py --list           # id, guarantee, tests
+    python tools/mutants.py --list           # id, guarantee, where it applies, tests
     python tools/mutants.py --discover ID tests/test_x.py ...
                                              # which tests of those files kill ID
 
 docs/testing.md lists the mutants; tests/test_mutants.py keeps both in step with
-the code (every patch applies exactly once, every named test exists).
+the code (every patch applies exactly once inside its anchor, every named test
+exists).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
+import dataclasses
+import difflib
+import functools
 import os
 import queue
 import re
@@ -52,10 +64,16 @@ COPIED = (
 class Mutant:
     id: str
     guarantee: str
+    # Where the code lives: a hint. A file that moved, or an anchor that moved to another
+    # module, is found again by ``within`` (with a warning to update this path).
     file: str
     find: str
     replace: str
     tests: tuple[str, ...]
+    # The qualified name of the def, class or module/class-level assignment holding
+    # ``find`` ("LuaScript.__call__", "acquire_flow", "_ACQUIRE_BODY"): the patch applies
+    # exactly once inside its lines, so refactors elsewhere in the file leave it be.
+    within: str = ""
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -67,6 +85,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  if mode == 'write' then return false end\n",
         "",
         ("tests/test_redis_lock.py::test_lock_timeout_within_deadline",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-writer-excludes-writers",
@@ -75,6 +94,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    first = not mode\n",
         "    first = true\n",
         ("tests/test_redis_lock.py::test_readers_overlap_and_writer_excluded",),
+        within="_ACQUIRE_BODY",
     ),
     Mutant(
         "lock-waiting-writer-holds-off-readers",
@@ -83,6 +103,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  for who in pairs(s.q) do\n    if who ~= owner then return false end\n  end\n",
         "",
         ("tests/test_redis_lock.py::test_waiting_writer_blocks_new_readers",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-fencing-tokens",
@@ -91,6 +112,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    redis.call('INCR', fence)\n",
         "",
         ("tests/test_redis_lock.py::test_fencing_tokens_strictly_increase",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-fencing-after-expiry",
@@ -100,6 +122,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  local token = time_epoch()\n",
         "  local token = '1'\n",
         ("tests/test_redis_lock.py::test_fencing_tokens_increase_after_the_counter_expired",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-fence-counter-expires",
@@ -115,6 +138,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_key_lifetimes.py::"
             "test_a_guards_workload_leaves_only_the_sequence_without_a_ttl[async]",
         ),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-fence-counter-lifetime-renewed",
@@ -124,6 +148,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    redis.call('PEXPIRE', fence, FENCE_TTL_MS)\n",
         "",
         ("tests/test_redis_lock.py::test_a_counter_without_a_lifetime_gets_one_on_its_next_token",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "redlock-raised-fence-expires",
@@ -132,6 +157,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  redis.call('SET', KEYS[1], ARGV[1], 'PX', FENCE_TTL_MS)\n",
         "  redis.call('SET', KEYS[1], ARGV[1])\n",
         ("tests/test_lock_redlock.py::test_fencing_counters_expire_and_tokens_still_increase",),
+        within="_RAISE_FENCE_BODY",
     ),
     Mutant(
         "lock-expired-holders-swept",
@@ -140,6 +166,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  for who, ends in pairs(s.e) do\n    if ends <= now then\n",
         "  for who, ends in pairs(s.e) do\n    if false then\n",
         ("tests/test_redis_lock.py::test_crashed_reader_stops_counting_when_its_lease_ends",),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "lock-release-checks-epoch",
@@ -148,6 +175,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if (s[kind][owner] or 0) == 0 or s.g[owner] ~= epoch then",
         "if (s[kind][owner] or 0) == 0 then",
         ("tests/test_redis_lock.py::test_same_owner_stale_handle_cannot_release_new_holding",),
+        within="_RELEASE_BODY",
     ),
     Mutant(
         "lock-lease-renewal",
@@ -157,6 +185,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "for who in pairs(s.q) do",
         "settle(key, s, now)\nfor who in pairs(s.q) do",
         ("tests/test_redis_lock.py::test_watchdog_keeps_live_holder_then_stops",),
+        within="_RENEW_BODY",
     ),
     Mutant(
         "lock-release-announced",
@@ -165,6 +194,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if after ~= before then redis.call('SPUBLISH', channel, after or 'free') end",
         "",
         ("tests/test_guarantees.py::test_lock_waiter_is_woken_by_the_release_announcement",),
+        within="_RELEASE_BODY",
     ),
     Mutant(
         "notifier-delivers",
@@ -174,6 +204,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            waiter._deliver(payload)\n",
         "",
         ("tests/test_notifier.py::test_subscription_is_confirmed_and_woken",),
+        within="Notifier._dispatch",
     ),
     # -- ownership follows the holder (cacheguard/_identity.py, locks/; issue #23) ----------------
     Mutant(
@@ -188,6 +219,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_ownership.py::test_guard_write_excludes_requests_sharing_pool_threads",
             "tests/test_ownership.py::test_two_tier_write_excludes_requests_sharing_pool_threads",
         ),
+        within="enter_holder",
     ),
     Mutant(
         "holder-owner-never-reused",
@@ -201,6 +233,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_hold_handed_between_pool_threads_stays_one_owners[redis]",
             "tests/test_ownership.py::test_ident_reuse_does_not_inherit_a_store_hold",
         ),
+        within="Holder.owner",
     ),
     Mutant(
         "holder-context-reentry",
@@ -209,6 +242,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if holder is None:\n        holder = ambient_holder()\n        if holder is None:\n",
         "    if holder is None:\n        holder = None\n        if holder is None:\n",
         ("tests/test_ownership.py::test_nested_blocks_in_one_context_reenter_and_copies_carry_it",),
+        within="enter_holder",
     ),
     Mutant(
         "holder-abandoned-holds-end",
@@ -217,6 +251,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self._holders[n] = weakref.ref(holder, lambda _ref: self._collected(n))\n",
         "            self._holders[n] = weakref.ref(holder)\n",
         ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
+        within="LocalRWLock._track",
     ),
     Mutant(
         "holder-abandoned-distributed-hold-released",
@@ -226,6 +261,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    released.append(self._write_handle)\n",
         "",
         ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
+        within="TwoTierRWLock._abandoned",
     ),
     Mutant(
         "holder-abandoned-local-last",
@@ -238,6 +274,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_ownership.py::"
             "test_an_abandoned_read_hold_is_given_back_before_local_writers_go_on",
         ),
+        within="TwoTierRWLock._abandoned",
     ),
     Mutant(
         "watchdog-weak-store-handles",
@@ -246,6 +283,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self._watchdog.watch(handle, renew_for=renew_for, weak=True)\n",
         "            self._watchdog.watch(handle, renew_for=renew_for)\n",
         ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
+        within="RedisRWLock._granted",
     ),
     Mutant(
         "aio-watchdog-weak-store-handles",
@@ -254,6 +292,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            watchdog.watch(handle, renew_for=renew_for, weak=True)\n",
         "            watchdog.watch(handle, renew_for=renew_for)\n",
         ("tests/test_ownership.py::test_async_a_dropped_store_hold_is_given_back_not_renewed",),
+        within="AsyncRedisRWLock._granted",
     ),
     Mutant(
         "redlock-watchdog-weak-handles",
@@ -266,6 +305,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_a_handle_dropped_unreleased_is_given_back_on_every_master",
         ),
+        within="RedlockRWLock._granted",
     ),
     Mutant(
         "aio-redlock-watchdog-weak-handles",
@@ -278,6 +318,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_async_a_handle_dropped_unreleased_is_given_back_on_every_master",
         ),
+        within="AsyncRedlockRWLock._granted",
     ),
     Mutant(
         "redlock-dropped-handle-forgets-its-epochs",
@@ -290,6 +331,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_a_handle_dropped_unreleased_is_given_back_on_every_master",
         ),
+        within="RedlockHandleState._dropped",
     ),
     Mutant(
         "watchdog-releases-dropped-handles",
@@ -298,6 +340,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if not entry.releasing and entry.abandoned:\n",
         "            if False:\n",
         ("tests/test_ownership.py::test_a_dropped_store_hold_is_given_back_not_renewed",),
+        within="LeaseBook._batches",
     ),
     Mutant(
         "two-tier-reentered-read-joins",
@@ -310,6 +353,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_ownership.py::"
             "test_reentered_read_does_not_wait_behind_a_queued_remote_writer",
         ),
+        within="TwoTierRWLock.acquire_read",
     ),
     Mutant(
         "aio-two-tier-reentered-read-joins",
@@ -322,6 +366,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_ownership.py::"
             "test_async_reentered_read_does_not_wait_behind_a_queued_remote_writer",
         ),
+        within="AsyncTwoTierRWLock._join_read",
     ),
     # -- the read-through cache (cache/scripts.py, flow.py, guard.py) ---------------------
     Mutant(
@@ -331,6 +376,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if fresh and (redis.call('GET', verkey) or '0') == seen then",
         "if fresh then",
         ("tests/test_cache.py::test_a_version_moved_without_the_fill_mark_rejects_the_store",),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "fill-store-checks-watermark",
@@ -339,6 +385,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "local fresh = watermark == nil or tonumber(seen) <= watermark",
         "local fresh = true",
         ("tests/test_sqlalchemy.py::test_a_reader_with_an_old_snapshot_cannot_fill_a_stale_row",),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "fill-store-needs-its-mark",
@@ -352,6 +399,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_an_evicted_version_key_does_not_let_the_old_value_in",
             "tests/test_eviction.py::test_an_evicted_version_key_never_lets_an_old_value_in",
         ),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "invalidate-fails-fills-in-flight",
@@ -366,6 +414,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_eviction.py::test_an_evicted_version_key_never_lets_an_old_value_in",
             "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
         ),
+        within="INVALIDATE",
     ),
     Mutant(
         "invalidate-deletes-before-it-writes",
@@ -377,6 +426,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "local raw = redis.call('GET', KEYS[2])\nredis.call('SET', KEYS[2], raw or '0')\n"
         "redis.call('DEL', KEYS[1])\nredis.call('HDEL', KEYS[3], 'fs')\n",
         ("tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",),
+        within="INVALIDATE",
     ),
     Mutant(
         "full-redis-poisons-on-one-server",
@@ -389,6 +439,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::test_a_full_redis_poisons_even_on_one_server",
             "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
         ),
+        within="WritePath._stamp_flow",
     ),
     Mutant(
         "out-of-memory-is-redis-refusing",
@@ -401,6 +452,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::test_a_full_redis_poisons_even_on_one_server",
             "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
         ),
+        within="REDIS_REFUSING",
     ),
     Mutant(
         "fill-takes-read-hold",
@@ -409,6 +461,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if not may_read(s, owner, mode) then\n  local wait = soonest_end(s, now, owner)",
         "if false then\n  local wait = soonest_end(s, now, owner)",
         ("tests/test_cache.py::test_write_waits_for_fill_and_fill_waits_for_write",),
+        within="_FILL_BEGIN_BODY",
     ),
     Mutant(
         "fill-one-filler",
@@ -420,6 +473,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cache_regressions.py::test_two_fills_in_one_process_leave_no_hold",
             "tests/test_cache_processes.py::test_cold_key_stampede_loads_once",
         ),
+        within="_FILL_BEGIN_BODY",
     ),
     Mutant(
         "fill-dead-filler-abandoned",
@@ -431,6 +485,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_a_dead_fillers_fill_ends_with_its_lease_while_others_keep_the_lock_alive",
         ),
+        within="LOCK_PRELUDE",
     ),
     Mutant(
         "invalidate-broadcasts-to-l1",
@@ -439,6 +494,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end",
         "",
         ("tests/test_cache.py::test_l1_hits_and_cross_guard_invalidation",),
+        within="INVALIDATE",
     ),
     Mutant(
         "announcement-from-fill-seen-or-later",
@@ -450,6 +506,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_an_older_fills_announcement_is_refused_even_at_the_same_version",
         ),
+        within="_served_by",
     ),
     Mutant(
         "prefix-invalidation-stamps-honoured",
@@ -458,6 +515,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return -1 if stamps and max(stamps) > snapshot else snapshot\n",
         "    return snapshot\n",
         ("tests/test_sqlalchemy.py::test_prefix_invalidation_refuses_fills_from_older_snapshots",),
+        within="_oldest_allowed",
     ),
     Mutant(
         "fill-store-younger-than-version-ttl",
@@ -467,6 +525,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "now - begun < verttl",
         "true",
         ("tests/test_guarantees.py::test_a_fill_older_than_version_ttl_does_not_store",),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "fill-begin-renews-version",
@@ -476,6 +535,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if version then redis.call('PEXPIRE', verkey, verttl) else version = '0' end",
         "if not version then version = '0' end",
         ("tests/test_guarantees.py::test_a_fill_keeps_its_keys_version_alive_until_it_stores",),
+        within="_FILL_BEGIN_BODY",
     ),
     Mutant(
         "prefix-bookkeeping-bounded",
@@ -485,6 +545,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if ends > now and len(recent) <= self.capacity:",
         "if ends > now:",
         ("tests/test_prefix_bookkeeping.py::test_many_prefixes_keep_the_bookkeeping_bounded",),
+        within="Prefixes.remember",
     ),
     Mutant(
         "prefix-forgotten-raises-floor",
@@ -496,6 +557,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
         ),
+        within="Prefixes.remember",
     ),
     Mutant(
         "prefix-floor-refuses-older-snapshots",
@@ -506,6 +568,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prefix_bookkeeping.py::test_a_forgotten_prefix_invalidation_is_still_honoured",
         ),
+        within="_oldest_allowed",
     ),
     Mutant(
         "session-end-invalidates-again",
@@ -518,6 +581,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_sqlalchemy.py::"
             "test_lock_timeout_midway_in_a_savepoint_invalidates_and_releases",
         ),
+        within="_release",
     ),
     Mutant(
         "write-invalidates-after-body",
@@ -530,6 +594,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "write-invalidates-after-failed-body",
@@ -544,6 +609,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "writer-reads-its-own-view",
@@ -558,6 +624,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_review_guard.py::"
             "test_an_async_writer_reads_its_own_view_while_another_task_leads_the_key",
         ),
+        within="ReadPath._read_flow",
     ),
     # -- trust fixes (tests/test_trust.py) ----------------------------------------------
     Mutant(
@@ -567,6 +634,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        errors = yield ReleaseWrites(tuple(held), holder)\n",
         "        errors = yield ReleaseWrites(tuple(held), None)\n",
         ("tests/test_trust.py::test_a_write_exited_in_another_thread_releases_its_locks",),
+        within="WritePath._release_writes",
     ),
     Mutant(
         "write-lost-lock-raises",
@@ -581,6 +649,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lost_write_locks.py::"
             "test_a_write_whose_lock_was_lost_raises_after_invalidating[async]",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "write-lost-handle-counts",
@@ -593,6 +662,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_locks.py::"
             "test_a_stores_lock_lost_during_a_write_fails_the_write[redis]",
         ),
+        within="WritePath._release_writes",
     ),
     Mutant(
         "write-lost-lock-noted-on-body-error",
@@ -601,6 +671,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '                    add_note(error, f"cacheguard: {lost}")\n',
         "                    pass\n",
         ("tests/test_lost_write_locks.py::test_the_bodys_error_wins_over_a_lost_lock[async]",),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "sqlalchemy-lost-lock-fails-commit",
@@ -613,6 +684,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_sqlalchemy_async.py::"
             "test_a_write_lock_lost_before_the_commit_fails_it[sqlite]",
         ),
+        within="ModelTracker._on_before_commit",
     ),
     # -- the outbox (issue #24: integrations/sqlalchemy/outbox.py, tests/test_outbox.py) ----------
     Mutant(
@@ -629,6 +701,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_tracked_write_commits_with_its_invalidations_in_the_same_transaction"
             "[sqlite-killed]",
         ),
+        within="TrackerOutbox.write",
     ),
     Mutant(
         "outbox-rows-deleted-after-confirmed-invalidation",
@@ -642,6 +715,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_tracked_write_commits_with_its_invalidations_in_the_same_transaction"
             "[sqlite-killed]",
         ),
+        within="_release_all",
     ),
     Mutant(
         "outbox-replay-before-serving",
@@ -658,6 +732,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[sync]",
             "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[async]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "outbox-replay-waits-for-held-rows",
@@ -671,6 +746,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_a_replay_waits_for_the_rows_another_replayer_holds[postgresql]",
         ),
+        within="_Replay.__init__",
     ),
     Mutant(
         "outbox-replay-then-read-again",
@@ -682,6 +758,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_a_guard_that_saw_the_outage_replays_before_serving_from_redis[sqlite]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "outbox-poller-replays",
@@ -694,6 +771,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::test_a_process_that_never_saw_the_outage_stops_serving_"
             "the_old_value_within_the_poll[sqlite-sync]",
         ),
+        within="_ThreadPoller._run",
     ),
     Mutant(
         "outbox-asyncio-poller-replays",
@@ -705,6 +783,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::test_a_process_that_never_saw_the_outage_stops_serving_"
             "the_old_value_within_the_poll[sqlite-asyncio]",
         ),
+        within="_TaskPoller._run",
     ),
     Mutant(
         "outbox-dead-shard-rows-wait",
@@ -718,6 +797,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_dead_shards_rows_wait_while_the_other_shards_keys_are_served_from_redis"
             "[sqlite]",
         ),
+        within="_Replay._invalidate",
     ),
     Mutant(
         "outbox-replay-wait-bounded",
@@ -730,6 +810,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_a_replay_waits_for_held_rows_at_most_wait_timeout[postgresql]",
         ),
+        within="_Replay._replay_batch",
     ),
     Mutant(
         "outbox-sqlite-replay-never-waits-for-itself",
@@ -743,6 +824,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_sqlite_transaction_reading_through_a_pending_guard_does_not_wait_for_itself"
             "[sqlite]",
         ),
+        within="_Replay._replay_batch",
     ),
     Mutant(
         "outbox-asyncio-poller-on-the-guards-loop",
@@ -754,6 +836,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_the_asyncio_poller_starts_only_on_the_loop_the_guard_is_bound_to[sqlite]",
         ),
+        within="_TaskPoller.ensure_running",
     ),
     Mutant(
         "write-body-error-wins",
@@ -762,6 +845,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    add_note(body_error, closing_failed_note(ordered, closing_error))\n",
         "                    raise closing_error\n",
         ("tests/test_trust.py::test_the_bodys_error_wins_over_a_failing_closing_invalidation",),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "l1-resubscribes-after-fork",
@@ -770,6 +854,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self.tier.reset_after_fork()\n        self._listener = None\n",
         "        self.tier.reset_after_fork()\n",
         ("tests/test_trust.py::test_a_forked_worker_drops_its_l1_copy_when_the_parent_writes",),
+        within="L1Feed.reset_after_fork",
     ),
     Mutant(
         "l1-bounded-by-entry-expiry",
@@ -778,6 +863,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        lifetime = min(lifetime, self.ttl)\n",
         "        lifetime = self.ttl\n",
         ("tests/test_trust.py::test_an_l1_copy_never_outlives_its_entry",),
+        within="LocalTier.put",
     ),
     Mutant(
         "l1-refuses-copies-older-than-a-drop",
@@ -786,6 +872,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if self.epoch != epoch:\n                return False\n",
         "",
         ("tests/test_trust.py::test_l1_refuses_a_copy_read_before_an_invalidation",),
+        within="LocalTier.put",
     ),
     Mutant(
         "recursive-load-refused",
@@ -794,6 +881,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if (id(self), name) in _LOADING.get():\n",
         "        if False:\n",
         ("tests/test_trust.py::test_a_loader_reading_its_own_key_fails_at_once",),
+        within="Loads.refuse_recursion",
     ),
     Mutant(
         "max-load-time-ends-renewal",
@@ -802,6 +890,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "entry.renew_until is not None and now >= entry.renew_until",
         "entry.renew_until is not None and False",
         ("tests/test_trust.py::test_a_hung_loader_stops_blocking_writers_after_max_load_time",),
+        within="LeaseBook._batches",
     ),
     Mutant(
         "stale-policy-keeps-values",
@@ -810,6 +899,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '(lifetime if self.on_timeout == "stale" else 0.0)',
         "0.0",
         ("tests/test_trust.py::test_on_timeout_stale_serves_the_last_value_after_a_wait_timeout",),
+        within="GuardSettings.kept_for",
     ),
     Mutant(
         "expired-entry-is-not-a-hit",
@@ -818,6 +908,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if now >= entry.expires_at:  # kept only for stale serving\n",
         "        if False:\n",
         ("tests/test_trust.py::test_on_timeout_stale_serves_the_last_value_after_a_wait_timeout",),
+        within="parse_fill_begin",
     ),
     Mutant(
         "breaker-guards-peek",
@@ -826,6 +917,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        closed = self._circuit_open(f"reading {name!r}", (name,))\n',
         "        closed = None\n",
         ("tests/test_trust.py::test_every_entry_point_honours_an_open_circuit",),
+        within="ReadPath._peek_flow",
     ),
     Mutant(
         "refresh-follows-backend-policy",
@@ -838,6 +930,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            return (yield from self._bypass(name, exc, template))\n"
         "        return outcome.value",
         ("tests/test_trust.py::test_refresh_follows_on_backend_error",),
+        within="ReadPath._refresh_flow",
     ),
     Mutant(
         "nested-namespaces-separate",
@@ -846,6 +939,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'return f"{namespace}:{{{hash_tag(prefix)}}}:ps"',
         'return f"{namespace}:ps:{hash_tag(prefix)}"',
         ("tests/test_trust.py::test_nested_namespaces_do_not_share_keys",),
+        within="prefix_stamp_key",
     ),
     Mutant(
         "durations-bounded",
@@ -854,6 +948,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if number > MAX_SECONDS:\n        raise ValueError(\n",
         "    if False:\n        raise ValueError(\n",
         ("tests/test_trust.py::test_durations_redis_cannot_take_are_refused_up_front",),
+        within="check_positive",
     ),
     Mutant(
         "corrupt-counted-once",
@@ -862,6 +957,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "parse_fill_begin(reply, job.decode_quiet, job.clock())",
         "parse_fill_begin(reply, job.decode, job.clock())",
         ("tests/test_trust.py::test_a_corrupt_entry_is_counted_once_per_read",),
+        within="fill_flow",
     ),
     # -- key names (cache/templates.py, tests/test_key_names.py) ------------------------------
     Mutant(
@@ -873,6 +969,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_key_names.py::test_functions_made_by_one_factory_are_refused_without_a_template",
         ),
+        within="stable_name",
     ),
     Mutant(
         "keys-lambdas-refused",
@@ -881,6 +978,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    elif target.__name__ == "<lambda>":\n',
         "    elif False:\n",
         ("tests/test_key_names.py::test_lambdas_partials_and_callable_objects_need_a_template",),
+        within="stable_name",
     ),
     Mutant(
         "keys-self-left-out-only-for-methods",
@@ -891,6 +989,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_key_names.py::test_a_plain_function_keeps_a_first_argument_named_cls_or_self",
         ),
+        within="KeyBuilder._build",
     ),
     Mutant(
         "keys-classmethod-by-class",
@@ -899,6 +998,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '                prefix = f"{prefix}[{stable_type_name(first)}]"\n',
         "                prefix = prefix\n",
         ("tests/test_key_names.py::test_a_classmethod_is_keyed_by_the_class_it_is_called_on",),
+        within="KeyBuilder._build",
     ),
     Mutant(
         "template-adjacent-fields-refused",
@@ -907,6 +1007,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                if not literal:\n",
         "                if False:\n",
         ("tests/test_key_names.py::test_adjacent_fields_are_refused",),
+        within="_Template.__init__",
     ),
     Mutant(
         "template-separators-escaped",
@@ -915,6 +1016,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        escaped = set(_ALWAYS_ESCAPED) | {sep[0] for sep in separators}\n",
         "        escaped = set(_ALWAYS_ESCAPED)\n",
         ("tests/test_key_names.py::test_any_separator_keeps_fields_apart",),
+        within="_Template.__init__",
     ),
     # -- codecs (cache/codec.py, tests/test_codecs.py) -----------------------------------
     Mutant(
@@ -926,6 +1028,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_codecs.py::test_a_value_that_would_not_decode_is_refused_once_and_nothing_is_left",
         ),
+        within="_check_round_trip",
     ),
     Mutant(
         "codecs-read-each-others-entries",
@@ -934,6 +1037,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return _READERS.get(codec_id)\n",
         "    return None\n",
         ("tests/test_codecs.py::test_guards_with_different_codecs_read_each_others_entries",),
+        within="reader_for",
     ),
     Mutant(
         "custom-codec-ids-checked",
@@ -942,6 +1046,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if built_in is not None and not isinstance(codec, built_in):\n",
         "    if False:\n",
         ("tests/test_codecs.py::test_custom_codecs_are_checked",),
+        within="check_codec",
     ),
     # -- tests that can fail (issue "Trust"): the hit path, wake-ups, refresh, two tiers ---
     Mutant(
@@ -951,6 +1056,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if verdict <= REFRESH:\n",
         "        if verdict <= REFRESH and False:\n",
         ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
+        within="GuardCore._served",
     ),
     Mutant(
         "hit-get-seals-the-flight",
@@ -965,6 +1071,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "hit-judged-by-server-clock",
@@ -979,6 +1086,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
         ),
+        within="GuardCore._served",
     ),
     Mutant(
         "read-samples-server-clock",
@@ -993,6 +1101,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "entries-stamped-by-server-clock",
@@ -1007,6 +1116,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
         ),
+        within="GuardCore._job",
     ),
     Mutant(
         "fill-samples-server-clock",
@@ -1021,6 +1131,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
         ),
+        within="fill_flow",
     ),
     Mutant(
         "l1-hit-sends-nothing",
@@ -1029,6 +1140,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            kept = l1.tier.get(name)\n",
         "            kept = ABSENT\n",
         ("tests/test_cache.py::test_an_l1_hit_sends_nothing",),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "cache-waiter-woken-by-announcement",
@@ -1040,6 +1152,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cache_processes.py::"
             "test_waiter_in_another_process_is_woken_by_the_fills_announcement",
         ),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "fill-end-releases-hold",
@@ -1048,6 +1161,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  drop(s, owner, 'r')\n",
         "",
         ("tests/test_cache.py::test_early_refresh_reloads_in_background",),
+        within="_FILL_END_BODY",
     ),
     Mutant(
         "refresh-loads-itself",
@@ -1056,6 +1170,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "for message in messages if not refresh else ():",
         "for message in messages:",
         ("tests/test_cache.py::test_explicit_refresh_waits_for_a_fill_in_progress",),
+        within="fill_flow",
     ),
     Mutant(
         "two-tier-owners-distinct",
@@ -1064,6 +1179,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'return f"{process_id()}:tt{self._instance}"',
         'return f"{process_id()}:tt"',
         ("tests/test_two_tier.py::test_other_processes_are_excluded_through_redis_until_release",),
+        within="TwoTierRWLock.owner",
     ),
     # -- the sans-I/O core (cache/flow.py, wire.py, templates.py) ------------------------------
     Mutant(
@@ -1076,6 +1192,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_key_names.py::test_remembered_names_keep_equal_arguments_of_other_types_apart",
         ),
+        within="KeyBuilder.build",
     ),
     Mutant(
         "fill-end-argv-order",
@@ -1088,6 +1205,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_flow_scripted.py::"
             "test_the_filler_adopts_its_hold_loads_and_ends_with_a_versioned_store",
         ),
+        within="fill_end_call",
     ),
     Mutant(
         "flow-drains-before-begin",
@@ -1097,6 +1215,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if waited_from is not None:\n                yield DRAIN",
         "            if False:\n                yield DRAIN",
         ("tests/test_flow_scripted.py::test_a_late_announcement_from_before_the_begin_is_ignored",),
+        within="fill_flow",
     ),
     Mutant(
         "flow-seals-before-begin",
@@ -1108,6 +1227,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_flow_scripted.py::test_a_value_that_appeared_meanwhile_is_served_from_the_begin",
         ),
+        within="fill_flow",
     ),
     # -- the asyncio guard (cacheguard/cache/async_guard.py, async_driver.py) ----------------------
     Mutant(
@@ -1124,6 +1244,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
             "tests/test_review_guard.py::test_followers_of_an_interrupted_sync_leader_carry_on",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "aio-cancelled-filler-ends-its-fill",
@@ -1135,6 +1256,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_aio_guard.py::"
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
         ),
+        within="drive_fill_async",
     ),
     Mutant(
         "aio-fill-call-survives-a-second-cancel",
@@ -1147,6 +1269,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_review_guard.py::"
             "test_a_filler_cancelled_twice_during_fill_begin_still_ends_its_fill",
         ),
+        within="Deferral.through",
     ),
     Mutant(
         "aio-write-closing-invalidation-shielded",
@@ -1158,6 +1281,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_review_guard.py::"
             "test_a_writer_cancelled_during_its_closing_invalidation_still_invalidates",
         ),
+        within="AsyncCacheGuard.write",
     ),
     Mutant(
         "aio-write-releases-every-lock",
@@ -1171,6 +1295,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_review_guard.py::"
             "test_a_writer_cancelled_while_acquiring_and_again_while_releasing_frees_its_locks",
         ),
+        within="AsyncCacheGuard._run",
     ),
     Mutant(
         "aio-guard-one-event-loop",
@@ -1180,6 +1305,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self._binding.check()\n",
         '        """The cached value of ``name``, loaded by ``load()`` once if missing."""\n',
         ("tests/test_aio_guard.py::test_a_guard_used_from_a_second_event_loop_fails_clearly",),
+        within="AsyncCacheGuard.get_or_load",
     ),
     Mutant(
         "async-tracker-own-session-class",
@@ -1189,6 +1315,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if sync_class is Session:\n",
         "        if False:\n",
         ("tests/test_sqlalchemy_async.py::test_mismatched_guards_and_factories_are_refused",),
+        within="session_class_of",
     ),
     Mutant(
         "async-session-hooks-hold-the-keys",
@@ -1202,6 +1329,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_sqlalchemy_async.py::"
             "test_a_reader_waits_for_the_transaction_and_sees_the_commit",
         ),
+        within="_Awaiting.acquire_write",
     ),
     Mutant(
         "aio-background-work-own-context",
@@ -1211,6 +1339,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        task = contextvars.Context().run(loop.create_task, coro, name=name)\n",
         "        task = loop.create_task(coro, name=name)\n",
         ("tests/test_aio_guard.py::test_background_work_starts_in_a_context_of_its_own",),
+        within="AsyncCacheGuard._spawn",
     ),
     Mutant(
         "loader-errors-are-the-loaders",
@@ -1223,6 +1352,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guard_both_drivers.py::"
             "test_a_loaders_own_oserror_is_its_error_not_redis_being_down",
         ),
+        within="is_loader",
     ),
     Mutant(
         "unanswered-end-is-not-a-rejection",
@@ -1235,6 +1365,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_flow_scripted.py::"
             "test_a_lost_end_reply_keeps_the_value_and_releases_in_the_background",
         ),
+        within="_end",
     ),
     # -- asyncio locks (cacheguard/aio/, locks/wire.py) ------------------------------------
     Mutant(
@@ -1250,6 +1381,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_aio_locks.py::"
             "test_a_sync_holder_blocks_an_async_acquirer_and_its_release_wakes_it",
         ),
+        within="AsyncNotifier._dispatch",
     ),
     Mutant(
         "aio-cancel-while-waiting-withdraws",
@@ -1263,6 +1395,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract_async.py::"
             "test_a_writer_cancelled_while_waiting_leaves_nothing_behind[redis-async]",
         ),
+        within="AsyncRedisRWLock._drive",
     ),
     Mutant(
         "aio-cancel-during-acquire-takes-back",
@@ -1274,6 +1407,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_aio_locks.py::"
             "test_a_task_cancelled_during_the_acquire_round_trip_leaks_nothing",
         ),
+        within="AsyncRedisRWLock._attempt",
     ),
     Mutant(
         "aio-cancelled-body-releases",
@@ -1282,6 +1416,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    except BaseException:\n        try:\n            await release()\n",
         "    except BaseException:\n        try:\n            pass\n",
         ("tests/test_aio_locks.py::test_a_cancelled_body_releases",),
+        within="release_on_exit",
     ),
     Mutant(
         "aio-watchdog-close-stops-its-task",
@@ -1296,6 +1431,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_aio_locks.py::"
             "test_a_closed_redlock_watchdog_stops_even_if_its_round_trip_swallows_the_cancel",
         ),
+        within="LoopTask._run",
     ),
     Mutant(
         "aio-watchdog-renews",
@@ -1304,6 +1440,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return await arun_pipelined(client, [renewal_call(e) for e in entries])\n",
         "    return [1 for _ in entries]\n",
         ("tests/test_locks_both_drivers.py::test_the_watchdog_renews_past_the_lease[async]",),
+        within="_run_batch",
     ),
     Mutant(
         "aio-notifier-resubscribes",
@@ -1312,6 +1449,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self._unsent = list(self._channels.values())\n",
         "        self._unsent = list(self._channels.values()) if not self.reconnects else []\n",
         ("tests/test_aio_locks.py::test_the_notifier_reconnects_and_waiters_are_still_woken",),
+        within="AsyncNotifier._reconnect",
     ),
     Mutant(
         "aio-one-event-loop",
@@ -1320,6 +1458,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        elif self._loop() is not loop:\n",
         "        elif False:\n",
         ("tests/test_aio_locks.py::test_a_second_event_loop_is_refused",),
+        within="LoopBinding.check",
     ),
     Mutant(
         "wire-acquire-argument-order",
@@ -1328,6 +1467,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        [owner, mode, lease_ms, mark_ms, keys.released_channel],\n",
         "        [owner, mode, mark_ms, lease_ms, keys.released_channel],\n",
         ("tests/test_lock_wire.py::test_acquire_call_follows_its_contract",),
+        within="acquire_call",
     ),
     # -- deployments: cluster, Sentinel (issue #13) -------------------------------------------
     Mutant(
@@ -1341,6 +1481,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guard_both_drivers.py::"
             "test_a_deployment_in_transition_is_redis_down_not_a_corrupt_entry",
         ),
+        within="REDIS_DOWN",
     ),
     Mutant(
         "sharded-channels-subscribed-alone",
@@ -1353,6 +1494,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_pubsub_wire.py::"
             "test_broadcast_channels_share_a_command_and_sharded_ones_go_alone",
         ),
+        within="_commands",
     ),
     Mutant(
         "revoked-channel-wakes-waiters",
@@ -1364,6 +1506,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_notifier_revocation.py::test_a_revoked_channel_wakes_its_waiters_and_is_forgotten",
         ),
+        within="Notifier._dispatch",
     ),
     Mutant(
         "aio-revoked-channel-wakes-waiters",
@@ -1377,6 +1520,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_notifier_revocation.py::"
             "test_a_revoked_channel_wakes_its_waiting_tasks_and_is_forgotten",
         ),
+        within="AsyncNotifier._dispatch",
     ),
     Mutant(
         "cluster-scripts-per-node",
@@ -1387,6 +1531,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return _run_per_node(client, calls, confirm)\n",
         "",
         ("tests/test_cluster.py::test_every_master_serves_fills_writes_and_invalidations[sync]",),
+        within="run_pipelined",
     ),
     Mutant(
         "breaker-per-node",
@@ -1396,6 +1541,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            node_of=node_namer(client),\n",
         "            node_of=None,\n",
         ("tests/test_cluster.py::test_a_dead_shard_bypasses_only_its_own_keys[sync]",),
+        within="CacheGuard.__init__",
     ),
     Mutant(
         "script-loaded-on-its-own-node",
@@ -1406,6 +1552,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            client.script_load(self.source)\n"
         "            return client.evalsha(self.sha, len(keys), *keys, *args)\n",
         ("tests/test_cluster.py::test_a_dead_shard_bypasses_only_its_own_keys[sync]",),
+        within="LuaScript.__call__",
     ),
     Mutant(
         "write-waits-for-replicas",
@@ -1422,6 +1569,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_an_unconfirmed_invalidation_fails_the_write_before_its_body",
             "tests/test_failovers.py::test_sentinel_planned_failover_under_load[sync]",
         ),
+        within="WritePath._invalidate_flow",
     ),
     Mutant(
         "noreplicas-is-refusing",
@@ -1434,6 +1582,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clients.py::"
             "test_a_master_without_its_replicas_is_redis_refusing_not_an_error",
         ),
+        within="classify",
     ),
     Mutant(
         "breaker-probe-expires",
@@ -1443,6 +1592,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if self._probing and now - self._probe_at < self.cooldown:\n",
         "            if self._probing:\n",
         ("tests/test_breaker.py::test_a_probe_whose_outcome_never_comes_back_expires",),
+        within="CircuitBreaker.allow",
     ),
     Mutant(
         "write-lock-failure-counts",
@@ -1456,6 +1606,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guard_both_drivers.py::"
             "test_a_write_failing_in_the_lock_layer_counts_toward_the_circuit",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "circuit-asks-each-breaker-once",
@@ -1468,6 +1619,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_trust.py::"
             "test_a_write_of_several_keys_can_be_the_probe_of_a_half_open_circuit",
         ),
+        within="GuardCore._circuit_open",
     ),
     # -- the invalidation sequence's shard down (issue #13) -------------------------------------
     Mutant(
@@ -1483,6 +1635,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cluster.py::"
             "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[sync]",
         ),
+        within="WritePath._stamp_flow",
     ),
     Mutant(
         "write-needs-only-its-keys-nodes",
@@ -1495,6 +1648,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::"
             "test_a_dead_sequence_opens_its_own_circuit_and_is_not_asked_again",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "poison-outranks-every-watermark",
@@ -1503,6 +1657,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  if version < floor then version = floor + version + 1 else version = version + 1 end\n",
         "  version = version + 1\n",
         ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
+        within="INVALIDATE",
     ),
     Mutant(
         "heal-only-the-healers-own-poison",
@@ -1511,6 +1666,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "elseif ARGV[5] ~= '' and raw == ARGV[5] then\n",
         "elseif ARGV[5] ~= '' then\n",
         ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
+        within="INVALIDATE",
     ),
     Mutant(
         "poisoned-versions-are-healed",
@@ -1524,6 +1680,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cluster.py::"
             "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[sync]",
         ),
+        within="WritePath._tend_sequence",
     ),
     Mutant(
         "lift-ignores-poison",
@@ -1532,6 +1689,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if isinstance(r, int) and r < POISON_FLOOR),",
         "if isinstance(r, int)),",
         ("tests/test_write_path_scripted.py::test_the_lift_ignores_poisoned_versions",),
+        within="Invalidation.lift",
     ),
     Mutant(
         "stamps-are-confirmed",
@@ -1543,6 +1701,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::"
             "test_a_stamp_is_taken_then_every_key_is_stamped_with_it",
         ),
+        within="WritePath._stamp_flow",
     ),
     Mutant(
         "watermark-read-is-confirmed",
@@ -1551,6 +1710,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "yield Pipelined((invalidation.read_watermark(),), self._confirm())",
         "yield Pipelined((invalidation.read_watermark(),), None)",
         ("tests/test_write_path_scripted.py::test_the_watermark_is_read_as_a_confirmed_write",),
+        within="WritePath._watermark_flow",
     ),
     Mutant(
         "unplaced-calls-go-again",
@@ -1562,6 +1722,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cluster.py::"
             "test_a_call_outside_the_clients_slot_map_goes_again_after_reading_it_anew",
         ),
+        within="_by_node",
     ),
     # -- the menu-service demo (examples/menu_service, issue #14) ------------------------------
     Mutant(
@@ -1574,6 +1735,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service.py::"
             "test_a_database_of_yours_that_holds_tables_is_refused_without_reset",
         ),
+        within="check_database",
     ),
     Mutant(
         "demo-table-of-its-own",
@@ -1582,6 +1744,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    __tablename__ = "cacheguard_demo_menu"\n',
         '    __tablename__ = "menu"\n',
         ("tests/test_menu_service.py::test_with_reset_the_demo_fills_only_its_own_table",),
+        within="Menu.__tablename__",
     ),
     Mutant(
         "heal-never-below-the-carried-version",
@@ -1591,6 +1754,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  version = math.max(stamp, version - floor + 1)\n",
         "  version = stamp\n",
         ("tests/test_cache.py::test_a_poisoned_version_refuses_tracked_fills_until_a_heal",),
+        within="INVALIDATE",
     ),
     Mutant(
         "partial-invalidation-still-lifts",
@@ -1603,6 +1767,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::"
             "test_a_partly_failed_invalidation_still_lifts_the_sequence",
         ),
+        within="WritePath._invalidate_flow",
     ),
     Mutant(
         "sequence-failure-counted-once",
@@ -1614,6 +1779,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_path_scripted.py::"
             "test_a_sequence_on_a_node_of_the_keys_is_counted_once",
         ),
+        within="WritePath._stamp_flow",
     ),
     # -- the ZooKeeper lock store (cacheguard/locks/zookeeper/rwlock.py, issue #15) ---------------
     Mutant(
@@ -1623,6 +1789,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '            if kind != "write":\n                continue\n',
         "            continue\n",
         ("tests/test_lock_contract.py::test_a_writer_excludes_readers_and_writers[zookeeper]",),
+        within="ZooKeeperRWLock._blocker",
     ),
     Mutant(
         "zookeeper-writer-waits-for-everyone",
@@ -1634,6 +1801,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::"
             "test_a_writer_waits_for_the_readers_then_gets_in[zookeeper]",
         ),
+        within="ZooKeeperRWLock._blocker",
     ),
     Mutant(
         "zookeeper-downgrade-in-place",
@@ -1642,6 +1810,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        elif downgrade:\n            self._downgrade(holding)\n",
         "        elif downgrade:\n            pass\n",
         ("tests/test_lock_zookeeper.py::test_a_downgrade_lets_in_the_readers_already_waiting",),
+        within="ZooKeeperRWLock.release",
     ),
     Mutant(
         "zookeeper-suspension-marks-lost",
@@ -1653,6 +1822,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in",
         ),
+        within="_Session._on_state",
     ),
     Mutant(
         "zookeeper-lost-release-raises",
@@ -1664,6 +1834,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_an_expired_session_loses_the_holding_and_frees_the_lock",
         ),
+        within="ZooKeeperRWLock.release",
     ),
     Mutant(
         "zookeeper-lost-nodes-swept",
@@ -1675,6 +1846,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in",
         ),
+        within="_Session._on_state",
     ),
     Mutant(
         "zookeeper-down-is-unavailable",
@@ -1686,6 +1858,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in",
         ),
+        within="ZooKeeperRWLock._give_up",
     ),
     Mutant(
         "zookeeper-fencing-czxid",
@@ -1694,6 +1867,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            return str(path), int(stat.czxid)",
         "            return str(path), int(str(path)[-10:])",
         ("tests/test_lock_contract.py::test_fencing_tokens_increase[zookeeper]",),
+        within="ZooKeeperRWLock._create",
     ),
     Mutant(
         "zookeeper-timeout-withdraws",
@@ -1705,6 +1879,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_zookeeper.py::"
             "test_a_timed_out_writer_and_a_failed_try_leave_nothing_queued",
         ),
+        within="ZooKeeperRWLock._queue_up",
     ),
     Mutant(
         "zookeeper-waiter-requeues",
@@ -1715,6 +1890,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                except NoNodeError:  # our node went with an expired session\n"
         "                    self._give_up(mode, owner, start, blocking)\n",
         ("tests/test_lock_zookeeper.py::test_a_waiter_whose_session_expired_queues_again",),
+        within="ZooKeeperRWLock._queue_up",
     ),
     Mutant(
         "zookeeper-owners-per-client",
@@ -1723,6 +1899,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            client._cacheguard_session = session\n",
         "",
         ("tests/test_lock_zookeeper.py::test_owners_are_counted_per_client_across_lock_objects",),
+        within="_session_of",
     ),
     Mutant(
         "zookeeper-reentrant",
@@ -1731,6 +1908,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                if holding is not None:\n                    return self._reenter(",
         "                if False:\n                    return self._reenter(",
         ("tests/test_lock_contract.py::test_reentrant_and_downgrade[zookeeper]",),
+        within="ZooKeeperRWLock._acquire_or_none",
     ),
     Mutant(
         "zookeeper-upgrade-refused",
@@ -1739,6 +1917,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                raise LockUpgradeError(name=self.name, owner=owner)\n",
         "                pass\n",
         ("tests/test_lock_contract.py::test_upgrade_is_refused[zookeeper]",),
+        within="ZooKeeperRWLock._reenter",
     ),
     # -- Redlock (cacheguard/locks/redlock/: quorum.py and its drivers rwlock.py, async_rwlock.py) -
     Mutant(
@@ -1752,6 +1931,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_three_of_five_masters_down_refuses_and_leaves_nothing[read]",
         ),
+        within="Round.has_majority",
     ),
     Mutant(
         "redlock-validity-checked",
@@ -1760,6 +1940,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if outcome.has_majority(quorum) and fenced and now < valid_until:\n",
         "    if outcome.has_majority(quorum) and fenced:\n",
         ("tests/test_lock_redlock.py::test_a_grant_that_came_too_late_is_refused",),
+        within="settle_round",
     ),
     Mutant(
         "redlock-failed-round-gives-back",
@@ -1768,6 +1949,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "i: wire.release_call(keys, owner, mode, epoch) for i, epoch in granted.items()",
         "i: wire.withdraw_call(keys, owner) for i, epoch in granted.items()",
         ("tests/test_lock_redlock.py::test_a_round_without_a_majority_gives_back_its_grants",),
+        within="give_back_calls",
     ),
     Mutant(
         "redlock-release-on-every-master",
@@ -1777,6 +1959,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        for i, epoch in enumerate(handle.epochs)\n"
         "        if epoch is not None and i < 3\n",
         ("tests/test_lock_redlock.py::test_release_frees_every_master",),
+        within="release_calls",
     ),
     Mutant(
         "redlock-frozen-master-bounded",
@@ -1789,6 +1972,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::test_a_frozen_master_does_not_stall_an_acquire",
             "tests/test_lock_redlock.py::test_async_frozen_master_does_not_stall_an_acquire",
         ),
+        within="master_connection_kwargs",
     ),
     Mutant(
         "redlock-unanswered-master-tidied",
@@ -1798,6 +1982,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    unanswered += outcome.unanswered\n",
         "",
         ("tests/test_lock_redlock.py::test_a_master_that_did_not_answer_is_tidied_once_it_wakes",),
+        within="round_flow",
     ),
     Mutant(
         "redlock-renewal-needs-majority",
@@ -1806,6 +1991,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if renewed >= quorum and in_time:\n",
         "    if renewed >= 1 and in_time:\n",
         ("tests/test_lock_redlock.py::test_renewal_needs_a_majority",),
+        within="renewal_verdict",
     ),
     Mutant(
         "redlock-fencing-across-majorities",
@@ -1815,6 +2001,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        calls = {i: raise_call for i in outcome.granted}\n",
         "        calls = {i: (RAISE_FENCE, [keys.fence], [0]) for i in outcome.granted}\n",
         ("tests/test_lock_redlock.py::test_fencing_tokens_increase_across_different_majorities",),
+        within="round_flow",
     ),
     Mutant(
         "redlock-writer-queued-on-majority",
@@ -1826,6 +2013,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_writer_preference[redlock]",
             "tests/test_lock_contract_async.py::test_writer_preference[redlock-async]",
         ),
+        within="RedlockCommon._round_flow",
     ),
     Mutant(
         "redlock-give-back-releases-grants",
@@ -1840,6 +2028,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_async_task_cancelled_during_a_round_gives_back_what_it_got",
         ),
+        within="give_back_calls",
     ),
     Mutant(
         "redlock-split-vote-withdraws",
@@ -1849,6 +2038,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        withdraw=tuple(outcome.marked) if (split or upgrade or unreachable) else (),\n",
         "        withdraw=(),\n",
         ("tests/test_quorum_scripted.py::test_a_split_vote_gives_back_and_says_so",),
+        within="settle_round",
     ),
     Mutant(
         "redlock-async-cancelled-round-gives-back",
@@ -1860,6 +2050,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_redlock.py::"
             "test_async_task_cancelled_during_a_round_gives_back_what_it_got",
         ),
+        within="AsyncRedlockRWLock._give_back",
     ),
     Mutant(
         "redlock-async-waiter-withdraws",
@@ -1873,6 +2064,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract_async.py::"
             "test_a_writer_cancelled_while_waiting_leaves_nothing_behind[redlock-async]",
         ),
+        within="AsyncRedlockRWLock._drive",
     ),
     # -- the PostgreSQL lock store (cacheguard/locks/postgres/core.py: the decisions both --------
     # drivers share; cacheguard/locks/postgres/rwlock.py and aio/postgres.py: sessions and watches)
@@ -1887,6 +2079,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_upgrade_is_refused[postgres]",
             "tests/test_lock_contract_async.py::test_upgrade_is_refused[postgres-async]",
         ),
+        within="Holds.plan",
     ),
     Mutant(
         "pg-downgrade-takes-the-shared-lock",
@@ -1898,6 +2091,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",
             "tests/test_lock_contract_async.py::test_reentrant_and_downgrade[postgres-async]",
         ),
+        within="Holds.plan",
     ),
     Mutant(
         "pg-reentrant-unlock-on-last",
@@ -1909,6 +2103,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_reentrant_and_downgrade[postgres]",
             "tests/test_lock_contract_async.py::test_reentrant_and_downgrade[postgres-async]",
         ),
+        within="Holds.released",
     ),
     Mutant(
         "pg-connection-parked-only-empty",
@@ -1917,6 +2112,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if not session.broken and not session.holds and session.conn is not None:\n",
         "        if not session.broken and session.conn is not None:\n",
         ("tests/test_lock_contract.py::test_a_writer_excludes_readers_and_writers[postgres]",),
+        within="_Book.leave",
     ),
     Mutant(
         "pg-fencing-tokens",
@@ -1928,6 +2124,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract.py::test_fencing_tokens_increase[postgres]",
             "tests/test_lock_contract_async.py::test_fencing_tokens_increase[postgres-async]",
         ),
+        within="_FENCE_TOKEN",
     ),
     Mutant(
         "pg-deadline-is-lock-timeout",
@@ -1936,6 +2133,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        params["ms"] = lock_timeout_ms(deadline - timer())\n',
         '        params["ms"] = "0"\n',
         ("tests/test_lock_postgres.py::test_a_wait_ends_at_its_deadline",),
+        within="_lock_call",
     ),
     Mutant(
         "pg-timeout-raises-lock-timeout",
@@ -1949,6 +2147,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract_async.py::"
             "test_timeout_raises_lock_timeout_naming_the_lock[postgres-async]",
         ),
+        within="_lock_call",
     ),
     Mutant(
         "pg-lock-not-available-is-a-timeout",
@@ -1961,6 +2160,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::test_a_wait_ends_at_its_deadline",
             "tests/test_lock_postgres.py::test_write_in_timing_out_leaves_the_transaction_usable",
         ),
+        within="_WAIT_ENDED",
     ),
     Mutant(
         "pg-failed-acquire-undone",
@@ -1971,6 +2171,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                yield from _unlock_quietly(lock, session, mode)\n",
         "                # session lock outlives its statement's error): let it go again.\n",
         ("tests/test_lock_postgres.py::test_a_failed_acquire_leaves_no_hold_behind",),
+        within="_lock_call",
     ),
     Mutant(
         "pg-missing-fence-sequence-made",
@@ -1979,6 +2180,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if token is None and fenced:  # granted, but the fencing sequence is missing\n",
         "        if False:\n",
         ("tests/test_lock_postgres.py::test_a_missing_fence_sequence_is_made_on_first_use",),
+        within="_lock_call",
     ),
     Mutant(
         "pg-interrupt-while-making-the-sequence-unlocks",
@@ -1994,6 +2196,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_a_cancel_while_making_the_fence_sequence_leaves_no_lock_behind",
         ),
+        within="_token_after_making_the_sequence",
     ),
     Mutant(
         "pg-unreachable-is-backend-unavailable",
@@ -2003,6 +2206,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            except (DBAPIError, psycopg.Error, OSError) as exc:\n",
         "            except () as exc:\n",
         ("tests/test_lock_postgres.py::test_an_unreachable_server_raises_backend_unavailable",),
+        within="_lock_call",
     ),
     Mutant(
         "pg-watch-marks-lost",
@@ -2014,6 +2218,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_a_terminated_session_frees_the_lock_and_its_handles_report_it",
         ),
+        within="SessionWatch._check",
     ),
     Mutant(
         "pg-release-reports-lost",
@@ -2022,6 +2227,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            raise handle._lost_at_release() from exc\n",
         "            pass\n",
         ("tests/test_lock_postgres.py::test_release_reports_a_lost_session_even_unwatched",),
+        within="release_flow",
     ),
     Mutant(
         "pg-reentry-checks-the-session",
@@ -2032,6 +2238,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "alive(session.conn):\n",
         "            if False:\n",
         ("tests/test_lock_postgres.py::test_a_reentry_on_an_ended_session_starts_afresh",),
+        within="_acquiring",
     ),
     Mutant(
         "pg-session-keepalives",
@@ -2046,6 +2253,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_a_lock_session_is_never_ended_by_server_timeouts_and_probes_its_client",
         ),
+        within="session_settings",
     ),
     Mutant(
         "pg-fork-keeps-off-the-parents-session",
@@ -2057,6 +2265,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_a_forked_child_neither_inherits_nor_breaks_the_parents_hold",
         ),
+        within="releasable",
     ),
     Mutant(
         "pg-keys-length-prefixed",
@@ -2065,6 +2274,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        digest.update(len(data).to_bytes(8, "big"))\n',
         "",
         ("tests/test_lock_postgres.py::test_distinct_names_get_distinct_keys",),
+        within="advisory_key",
     ),
     Mutant(
         "pg-xact-lock-ends-with-the-transaction",
@@ -2076,6 +2286,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_write_in_lasts_exactly_as_long_as_the_transaction[commit]",
         ),
+        within="_XACT_TRY",
     ),
     Mutant(
         "pg-xact-timeout-keeps-the-transaction",
@@ -2086,6 +2297,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if _sqlstate(exc) in",
         "        if _sqlstate(exc) in",
         ("tests/test_lock_postgres.py::test_write_in_timing_out_leaves_the_transaction_usable",),
+        within="_wait_in",
     ),
     Mutant(
         "pg-xact-lock-timeout-restored",
@@ -2098,6 +2310,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "     restored AS MATERIALIZED (\n"
         "       SELECT current_setting('lock_timeout') FROM granted, previous)",
         ("tests/test_lock_postgres.py::test_write_in_waits_for_a_session_holder_then_gets_in",),
+        within="_XACT_WAIT",
     ),
     Mutant(
         "pg-xact-upgrade-refused",
@@ -2106,6 +2319,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "       SELECT CASE WHEN reads AND NOT writes THEN NULL\n",
         "       SELECT CASE WHEN false THEN NULL\n",
         ("tests/test_lock_postgres.py::test_write_in_refuses_an_upgrade",),
+        within="_XACT_TRY",
     ),
     Mutant(
         "pg-async-cancel-undone",
@@ -2119,6 +2333,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_postgres.py::"
             "test_an_async_wait_cancelled_after_its_grant_leaves_nothing_behind",
         ),
+        within="_lock_call",
     ),
     Mutant(
         "pg-async-cancelled-release-finishes",
@@ -2127,6 +2342,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            book.spawn(self._release_later(handle))\n",
         "            book.spawn(asyncio.sleep(0))\n",
         ("tests/test_lock_postgres.py::test_a_cancelled_async_release_finishes_in_the_background",),
+        within="AsyncPostgresRWLock.release",
     ),
     Mutant(
         "pg-async-watch-marks-lost",
@@ -2136,6 +2352,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        elif not alive(conn):\n",
         "        elif False:\n",
         ("tests/test_lock_postgres.py::test_async_terminated_session_marks_its_handles_lost",),
+        within="_AsyncBook._readable",
     ),
     Mutant(
         "pg-async-watch-survives-statements",
@@ -2145,6 +2362,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "use it\n",
         "",
         ("tests/test_lock_postgres.py::test_async_terminated_session_marks_its_handles_lost",),
+        within="_AsyncBook.enter",
     ),
     # -- write locks from another store (cacheguard/cache/write_locks.py, issue #15) ----------
     Mutant(
@@ -2154,6 +2372,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return StoreWriteLock(self._write_locks(name))\n",
         "        return self._locks.rwlock(name)\n",
         ("tests/test_write_locks.py::test_guard_write_takes_the_stores_lock[redis]",),
+        within="CacheGuard.write_lock",
     ),
     Mutant(
         "write-locks-hooks-use-the-store",
@@ -2166,6 +2385,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "timeout: float | None, holder: Any) -> Any:\n"
         "        return lock.acquire_write(timeout, holder=holder)\n",
         ("tests/test_write_locks.py::test_tracked_sessions_take_the_stores_lock[redis]",),
+        within="_Blocking",
     ),
     Mutant(
         "write-locks-async-from-the-store",
@@ -2174,6 +2394,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return AsyncStoreWriteLock(self._write_locks(name))\n",
         "        return self._locks.rwlock(name)\n",
         ("tests/test_write_locks.py::test_an_asyncio_guard_takes_an_asyncio_stores_lock",),
+        within="AsyncCacheGuard.write_lock",
     ),
     Mutant(
         "write-locks-async-refuses-a-sync-store",
@@ -2182,6 +2403,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if not inspect.isawaitable(pending):\n",
         "        if False:\n",
         ("tests/test_write_locks.py::test_an_asyncio_guard_refuses_a_sync_store",),
+        within="AsyncStoreWriteLock.acquire_write",
     ),
     Mutant(
         "lock-factory-uses-the-store",
@@ -2193,6 +2415,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_write_locks.py::"
             "test_a_lock_factory_puts_the_stores_lock_behind_its_local_tier[redis]",
         ),
+        within="LockFactory._create",
     ),
     # -- the mutation check itself (tools/mutants.py) ------------------------------------------
     Mutant(
@@ -2202,6 +2425,70 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return check(args.only, args.jobs)\n",
         "    return check(args.only)\n",
         ("tests/test_mutants.py::test_jobs_check_mutants_at_the_same_time",),
+        within="main",
+    ),
+    Mutant(
+        "mutants-patch-inside-its-anchor",
+        "a mutant's patch applies inside its anchor's definition only, not wherever else in "
+        "the file its find text occurs",
+        "tools/mutants.py",
+        "original[: site.start] + inside + original[site.end :]",
+        "original.replace(mutant.find, mutant.replace)",
+        ("tests/test_mutants.py::test_a_patch_applies_once_inside_its_anchor_only",),
+        within="apply",
+    ),
+    Mutant(
+        "mutants-moved-anchor-found",
+        "a mutant whose file moved, or whose definition moved to another module, is found "
+        "again by its anchor",
+        "tools/mutants.py",
+        "        found.extend((file, text, d) for d in named(text, mutant.within))\n",
+        "",
+        (
+            "tests/test_mutants.py::test_a_moved_file_is_found_by_its_anchor",
+            "tests/test_mutants.py::test_a_function_moved_to_another_module_is_found_by_its_anchor",
+        ),
+        within="defined_elsewhere",
+    ),
+    Mutant(
+        "mutants-ambiguous-anchor-refused",
+        "an anchor defined in several modules, which the find text does not tell apart, is "
+        "an error naming them all, never a guess",
+        "tools/mutants.py",
+        "    if len(fitting) != 1:\n        places",
+        "    if not fitting:\n        places",
+        ("tests/test_mutants.py::test_an_anchor_defined_in_two_modules_is_ambiguous",),
+        within="locate",
+    ),
+    Mutant(
+        "mutants-anchor-twice-in-a-file-refused",
+        "an anchor its file defines twice (a property's setter) is an error, never the first",
+        "tools/mutants.py",
+        "    if len(here) > 1:\n",
+        "    if False:\n",
+        ("tests/test_mutants.py::test_an_anchor_defined_twice_in_its_file_is_ambiguous",),
+        within="locate",
+    ),
+    Mutant(
+        "mutants-drift-shows-closest-lines",
+        "a find text no longer in its anchor is reported with the lines now closest to it",
+        "tools/mutants.py",
+        "        report += closest_lines(text[site.start : site.end], site.first, mutant.find)\n",
+        "",
+        (
+            "tests/test_mutants.py::test_a_drifted_find_text_is_reported_with_the_closest_lines",
+            "tests/test_mutants.py::test_the_check_reports_a_patch_that_no_longer_applies",
+        ),
+        within="_check_find",
+    ),
+    Mutant(
+        "mutants-moved-file-warned",
+        "the check warns of each mutant found by its anchor in another file, to update its file=",
+        "tools/mutants.py",
+        "    moved = warn_moved(mutants, ROOT)\n",
+        "    moved = 0\n",
+        ("tests/test_mutants.py::test_the_check_patches_a_moved_file_and_warns",),
+        within="check",
     ),
     # -- the menu service on FastAPI (examples/menu_service: api, limits, server; #14) ----------
     Mutant(
@@ -2214,6 +2501,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[200-MB-body]",
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[50-MB-name]",
         ),
+        within="BodyLimits.__call__",
     ),
     Mutant(
         "service-body-counted-as-it-arrives",
@@ -2224,6 +2512,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[chunked-body-over-64-KiB]",
         ),
+        within="BodyLimits._limited.limited",
     ),
     Mutant(
         "service-body-deadline",
@@ -2234,6 +2523,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[Content-Length-above-the-body]",
         ),
+        within="BodyLimits._limited.limited",
     ),
     Mutant(
         "service-head-deadline",
@@ -2244,6 +2534,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[request-head-never-finished]",
         ),
+        within="GuardedH11Protocol.connection_made",
     ),
     Mutant(
         "service-protocol-errors-are-json",
@@ -2255,6 +2546,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[Content-Length-abc]",
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[not-HTTP]",
         ),
+        within="GuardedH11Protocol.send_400_response",
     ),
     Mutant(
         "service-no-control-characters",
@@ -2265,6 +2557,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[NUL-in-a-name]",
         ),
+        within="MenuUpdate.storable_text",
     ),
     Mutant(
         "service-errors-do-not-echo-input",
@@ -2275,6 +2568,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[name-over-100]",
         ),
+        within="create_app.invalid",
     ),
     Mutant(
         "service-parent-must-exist",
@@ -2285,6 +2579,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[missing-parent]",
         ),
+        within="check_parent",
     ),
     Mutant(
         "service-parent-no-cycle",
@@ -2296,6 +2591,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[own-parent]",
             "tests/test_menu_service_http.py::test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on[parent-below]",
         ),
+        within="check_parent",
     ),
     Mutant(
         "service-parent-checked-under-the-list-lock",
@@ -2304,6 +2600,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self.guard.write(LIST_KEY, MENU_KEY.format(menu_id=menu_id)),\n",
         "            self.guard.write(MENU_KEY.format(menu_id=menu_id)),\n",
         ("tests/test_menu_service_http.py::test_writes_check_parents_under_the_list_lock",),
+        within="MenuRepository.update_menu_by_id",
     ),
     Mutant(
         "service-stops-gracefully",
@@ -2315,6 +2612,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service_http.py::test_a_stop_signal_finishes_requests_in_flight_and_leaves_nothing_behind[SIGTERM]",
             "tests/test_menu_service_http.py::test_a_stop_signal_while_starting_leaves_nothing_behind",
         ),
+        within="serve",
     ),
     Mutant(
         "service-later-heads-have-a-deadline",
@@ -2325,6 +2623,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_a_later_request_head_on_a_kept_alive_connection_has_a_deadline_too",
         ),
+        within="GuardedH11Protocol.on_response_complete",
     ),
     Mutant(
         "service-body-deadline-is-total",
@@ -2335,6 +2634,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_a_body_sent_a_byte_at_a_time_is_cut_off_at_the_deadline",
         ),
+        within="BodyLimits._limited.limited",
     ),
     Mutant(
         "service-unread-body-closes",
@@ -2343,6 +2643,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():\n",
         "        if False:\n",
         ("tests/test_menu_service_http.py::test_a_body_nobody_reads_ends_the_connection",),
+        within="GuardedH11Protocol.on_response_complete",
     ),
     Mutant(
         "service-restart-forgets-the-old-cache",
@@ -2353,6 +2654,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_menu_service_http.py::test_a_restart_does_not_serve_what_an_earlier_run_cached",
         ),
+        within="create_app.lifespan",
     ),
     Mutant(
         "demo-accepts-its-own-table",
@@ -2364,6 +2666,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_menu_service.py::"
             "test_a_database_holding_only_the_demos_own_table_is_used_without_reset",
         ),
+        within="check_database",
     ),
     # -- prometheus metrics (cacheguard/integrations/prometheus.py, issue #14) ----------------
     Mutant(
@@ -2375,6 +2678,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="CacheLoader",
     ),
     Mutant(
         "metrics-async-label-by-template-not-key",
@@ -2386,6 +2690,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="AsyncCacheLoader",
     ),
     Mutant(
         "metrics-events-carry-template",
@@ -2397,6 +2702,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
             "tests/test_prometheus.py::test_the_sync_loaders_pass_their_template_to_every_call",
         ),
+        within="StatsRecorder.count",
     ),
     Mutant(
         "metrics-fill-events-templated",
@@ -2405,6 +2711,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "count=functools.partial(self._stats.count, template=template),",
         "count=self._stats.count,",
         ("tests/test_prometheus.py::test_a_stampede_of_several_guards_counts_lock_waits",),
+        within="GuardCore._job",
     ),
     Mutant(
         "metrics-loads-templated",
@@ -2415,6 +2722,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="_Fill.answer",
     ),
     Mutant(
         "metrics-async-loads-templated",
@@ -2425,6 +2733,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="_Fill.answer",
     ),
     Mutant(
         "metrics-bypass-counted",
@@ -2433,6 +2742,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        self._stats.count("bypasses", name, 0.0, None, template)\n',
         "",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
+        within="GuardCore._refuse_bypass",
     ),
     Mutant(
         "metrics-bypass-backend-error-templated",
@@ -2441,6 +2751,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                self._backend_failed(name, exc, template=template)\n",
         "                self._backend_failed(name, exc)\n",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "metrics-hits-by-tier",
@@ -2452,6 +2763,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_prometheus.py::test_l1_hits_are_counted_by_tier",
             "tests/test_prometheus.py::test_every_counter_is_wired",
         ),
+        within="_TIERS",
     ),
     Mutant(
         "metrics-every-counter-wired",
@@ -2460,6 +2772,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        elif kind in metrics.counters:\n",
         '        elif kind in ("misses", "loads"):\n',
         ("tests/test_prometheus.py::test_every_counter_is_wired",),
+        within="_GuardHook._resolve",
     ),
     Mutant(
         "metrics-lock-wait-histogram",
@@ -2468,6 +2781,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "histogram = metrics.lock_wait_seconds.labels(*labels)",
         "histogram = None",
         ("tests/test_prometheus.py::test_a_stampede_of_several_guards_counts_lock_waits",),
+        within="_GuardHook._resolve",
     ),
     Mutant(
         "metrics-load-histogram",
@@ -2478,6 +2792,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
+        within="_GuardHook._resolve",
     ),
     Mutant(
         "metrics-hook-failure-contained",
@@ -2486,6 +2801,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                except Exception:\n                    log.exception(",
         "                except ZeroDivisionError:\n                    log.exception(",
         ("tests/test_prometheus.py::test_a_failing_hook_never_breaks_a_call",),
+        within="StatsRecorder.count",
     ),
     Mutant(
         "metrics-hooks-added-once",
@@ -2495,6 +2811,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                self._hooks = (*self._hooks, hook)\n",
         "            self._hooks = (*self._hooks, hook)\n",
         ("tests/test_prometheus.py::test_hooks_are_added_once_and_removed",),
+        within="StatsRecorder.add_hook",
     ),
     Mutant(
         "metrics-instrument-once",
@@ -2503,6 +2820,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if guard in self._hooks:\n                return guard\n",
         "",
         ("tests/test_prometheus.py::test_hooks_are_added_once_and_removed",),
+        within="CacheMetrics.instrument",
     ),
     Mutant(
         "metrics-refusal-registers-nothing",
@@ -2511,6 +2829,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            for collector in done:\n                self.registry.unregister(collector)\n",
         "            pass\n",
         ("tests/test_prometheus.py::test_one_registry_takes_one_cache_metrics_until_it_is_closed",),
+        within="CacheMetrics._register",
     ),
     Mutant(
         "metrics-close-unregisters",
@@ -2520,6 +2839,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self.registry.unregister(collector)\n",
         "",
         ("tests/test_prometheus.py::test_one_registry_takes_one_cache_metrics_until_it_is_closed",),
+        within="CacheMetrics.close",
     ),
     Mutant(
         "metrics-multiprocess-aggregates",
@@ -2528,6 +2848,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if multiprocess_mode():\n",
         "        if False:\n",
         ("tests/test_prometheus.py::test_multiprocess_mode_aggregates_the_workers",),
+        within="CacheMetrics.exposition",
     ),
     # -- the dogpile.cache backend (cacheguard/integrations/dogpile.py, issue #14) ------------
     Mutant(
@@ -2539,6 +2860,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if self.holder is not None and self.holder is not mutex:\n"
         "                if not wait:\n",
         ("tests/test_dogpile_backend.py::test_mutex_is_not_reentrant_in_one_thread",),
+        within="_KeyGate.acquire",
     ),
     Mutant(
         "dogpile-mutex-excludes-processes",
@@ -2551,6 +2873,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_a_stampede_of_processes_creates_once_and_wakes_waiters_by_release",
         ),
+        within="CacheGuardBackend._new_gate",
     ),
     Mutant(
         "dogpile-waiters-woken-by-release",
@@ -2562,6 +2885,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_a_stampede_of_processes_creates_once_and_wakes_waiters_by_release",
         ),
+        within="_RELEASE_BODY",
     ),
     Mutant(
         "dogpile-hold-passed-on-one-round",
@@ -2571,6 +2895,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                self._passes = self.waiting\n",
         "                self._passes = 1 << 62\n",
         ("tests/test_dogpile_backend.py::test_a_busy_process_still_lets_another_process_in",),
+        within="_KeyGate.release",
     ),
     Mutant(
         "lock-holder-id-is-no-thread",
@@ -2588,6 +2913,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_the_async_creation_runner_releases_from_its_own_thread",
         ),
+        within="LocalRWLock.acquire_write",
     ),
     Mutant(
         "dogpile-redis-expiration-time",
@@ -2596,6 +2922,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self._client.set(name, _bytes(key, value), px=self._px)\n",
         "            self._client.set(name, _bytes(key, value))\n",
         ("tests/test_dogpile_backend.py::test_redis_expiration_time_is_the_values_ttl_in_redis",),
+        within="CacheGuardBackend.set_serialized",
     ),
     Mutant(
         "dogpile-fence-counter-expires",
@@ -2609,6 +2936,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_without_redis_expiration_time_a_counter_lives_a_lease_past_its_release",
         ),
+        within="_RELEASE_EXPIRING_FENCE",
     ),
     Mutant(
         "dogpile-delete-expires-fence-counter",
@@ -2618,6 +2946,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            pipe.pexpire(resource.fence, self._fence_ms)\n",
         "",
         ("tests/test_dogpile_backend.py::test_delete_gives_a_dead_holders_counter_its_lifetime",),
+        within="CacheGuardBackend._delete",
     ),
     Mutant(
         "dogpile-port-db-checked-at-configure",
@@ -2630,6 +2959,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_connection_arguments_fail_configure_not_the_first_call",
         ),
+        within="_client_from",
     ),
     Mutant(
         "dogpile-connection-kwargs-checked-at-configure",
@@ -2642,6 +2972,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_connection_arguments_fail_configure_not_the_first_call",
         ),
+        within="_client_from",
     ),
     Mutant(
         "dogpile-connection-built-at-configure",
@@ -2654,6 +2985,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_dogpile_backend.py::"
             "test_connection_arguments_that_redis_py_accepts_still_work",
         ),
+        within="_connectable",
     ),
     Mutant(
         "dogpile-key-without-utf8-form",
@@ -2663,6 +2995,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if not key.isascii():\n",
         "    if False:\n",
         ("tests/test_dogpile_backend.py::test_a_key_without_a_utf8_form_is_a_clear_error",),
+        within="_key_name",
     ),
     # -- docs that run (tests/test_docs.py, issue #14) -----------------------------------------
     Mutant(
@@ -2672,6 +3005,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    exec(code, namespace)\n",
         "                    pass\n",
         ("tests/test_docs.py::test_blocks_run_in_order_in_one_namespace_set_up_blocks_included",),
+        within="run_page",
     ),
     Mutant(
         "docs-blocks-share-one-namespace",
@@ -2680,6 +3014,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    exec(code, namespace)\n",
         "                    exec(code, dict(namespace))\n",
         ("tests/test_docs.py::test_blocks_run_in_order_in_one_namespace_set_up_blocks_included",),
+        within="run_page",
     ),
     Mutant(
         "docs-set-up-blocks-run",
@@ -2688,6 +3023,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    blocks = [block for block in read_blocks(page) if block.python]\n",
         "    blocks = [block for block in read_blocks(page) if block.python and not block.setup]\n",
         ("tests/test_docs.py::test_blocks_run_in_order_in_one_namespace_set_up_blocks_included",),
+        within="run_page",
     ),
     Mutant(
         "docs-block-errors-fail-the-page",
@@ -2696,6 +3032,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                raise BlockFailed(_failure(block, exc)) from exc\n",
         "                pass\n",
         ("tests/test_docs.py::test_a_raising_block_fails_with_the_page_the_block_and_the_line",),
+        within="run_page",
     ),
     Mutant(
         "docs-untagged-fences-refused",
@@ -2704,6 +3041,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if not language:\n",
         "        if False:\n",
         ("tests/test_docs.py::test_fences_that_could_hide_a_block_fail_the_page",),
+        within="read_blocks",
     ),
     Mutant(
         "docs-one-event-loop-per-page",
@@ -2712,6 +3050,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    if loop is None:\n                        loop = _new_loop(tasks)\n",
         "                    loop = _new_loop(tasks)\n",
         ("tests/test_docs.py::test_top_level_await_blocks_share_one_event_loop",),
+        within="run_page",
     ),
     Mutant(
         "docs-left-tasks-fail",
@@ -2720,6 +3059,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if left:\n        names = ",
         "    if False:\n        names = ",
         ("tests/test_docs.py::test_a_task_left_running_fails_the_page",),
+        within="_nothing_left_on",
     ),
     Mutant(
         "docs-left-locks-fail",
@@ -2728,6 +3068,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if len(default_watchdog()) > held_before:\n",
         "        if False:\n",
         ("tests/test_docs.py::test_a_lock_left_held_fails_the_page",),
+        within="run_page",
     ),
     Mutant(
         "docs-signatures-compared",
@@ -2736,6 +3077,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if documented != actual:\n",
         "        if False:\n",
         ("tests/test_docs.py::test_signature_blocks_are_compared_with_the_real_signature",),
+        within="check_signatures",
     ),
     Mutant(
         "docs-python-spellings-refused",
@@ -2744,6 +3086,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if language != PYTHON and _NAMES_PYTHON.match(language):\n",
         "        if False:\n",
         ("tests/test_docs.py::test_fences_that_could_hide_a_block_fail_the_page",),
+        within="read_blocks",
     ),
     Mutant(
         "docs-unretrieved-task-errors-fail",
@@ -2752,6 +3095,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if unretrieved:\n",
         "    if False:\n",
         ("tests/test_docs.py::test_a_task_that_failed_unobserved_fails_the_page",),
+        within="_nothing_left_on",
     ),
     Mutant(
         "docs-site-build-not-quiet",
@@ -2760,6 +3104,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'BUILD_FLAGS = ("--strict",)\n',
         'BUILD_FLAGS = ("--strict", "--quiet")\n',
         ("tests/test_docs.py::test_a_broken_link_or_anchor_fails_the_strict_build[tests]",),
+        within="BUILD_FLAGS",
     ),
     # -- clean shutdown, pickling and bad names (issue #23: tests/test_shutdown.py,
     # tests/test_bad_input.py) --
@@ -2770,6 +3115,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            close_sync_client(self.client)\n",
         "            pass\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[no-l1-sync]",),
+        within="CacheGuard.close",
     ),
     Mutant(
         "aclose-closes-its-pool",
@@ -2778,6 +3124,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        await client.aclose(close_connection_pool=True)\n",
         "        await client.aclose(close_connection_pool=False)\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[no-l1-async]",),
+        within="aclose_async_client",
     ),
     Mutant(
         "aclose-closes-its-client",
@@ -2786,6 +3133,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            await aclose_async_client(self.client)\n",
         "            pass\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[no-l1-async]",),
+        within="AsyncCacheGuard.aclose",
     ),
     Mutant(
         "aclose-closes-cluster-node-clients",
@@ -2797,6 +3145,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_cluster.py::"
             "test_closing_a_from_url_guard_closes_its_connections_on_every_node[async]",
         ),
+        within="AsyncCacheGuard.aclose",
     ),
     Mutant(
         "close-closes-its-notifier",
@@ -2805,6 +3154,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            close_notifier_of(self.client)\n",
         "            pass\n",
         ("tests/test_shutdown.py::test_close_closes_every_connection_from_url_made[l1-sync]",),
+        within="CacheGuard.close",
     ),
     Mutant(
         "close-leaves-a-client-passed-in",
@@ -2813,6 +3163,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self._owns_client = False  # from_url made the client: close() closes it\n",
         "        self._owns_client = True\n",
         ("tests/test_shutdown.py::test_close_leaves_a_client_passed_in_open[sync]",),
+        within="GuardCore.__init__",
     ),
     Mutant(
         "closed-guard-refuses-calls",
@@ -2821,6 +3172,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if self._closed:\n            raise GuardClosed(",
         "        if False:\n            raise GuardClosed(",
         ("tests/test_shutdown.py::test_a_closed_guard_refuses_calls_and_opens_nothing[sync]",),
+        within="GuardCore._check_open",
     ),
     Mutant(
         "notifier-drops-a-connection-made-while-closing",
@@ -2831,6 +3183,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_shutdown.py::test_a_notifier_closed_while_it_connects_drops_the_new_connection",
         ),
+        within="Notifier._reconnect",
     ),
     Mutant(
         "decorated-functions-pickle-by-reference",
@@ -2840,6 +3193,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    def __reduce__(self) -> tuple[Any, ...]:\n        """Pickled by reference, as the',
         '    def _reduce_off(self) -> tuple[Any, ...]:\n        """Pickled by reference, as the',
         ("tests/test_shutdown.py::test_loaders_pickle_by_reference[method]",),
+        within="Decorated.__reduce__",
     ),
     Mutant(
         "loaders-pickle-by-reference",
@@ -2848,6 +3202,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    def __reduce__(self) -> tuple[Any, ...]:\n        """Pickled by reference (see',
         '    def _reduce_off(self) -> tuple[Any, ...]:\n        """Pickled by reference (see',
         ("tests/test_shutdown.py::test_loaders_pickle_by_reference[loader]",),
+        within="KeyedLoader.__reduce__",
     ),
     Mutant(
         "sync-guard-refuses-async-def",
@@ -2856,6 +3211,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if not self.takes_async and is_async_callable(load):\n",
         "        if False:\n",
         ("tests/test_shutdown.py::test_a_sync_guard_refuses_an_async_def_at_decoration",),
+        within="KeyedLoader.__init__",
     ),
     Mutant(
         "sync-guard-refuses-async-loader",
@@ -2868,6 +3224,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_bad_input.py::"
             "test_a_sync_guard_refuses_an_async_loader_and_caches_nothing[get_or_load]",
         ),
+        within="Loads.run",
     ),
     Mutant(
         "bad-key-names-refused-before-redis",
@@ -2878,6 +3235,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_bad_input.py::test_bad_names_are_refused_before_redis[sync-None-get_or_load]",
         ),
+        within="GuardCore._checked_name",
     ),
     Mutant(
         "get-or-load-applies-max-key-length",
@@ -2886,6 +3244,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        name = self._name(name)\n        flow = self._read(",
         "        flow = self._read(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[sync]",),
+        within="CacheGuard.get_or_load",
     ),
     Mutant(
         "aio-get-or-load-applies-max-key-length",
@@ -2894,6 +3253,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        name = self._name(name)\n        flow = self._read(",
         "        flow = self._read(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[async]",),
+        within="AsyncCacheGuard.get_or_load",
     ),
     Mutant(
         "dogpile-checks-the-database-at-configure",
@@ -2904,6 +3264,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_bad_input.py::test_dogpile_backend_refuses_a_database_the_server_lacks_at_configure[db]",
         ),
+        within="_check_database",
     ),
     # -- the asyncio lock contract (issue #15) --
     Mutant(
@@ -2914,6 +3275,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        mark_ms = self._mark_ms if queue else 0\n",
         "        mark_ms = 0\n",
         ("tests/test_lock_contract_async.py::test_writer_preference[redis-async]",),
+        within="AsyncRedisRWLock._attempt",
     ),
     Mutant(
         "pg-async-connection-parked-only-empty",
@@ -2925,6 +3287,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_lock_contract_async.py::"
             "test_a_writer_excludes_readers_and_writers[postgres-async]",
         ),
+        within="_AsyncBook.leave",
     ),
     # -- outage mode: outage_ttl, stale_if_error, the gutter (issue #24) --
     Mutant(
@@ -2938,6 +3301,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outage_settings.py::test_outage_reuse_serves_a_value_seen_within_outage_ttl_then_loads_once_more[sync]",
             "tests/faults/test_outage_modes.py::test_outage_ttl_loads_each_key_once_per_process_per_window[sync-killed]",
         ),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "fallback-window",
@@ -2949,6 +3313,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outage_settings.py::test_outage_reuse_serves_a_value_seen_within_outage_ttl_then_loads_once_more[sync]",
             "tests/test_outage_settings.py::test_a_failing_loader_is_answered_by_the_last_value_seen_within_stale_if_error[async]",
         ),
+        within="LastSeen.within",
     ),
     Mutant(
         "reused-value-keeps-its-age",
@@ -2961,6 +3326,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_value_reused_keeps_the_age_it_was_first_seen_with[sync]",
         ),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "redis-hit-is-seen",
@@ -2971,6 +3337,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_after_recovery_values_come_from_redis_not_from_reuse[sync]",
         ),
+        within="GuardCore._served",
     ),
     Mutant(
         "writes-drop-from-reuse",
@@ -2982,6 +3349,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_write_or_invalidation_here_drops_the_name_from_reuse[sync]",
         ),
+        within="GuardCore._forget_here",
     ),
     Mutant(
         "refused-write-drops-from-reuse",
@@ -2993,6 +3361,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_write_or_invalidation_here_drops_the_name_from_reuse[async]",
         ),
+        within="WritePath._write_flow",
     ),
     Mutant(
         "drop-voids-notes-under-way",
@@ -3004,6 +3373,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_write_here_during_a_load_keeps_that_loads_value_out_of_reuse[sync]",
         ),
+        within="LastSeen.note",
     ),
     Mutant(
         "stale-if-error-answers",
@@ -3016,6 +3386,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outage_settings.py::test_a_failing_loader_is_answered_by_the_last_value_seen_within_stale_if_error[sync]",
             "tests/test_outage_settings.py::test_backend_unavailable_under_raise_is_answered_by_the_last_value_seen[async]",
         ),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "stale-if-error-bound",
@@ -3028,6 +3399,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/faults/test_outage_modes.py::test_no_read_is_older_than_a_committed_write_beyond_the_bound"
             "[sync-stale_if_error-killed]",
         ),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "stale-value-keeps-its-age",
@@ -3038,6 +3410,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n'
         "            self._last_seen.note(name, value, self._last_seen.ticket(name))\n",
         ("tests/test_outage_settings.py::test_a_value_served_stale_keeps_its_age[sync]",),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "gutter-single-flight",
@@ -3050,6 +3423,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
             "tests/faults/test_outage_modes.py::test_the_gutter_loads_each_key_once_per_window_across_processes[sync]",
         ),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "gutter-lifetime-capped",
@@ -3060,6 +3434,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
         ),
+        within="ReadPath._gutter_lifetimes",
     ),
     Mutant(
         "gutter-unjittered",
@@ -3070,6 +3445,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[async]",
         ),
+        within="gutter_settings",
     ),
     Mutant(
         "gutter-no-stale-window",
@@ -3080,6 +3456,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
         ),
+        within="gutter_settings",
     ),
     Mutant(
         "gutter-down-falls-through",
@@ -3091,6 +3468,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_gutter_down_too_falls_through_to_reuse_then_on_backend_error[sync]",
         ),
+        within="ReadPath._bypass",
     ),
     Mutant(
         "gutter-guard-raises-when-down",
@@ -3102,6 +3480,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_a_gutter_down_too_falls_through_to_reuse_then_on_backend_error[async]",
         ),
+        within="gutter_settings",
     ),
     Mutant(
         "asyncio-pool-replaces-dead-idle-connections",
@@ -3113,6 +3492,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/faults/test_outage_modes.py::test_recovery_refills_each_key_once_across_processes[async-killed]",
         ),
+        within="async_client_from_url",
     ),
     Mutant(
         "stale-if-error-loader",
@@ -3124,6 +3504,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_failing_loader_is_answered_by_the_last_value_seen[sync]",
             "tests/test_fallback.py::test_a_failing_loader_is_answered_by_the_last_value_seen[async]",
         ),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "stale-if-error-own-errors",
@@ -3135,6 +3516,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_the_cache_s_own_errors_are_not_answered[sync]",
             "tests/test_fallback.py::test_the_cache_s_own_errors_are_not_answered[async]",
         ),
+        within="ReadPath._stale_if_error",
     ),
     Mutant(
         "gutter-none-lifetime-capped",
@@ -3143,6 +3525,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
         "        return min(ttl, cap), lifetime\n",
         ("tests/test_fallback.py::test_the_gutter_keeps_none_no_longer_than_gutter_ttl",),
+        within="ReadPath._gutter_lifetimes",
     ),
     Mutant(
         "replay-marks-counted",
@@ -3151,6 +3534,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self.pending = self._done < self._marks and bool(self._hooks)\n",
         "            self.pending = False\n",
         ("tests/test_fallback.py::test_a_failure_seen_during_a_run_keeps_the_guard_pending",),
+        within="Recovery._finished",
     ),
     Mutant(
         "replay-queued-callers-take-the-failure",
@@ -3164,6 +3548,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::"
             "test_asyncio_callers_queued_behind_a_failed_run_take_its_failure",
         ),
+        within="Recovery._refusal",
     ),
     Mutant(
         "replay-retry-delay",
@@ -3178,6 +3563,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox.py::"
             "test_readers_of_a_guard_whose_replay_cannot_reach_the_database_share_one_attempt",
         ),
+        within="Recovery._refusal",
     ),
     Mutant(
         "bypass-seals-before-loading",
@@ -3194,6 +3580,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::"
             "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[async]",
         ),
+        within="ReadPath._bypassed",
     ),
     Mutant(
         "timeout-loads-shared",
@@ -3208,6 +3595,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_timeout_loads.py::"
             "test_timed_out_callers_share_one_load_and_later_ones_the_next[async]",
         ),
+        within="timed_out_flow",
     ),
     Mutant(
         "timeout-loads-linearizable",
@@ -3224,6 +3612,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_shared_loads.py::"
             "test_callers_that_began_before_the_load_take_it_later_ones_share_the_next",
         ),
+        within="SharedLoads.enter",
     ),
     Mutant(
         "timeout-leader-load-after-its-followers",
@@ -3237,6 +3626,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_timed_out_leader_takes_a_running_load_begun_after_every_call_it_serves"
             "[2.0-False]",
         ),
+        within="SingleFlight.join",
     ),
     Mutant(
         "timeout-loads-writer-private",
@@ -3255,6 +3645,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_timeout_loads.py::"
             "test_an_async_writers_read_during_a_shared_load_is_its_own",
         ),
+        within="fill_flow",
     ),
     Mutant(
         "timeout-loads-presumed-hung",
@@ -3269,6 +3660,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_timeout_loads.py::"
             "test_loaders_reading_each_others_keys_do_not_wait_forever[async]",
         ),
+        within="GuardCore.__init__",
     ),
     Mutant(
         "timeout-loads-interrupted-runner",
@@ -3283,6 +3675,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_timeout_loads.py::"
             "test_the_callers_of_an_interrupted_load_go_on_without_it[async]",
         ),
+        within="shared_load",
     ),
     # -- the outage mode's review (issue #24) ------------------------------------------------
     Mutant(
@@ -3296,6 +3689,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox_privacy.py::"
             "test_a_fill_in_such_a_transaction_after_redis_returns_stores_nothing",
         ),
+        within="ModelTracker._to_outbox",
     ),
     Mutant(
         "bypass-keeps-a-writer-s-load-private",
@@ -3308,6 +3702,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox_privacy.py::"
             "test_a_transaction_s_reads_of_its_outboxed_keys_are_its_own",
         ),
+        within="ReadPath._bypassed",
     ),
     Mutant(
         "stale-policy-waits-for-replay",
@@ -3320,6 +3715,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_flow_scripted.py::"
             "test_the_stale_policy_serves_nothing_stored_while_replays_are_pending",
         ),
+        within="timed_out_flow",
     ),
     Mutant(
         "gutter-ignores-snapshots",
@@ -3332,6 +3728,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_the_gutter_stores_loads_whose_snapshot_the_primary_could_not_number[sync]",
             "tests/test_fallback.py::test_the_gutter_stores_loads_whose_snapshot_the_primary_could_not_number[async]",
         ),
+        within="gutter_guard_made",
     ),
     Mutant(
         "gutter-namespace-of-its-own",
@@ -3343,6 +3740,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_gutter_on_the_primary_s_own_server_keeps_to_keys_of_its_own[sync]",
             "tests/test_fallback.py::test_a_gutter_on_the_primary_s_own_server_keeps_to_keys_of_its_own[async]",
         ),
+        within="gutter_settings",
     ),
     Mutant(
         "l1-skipped-while-replay-pending",
@@ -3355,6 +3753,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_l1_is_not_served_while_a_replay_is_pending[sync]",
             "tests/test_fallback.py::test_l1_is_not_served_while_a_replay_is_pending[async]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "loader-errors-not-the-cache-s-own",
@@ -3368,6 +3767,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_stale_if_error_leaves_the_cache_s_own_errors_raised_in_a_loader[sync]",
             "tests/test_fallback.py::test_stale_if_error_leaves_the_cache_s_own_errors_raised_in_a_loader[async]",
         ),
+        within="Loads.loading",
     ),
     Mutant(
         "peek-entry-replays",
@@ -3377,6 +3777,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            raw = yield from self._replayed_then_reread(name, None)\n",
         "        if False:\n            raw = yield from self._replayed_then_reread(name, None)\n",
         ("tests/test_fallback.py::test_peek_entry_replays_before_it_shows_what_redis_holds",),
+        within="ReadPath._peek_entry_flow",
     ),
     Mutant(
         "replay-failure-is-no-outage",
@@ -3389,6 +3790,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[sync]",
             "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[async]",
         ),
+        within="ReadPath._read_flow",
     ),
     Mutant(
         "circuit-closing-marks-replay",
@@ -3403,6 +3805,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_breaker.py::"
             "test_a_circuit_closing_after_it_was_open_calls_on_close_whoever_probed",
         ),
+        within="GuardCore.__init__",
     ),
     Mutant(
         "asyncio-local-release-on-its-loop",
@@ -3415,8 +3818,370 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_outbox_privacy.py::"
             "test_a_local_hold_released_from_another_thread_wakes_the_loop_s_waiters",
         ),
+        within="_Awaiting.release_local",
     ),
 )
+
+
+# -- where a mutant applies: its anchor, found again after a move -----------------------------
+
+# A moved anchor is looked for in the package and in the hinted file's own top folder
+# (a mutant of examples/, tests/ or tools/ keeps to it).
+PACKAGE = "cacheguard"
+
+
+class MutantError(Exception):
+    """A mutant that cannot be checked: stale snippet, missing anchor, missing tests."""
+
+
+@dataclass(frozen=True)
+class Definition:
+    """What an anchor names: a def, class or assignment, its lines (1-based, inclusive)."""
+
+    name: str
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a mutant's patch applies: ``text[start:end]`` of ``file`` holds ``find`` once."""
+
+    file: str  # relative to the tree, with "/"
+    anchor: str  # "" for the whole file
+    first: int  # the span's lines, for reports
+    last: int
+    start: int
+    end: int
+    moved_from: str = ""  # the mutant's file= when its anchor was found in another file
+    note: str = ""  # why this definition of the anchor, when others have its name
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}::{self.anchor}" if self.anchor else self.file
+
+
+@functools.lru_cache(maxsize=512)
+def definitions(text: str) -> tuple[Definition, ...]:
+    """The anchors a module offers: defs and classes (nested ones as ``Outer.inner``) and
+    the names assigned at module or class level (a Lua script's string constant). A text
+    that does not parse offers none."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return ()
+    found: list[Definition] = []
+
+    def visit(nodes: Iterable[ast.AST], prefix: str, in_function: bool) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + node.name
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                found.append(Definition(name, first, node.end_lineno or node.lineno))
+                visit(node.body, name + ".", not isinstance(node, ast.ClassDef))
+                continue
+            if not in_function and isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        last = node.end_lineno or node.lineno
+                        found.append(Definition(prefix + target.id, node.lineno, last))
+            # defs under if/try/with/for/match keep the name of what encloses the block
+            inner = (ast.stmt, ast.excepthandler, ast.match_case)
+            visit(
+                [c for c in ast.iter_child_nodes(node) if isinstance(c, inner)], prefix, in_function
+            )
+
+    visit(tree.body, "", False)
+    return tuple(found)
+
+
+def line_starts(text: str) -> list[int]:
+    """The offset of each line's first character, then the text's end."""
+    return [0, *(m.end() for m in re.finditer("\n", text) if m.end() < len(text)), len(text)]
+
+
+def line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def named(text: str, anchor: str) -> list[Definition]:
+    # Python's own qualified names say "<locals>" for a def inside a function.
+    anchor = anchor.replace(".<locals>", "")
+    return [d for d in definitions(text) if d.name == anchor]
+
+
+def innermost_anchor(text: str, start: int, end: int) -> str:
+    """The innermost definition holding ``text[start:end]`` whose name is unique in
+    ``text`` ("" when only the module holds it): the anchor to name for that snippet."""
+    first, last = line_of(text, start), line_of(text, max(start, end - 1))
+    counts: dict[str, int] = {}
+    for d in definitions(text):
+        counts[d.name] = counts.get(d.name, 0) + 1
+    holding = [
+        d for d in definitions(text) if d.first <= first and last <= d.last and counts[d.name] == 1
+    ]
+    return min(holding, key=lambda d: d.last - d.first).name if holding else ""
+
+
+def suggested_anchor(text: str, find: str) -> str:
+    """The anchor for a snippet found once in ``text`` ("" if none, or not once)."""
+    if text.count(find) != 1:
+        return ""
+    start = text.index(find)
+    return innermost_anchor(text, start, start + len(find))
+
+
+def _read(root: Path, file: str) -> str | None:
+    path = root / file
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def searched_folders(hint: str) -> list[str]:
+    """Where a moved anchor may be: the package, and the hinted file's top folder."""
+    parts = Path(hint).parts
+    return [PACKAGE, parts[0]] if len(parts) > 1 and parts[0] != PACKAGE else [PACKAGE]
+
+
+def searched_files(root: Path, hint: str) -> list[str]:
+    """The modules of the searched folders."""
+    return sorted(
+        path.relative_to(root).as_posix()
+        for folder in searched_folders(hint)
+        if (root / folder).is_dir()
+        for path in (root / folder).rglob("*.py")
+        if "__pycache__" not in path.parts
+    )
+
+
+def _offsets(text: str, d: Definition) -> tuple[int, int]:
+    """The character span of ``d``'s lines (their newlines included)."""
+    starts = line_starts(text)
+    return starts[d.first - 1], starts[min(d.last, len(starts) - 1)]
+
+
+def _span(file: str, text: str, anchor: str, d: Definition, moved_from: str = "") -> Site:
+    return Site(file, anchor, d.first, d.last, *_offsets(text, d), moved_from)
+
+
+# A definition in a module: its file, the file's text, the definition.
+Candidate = tuple[str, str, Definition]
+
+
+def defined_elsewhere(mutant: Mutant, root: Path) -> list[Candidate]:
+    """The definitions of the mutant's anchor in the searched modules but its file=."""
+    found: list[Candidate] = []
+    for file in searched_files(root, mutant.file):
+        text = _read(root, file)
+        if text is None or file == mutant.file:
+            continue
+        found.extend((file, text, d) for d in named(text, mutant.within))
+    return found
+
+
+def _fits(mutant: Mutant, candidate: Candidate) -> bool:
+    _, text, d = candidate
+    return text.count(mutant.find, *_offsets(text, d)) == 1
+
+
+def _moved(mutant: Mutant, candidate: Candidate, root: Path, note: str = "") -> Site:
+    file, text, d = candidate
+    site = _span(file, text, mutant.within, d, moved_from=mutant.file)
+    site = dataclasses.replace(site, note=note)
+    _check_find(mutant, site, text, root)
+    return site
+
+
+def locate(mutant: Mutant, root: Path) -> Site:
+    """Where ``mutant`` applies in the tree at ``root``: inside its anchor, in its file or,
+    when the anchor is no longer there, in the one module of the package defining it.
+    Raises MutantError with a report saying what no longer matches and what is closest."""
+    text = _read(root, mutant.file)
+    if not mutant.within:
+        if text is None:
+            raise MutantError(_missing_file_report(mutant, root))
+        site = Site(mutant.file, "", 1, len(line_starts(text)) - 1, 0, len(text))
+        _check_find(mutant, site, text, root)
+        return site
+    here = named(text, mutant.within) if text is not None else []
+    if len(here) > 1:
+        lines = ", ".join(str(d.first) for d in here)
+        raise MutantError(
+            f"{mutant.id}: its anchor `{mutant.within}` is ambiguous: {mutant.file} "
+            f"defines it {len(here)} times (lines {lines}); name the definition around "
+            "the find text that is unique (or rename one of them)"
+        )
+    if text is not None and here:
+        site = _span(mutant.file, text, mutant.within, here[0])
+        if text.count(mutant.find, site.start, site.end) == 0:
+            # The definition lost its find text: did its code move, leaving a shim here?
+            fitting = [c for c in defined_elsewhere(mutant, root) if _fits(mutant, c)]
+            if len(fitting) == 1:
+                shim = f"{mutant.file} still defines it, without the find text"
+                return _moved(mutant, fitting[0], root, shim)
+        _check_find(mutant, site, text, root)
+        return site
+    # The anchor is not (or no longer) where the mutant says: look for it elsewhere.
+    candidates = defined_elsewhere(mutant, root)
+    if not candidates:
+        raise MutantError(_missing_anchor_report(mutant, root, text is not None))
+    if len(candidates) == 1:
+        return _moved(mutant, candidates[0], root)
+    # The find text may tell the modules apart (a sync and an asyncio twin).
+    fitting = [c for c in candidates if _fits(mutant, c)]
+    if len(fitting) != 1:
+        places = "\n".join(
+            f"    {file} lines {d.first}-{d.last}: the find text occurs "
+            f"{times(other.count(mutant.find, *_offsets(other, d)))} in it"
+            for file, other, d in candidates
+        )
+        raise MutantError(
+            f"{mutant.id}: its anchor `{mutant.within}` is ambiguous: "
+            f"{_not_there(mutant, text is not None)}, and {len(candidates)} definitions "
+            f"elsewhere could be it:\n{places}\n"
+            "    set file= to the module meant (or name a more qualified anchor)"
+        )
+    others = ", ".join(sorted({file for file, _, _ in candidates} - {fitting[0][0]}))
+    return _moved(mutant, fitting[0], root, f"also defined in {others}")
+
+
+def _not_there(mutant: Mutant, file_exists: bool) -> str:
+    if file_exists:
+        return f"{mutant.file} no longer defines it"
+    return f"{mutant.file} does not exist"
+
+
+def _check_find(mutant: Mutant, site: Site, text: str, root: Path) -> None:
+    """The find text must occur exactly once in the site's span; else a report (with
+    where the find text is now, if it moved out of the anchor)."""
+    found = text.count(mutant.find, site.start, site.end)
+    if found == 1:
+        return
+    inside = f"`{site.anchor}` ({site.file}, lines {site.first}-{site.last})"
+    if not site.anchor:
+        inside = site.file
+    if found == 0:
+        report = [f"{mutant.id}: its find text is not in {inside}"]
+        report += closest_lines(text[site.start : site.end], site.first, mutant.find)
+        elsewhere = _elsewhere(mutant, root)
+        report += elsewhere
+        report.append(
+            "    update the mutant's find (and replace) to today's code"
+            + (", or its anchor to where the find text is now" if elsewhere else "")
+        )
+    else:
+        at = []
+        position = text.find(mutant.find, site.start, site.end)
+        while position != -1:
+            anchor = innermost_anchor(text, position, position + len(mutant.find))
+            at.append(f"{line_of(text, position)}" + (f" (in `{anchor}`)" if anchor else ""))
+            position = text.find(mutant.find, position + 1, site.end)
+        report = [
+            f"{mutant.id}: its find text occurs {times(found)} in {inside}: at lines "
+            + ", ".join(at),
+            "    lengthen the find text, or name the narrower definition as its anchor",
+        ]
+    raise MutantError("\n".join(report))
+
+
+# Lines at least this alike (difflib's ratio) are shown as the closest to a lost find text.
+CLOSE_ENOUGH = 0.5
+
+
+def closest_lines(span: str, first: int, find: str, shown: int = 2) -> list[str]:
+    """Report lines: the windows of ``span`` (its first line is line ``first``) most like
+    ``find``, as many lines as it, each as a diff from the find text."""
+    wanted = find.strip("\n").splitlines() or [find]
+    lines = span.splitlines()
+    size = len(wanted)
+    target = "\n".join(line.strip() for line in wanted)
+    scored: list[tuple[float, int]] = []
+    for index in range(max(1, len(lines) - size + 1)):
+        window = "\n".join(line.strip() for line in lines[index : index + size])
+        matcher = difflib.SequenceMatcher(None, target, window, autojunk=False)
+        if matcher.real_quick_ratio() >= CLOSE_ENOUGH and matcher.quick_ratio() >= CLOSE_ENOUGH:
+            scored.append((matcher.ratio(), index))
+    scored.sort(key=lambda pair: (-pair[0], pair[1]))
+    report: list[str] = []
+    taken: list[int] = []
+    for ratio, index in scored:
+        if ratio < CLOSE_ENOUGH or len(taken) == shown:
+            break
+        if any(abs(index - other) < size for other in taken):
+            continue  # the same lines again, shifted by one
+        taken.append(index)
+        now = lines[index : index + size]
+        report.append(
+            f"    closest lines now, line {first + index} ({ratio:.0%} alike; - find, + now):"
+        )
+        report += [f"      {line.rstrip()}" for line in difflib.ndiff(wanted, now)]
+    if not report:
+        report.append("    no lines in it are like the find text any more")
+    return report
+
+
+def times(count: int) -> str:
+    return {0: "no times", 1: "once", 2: "twice"}.get(count, f"{count} times")
+
+
+def _elsewhere(mutant: Mutant, root: Path) -> list[str]:
+    """Report lines: where the find text occurs among the searched modules now."""
+    lines = []
+    for file in searched_files(root, mutant.file):
+        text = _read(root, file)
+        if text is None or mutant.find not in text:
+            continue
+        anchor = suggested_anchor(text, mutant.find)
+        count = text.count(mutant.find)
+        hint = f', within="{anchor}"' if anchor else ""
+        lines.append(f"    the find text occurs {times(count)} in {file}{hint}")
+    return lines
+
+
+def _missing_file_report(mutant: Mutant, root: Path) -> str:
+    report = [f"{mutant.id}: {mutant.file} does not exist, and the mutant names no anchor"]
+    report += _elsewhere(mutant, root) or ["    the find text occurs in no searched module"]
+    report.append("    give the mutant its file= now (and a within= anchor, so moves cost nothing)")
+    return "\n".join(report)
+
+
+def _missing_anchor_report(mutant: Mutant, root: Path, file_exists: bool) -> str:
+    names: dict[str, list[str]] = {}
+    for file in searched_files(root, mutant.file):
+        text = _read(root, file)
+        for d in definitions(text or ""):
+            names.setdefault(d.name, []).append(file)
+    wanted = mutant.within.replace(".<locals>", "")
+    last = wanted.rsplit(".", 1)[-1]
+    alike = difflib.get_close_matches(wanted, list(names), n=4, cutoff=0.6)
+    alike += [n for n in names if n.rsplit(".", 1)[-1] == last and n not in alike][:4]
+    report = [
+        f"{mutant.id}: its anchor `{mutant.within}` is missing: "
+        f"{_not_there(mutant, file_exists)}, nor does any module of "
+        + ", ".join(f"{folder}/" for folder in searched_folders(mutant.file))
+    ]
+    report += [f"    a definition named like it: `{n}` in {', '.join(names[n])}" for n in alike]
+    report += _elsewhere(mutant, root)
+    report.append("    update within= (and file=) to where the code is now")
+    return "\n".join(report)
+
+
+def apply(mutant: Mutant, tree: Path) -> tuple[Path, str]:
+    """Patch ``tree`` with ``mutant``; returns the patched file and its original text."""
+    site = locate(mutant, tree)
+    path = tree / site.file
+    original = path.read_text(encoding="utf-8")
+    inside = original[site.start : site.end].replace(mutant.find, mutant.replace)
+    path.write_text(original[: site.start] + inside + original[site.end :], encoding="utf-8")
+    return path, original
+
+
+def moved_warning(mutant: Mutant, site: Site) -> str:
+    note = f"; {site.note}" if site.note else ""
+    return (
+        f"warning: mutant {mutant.id}: `{mutant.within}` is no longer in {site.moved_from}; "
+        f'found it in {site.file}{note}: update its file= to "{site.file}"'
+    )
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -3434,21 +4199,6 @@ def scratch_copy(destination: Path) -> Path:
         elif source.exists():
             shutil.copy2(source, tree / name)
     return tree
-
-
-def apply(mutant: Mutant, tree: Path) -> str:
-    """Patch ``tree`` with ``mutant``; returns the original text of the file."""
-    path = tree / mutant.file
-    original = path.read_text(encoding="utf-8")
-    found = original.count(mutant.find)
-    if found != 1:
-        raise MutantError(f"{mutant.id}: its snippet occurs {found} times in {mutant.file}")
-    path.write_text(original.replace(mutant.find, mutant.replace), encoding="utf-8")
-    return original
-
-
-class MutantError(Exception):
-    """A mutant that cannot be checked: stale snippet, missing tests."""
 
 
 def pytest_command(tests: Iterable[str], *extra: str) -> list[str]:
@@ -3512,8 +4262,7 @@ def check_imports_from(tree: Path) -> None:
 
 def check_one(mutant: Mutant, tree: Path) -> tuple[str, str]:
     """(verdict, detail): killed, survived or error."""
-    path = tree / mutant.file
-    original = apply(mutant, tree)
+    path, original = apply(mutant, tree)
     try:
         done = run_tests(tree, mutant.tests, "-x")
     finally:
@@ -3524,6 +4273,21 @@ def check_one(mutant: Mutant, tree: Path) -> tuple[str, str]:
     if done.returncode == 0:
         return "survived", tail
     return "error", f"pytest exit {done.returncode}: {tail or done.stderr.strip()[-300:]}"
+
+
+def warn_moved(mutants: Iterable[Mutant], root: Path) -> int:
+    """Warn of each mutant whose anchor was found in another file than its file=; how many.
+    (One that does not apply is reported where it is checked.)"""
+    moved = 0
+    for mutant in mutants:
+        try:
+            site = locate(mutant, root)
+        except MutantError:
+            continue
+        if site.moved_from:
+            moved += 1
+            print(moved_warning(mutant, site), file=sys.stderr, flush=True)
+    return moved
 
 
 def select(only: Sequence[str]) -> list[Mutant]:
@@ -3538,6 +4302,7 @@ def check(only: Sequence[str], jobs: int = 1) -> int:
     most tests wait on Redis, timeouts and child processes, so two jobs nearly halve the
     time on two cores)."""
     mutants = select(only)
+    moved = warn_moved(mutants, ROOT)
     jobs = max(1, min(jobs, len(mutants)))
     bad = 0
     done = 0
@@ -3573,6 +4338,12 @@ def check(only: Sequence[str], jobs: int = 1) -> int:
             for future in [pool.submit(run, mutant) for mutant in mutants]:
                 future.result()
     print(f"{len(mutants) - bad} of {len(mutants)} mutants killed", flush=True)
+    if moved:
+        print(
+            f"{moved} found their code by its anchor in another file: update their file= "
+            "(see the warnings)",
+            flush=True,
+        )
     return 1 if bad else 0
 
 
@@ -3582,6 +4353,7 @@ def discover(mutant_id: str, test_paths: Sequence[str]) -> int:
     if not matching:
         raise SystemExit(f"no mutant {mutant_id!r}")
     mutant = matching[0]
+    warn_moved([mutant], ROOT)
     with tempfile.TemporaryDirectory(prefix="cacheguard-mutants-") as scratch:
         tree = scratch_copy(Path(scratch))
         apply(mutant, tree)
@@ -3611,7 +4383,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.list:
         for mutant in select(args.only):
-            print(f"{mutant.id}: {mutant.guarantee}\n    {' '.join(mutant.tests)}")
+            print(f"{mutant.id}: {mutant.guarantee}")
+            try:
+                site = locate(mutant, ROOT)
+            except MutantError as exc:
+                print(f"    DOES NOT APPLY: {exc}")
+            else:
+                moved = f"  (moved: its file= says {site.moved_from})" if site.moved_from else ""
+                print(f"    at {site.where}, lines {site.first}-{site.last}{moved}")
+                if site.moved_from:
+                    print(moved_warning(mutant, site), file=sys.stderr)
+            print(f"    {' '.join(mutant.tests)}")
         return 0
     if args.discover:
         return discover(args.discover[0], args.discover[1:])
