@@ -1,7 +1,7 @@
 """What a guard falls back on while Redis is unreachable: the memory of values seen
 (``outage_ttl``, ``stale_if_error``), the gutter, and the outbox replay that runs
-before a value is served from Redis again (cache/fallback.py, cache/gutter.py,
-cache/recovery.py). Both guards; Redis made unreachable for real: a port nothing
+before a value is served from Redis again (cache/outage/fallback.py, cache/outage/gutter.py,
+cache/outage/recovery.py). Both guards; Redis made unreachable for real: a port nothing
 listens on (connection refused) or a proxy that swallows every byte. The
 multi-process bounds under killed, paused and black-holed servers are in
 tests/faults/test_outage_modes.py.

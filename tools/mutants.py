@@ -77,7 +77,7 @@ class Mutant:
 
 
 MUTANTS: tuple[Mutant, ...] = (
-    # -- the read-write lock (locks/scripts.py, watchdog.py, notifier.py) -----------------
+    # -- the read-write lock (locks/redis/lua.py, watchdog.py, notifier.py) -----------------
     Mutant(
         "lock-writer-excludes-readers",
         "a reader never enters while a writer holds the lock",
@@ -1181,7 +1181,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_two_tier.py::test_other_processes_are_excluded_through_redis_until_release",),
         within="TwoTierRWLock.owner",
     ),
-    # -- the sans-I/O core (cache/flow.py, wire.py, templates.py) ------------------------------
+    # -- the sans-I/O core (cache/flows/fill.py, wire.py, templates.py) ------------------------
     Mutant(
         "remembered-names-by-exact-type",
         "a remembered key name is reused only for arguments of the same exact types "
@@ -1367,7 +1367,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         within="_end",
     ),
-    # -- asyncio locks (cacheguard/aio/, locks/wire.py) ------------------------------------
+    # -- asyncio locks (cacheguard/aio/, locks/redis/wire.py) ------------------------------------
     Mutant(
         "aio-waiters-woken-by-pubsub",
         "the asyncio notifier hands every message to the waiting tasks of its channel",
@@ -2067,7 +2067,7 @@ MUTANTS: tuple[Mutant, ...] = (
         within="AsyncRedlockRWLock._drive",
     ),
     # -- the PostgreSQL lock store (cacheguard/locks/postgres/core.py: the decisions both --------
-    # drivers share; cacheguard/locks/postgres/rwlock.py and aio/postgres.py: sessions and watches)
+    # drivers share; locks/postgres/rwlock.py and async_rwlock.py: sessions and watches)
     Mutant(
         "pg-upgrade-refused",
         "an owner that only reads gets LockUpgradeError for the write lock (PostgreSQL would "

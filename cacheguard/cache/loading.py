@@ -57,7 +57,7 @@ class Loads:
             if isinstance(exc, Exception) and (
                 not isinstance(exc, CacheGuardError) or isinstance(exc, BackendUnavailable)
             ):
-                # stale_if_error may answer it (cache/fallback.py); the cache's own
+                # stale_if_error may answer it (cache/outage/fallback.py); the cache's own
                 # refusals raised inside a loader (recursion, a closed guard) stand.
                 mark_from_loader(exc)
             raise

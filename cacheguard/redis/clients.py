@@ -9,8 +9,8 @@
 and the ``redis.asyncio`` twin of each. Every key of a resource shares one hash
 slot and every script touches one resource, so the scripts run unchanged on all
 three; what differs is kept in two places that ask :func:`is_cluster`: script
-batches (pipelined per node on a cluster, see ``locks/scripts.py``) and pub/sub
-(one listener per shard, see ``locks/notifier.py``).
+batches (pipelined per node on a cluster, see ``redis/scripts.py``) and pub/sub
+(one listener per shard, see ``redis/notifier.py``).
 
 URL forms for ``from_url``::
 

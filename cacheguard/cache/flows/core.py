@@ -109,7 +109,7 @@ class GuardCore:
         if settings.outage_ttl or settings.stale_if_error:
             self._last_seen = LastSeen(maxsize=settings.fallback_maxsize, timer=timer)
         self._gutter: Any = None  # the guard on the gutter Redis, if one is given
-        self._checks_snapshots = True  # False in a gutter's guard (cache/gutter.py)
+        self._checks_snapshots = True  # False in a gutter's guard (cache/outage/gutter.py)
         self._closed = False
         self._owns_client = False  # from_url made the client: close() closes it
         self._max_key_length = settings.max_key_length

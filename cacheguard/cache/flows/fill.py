@@ -259,7 +259,7 @@ class FillJob:
     backoff: Callable[[], Backoff] = WAIT_BACKOFF  # the timer behind announcements
     # (server seconds, timer then): fill_begin read the server's clock
     saw_server_clock: Callable[[float, float], None] = lambda server, at: None
-    # Outbox replays are pending: nothing stored in Redis may be served (cache/recovery.py)
+    # Outbox replays are pending: nothing stored in Redis may be served (cache/outage/recovery.py)
     replay_pending: Callable[[], bool] = lambda: False
     # Stores are checked against the loads' database snapshots (a gutter's are not)
     checks_snapshots: bool = True
