@@ -39,8 +39,8 @@ from cacheguard.exceptions import (
 )
 from cacheguard.locks import RedlockRWLock
 from cacheguard.locks.redis.lua import FENCE_TTL_MS
-from cacheguard.locks.redlock import quorum
 from cacheguard.locks.redlock.async_rwlock import default_async_redlock_watchdog
+from cacheguard.locks.redlock.holdings import process_holdings
 from cacheguard.testing import OwnedRedisServer
 from tests.lock_stores import REDLOCK_LEASE, redlock_lock, redlock_masters, redlock_writer_waiting
 from tests.procs import CTX, run_processes, start_process
@@ -134,7 +134,7 @@ def hold_on(
 
 def redlock_holdings() -> Any:
     """This process's record of Redlock rounds in flight and live holdings."""
-    return quorum.holdings
+    return process_holdings()
 
 
 def freeze(server: OwnedRedisServer) -> None:
@@ -672,7 +672,7 @@ def test_a_handle_dropped_unreleased_is_given_back_on_every_master(
     assert sum(bool(p.exists(key)) for p in probes) >= 3
     wait_until(lambda: not any(p.exists(key) for p in probes), 10, "the dropped hold given back")
     # Its epochs no longer keep tidy-ups off its masters.
-    assert not any(quorum.holdings.counts_on(key, owner, a, e) for a, e in granted)
+    assert not any(process_holdings().counts_on(key, owner, a, e) for a, e in granted)
     again = make_lock(masters, namespace).try_acquire_write()
     assert again is not None
     again.release()

@@ -20,7 +20,9 @@ from cacheguard.locks.protocol import Attempt, Mode
 from cacheguard.locks.redis import wire
 from cacheguard.locks.redis.lua import ACQUIRE, RELEASE, WITHDRAW
 from cacheguard.locks.redlock import quorum
-from cacheguard.locks.redlock.quorum import RAISE_FENCE, FanOut, Grant, RoundResult, Tidy
+from cacheguard.locks.redlock.holdings import process_holdings
+from cacheguard.locks.redlock.lua import RAISE_FENCE
+from cacheguard.locks.redlock.quorum import FanOut, Grant, RoundResult, Tidy
 from cacheguard.redis.keys import ResourceKeys
 
 KEYS = ResourceKeys("t", "menu:7")
@@ -296,10 +298,10 @@ def test_a_tidy_up_releases_only_what_no_live_handle_counts_on() -> None:
     live = handle_on([5], clock)
     live.lock.keys = ResourceKeys("t", "c")
     live._granted = [("m0", 5)]
-    quorum.holdings.add(live)
+    process_holdings().add(live)
     try:
-        done, releases = quorum.tidy_plan(tidies, [None, "4", "5", LOST], "m0")
+        done, releases = quorum.tidy_plan(tidies, [None, "4", "5", LOST], "m0", process_holdings())
     finally:
-        quorum.holdings.remove(live)
+        process_holdings().remove(live)
     assert [t.keys.name for t in done] == ["a", "c"]  # nothing there; a live handle's
     assert [(t.keys.name, call[2][2]) for t, call in releases] == [("b", 4)]

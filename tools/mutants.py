@@ -325,7 +325,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a dropped Redlock handle's epochs no longer keep tidy-ups off its masters",
         "cacheguard/locks/redlock/quorum.py",
         "        # Collected unreleased: its epochs no longer keep tidy-ups off its masters.\n"
-        "        holdings.remove(self)\n",
+        "        process_holdings().remove(self)\n",
         "        pass\n",
         (
             "tests/test_lock_redlock.py::"

@@ -50,6 +50,7 @@ from cacheguard.locks.redis import wire
 from cacheguard.locks.redis.async_rwlock import task_owner
 from cacheguard.locks.redis.lease import LeaseEntry
 from cacheguard.locks.redlock import quorum
+from cacheguard.locks.redlock.holdings import process_holdings
 from cacheguard.locks.redlock.quorum import (
     FanOut,
     Grant,
@@ -409,7 +410,7 @@ class AsyncRedlockRWLock(RedlockCommon, AsyncRWLockShape[AsyncRedlockHandle]):
     async def _round_to_end(self, mode: Mode, owner: str, *, queued: bool) -> RoundResult:
         unanswered: list[int] = []
         try:
-            with quorum.holdings.round(self.keys.lock, owner):
+            with process_holdings().round(self.keys.lock, owner):
                 flow = self._round_flow(mode, owner, queued=queued, unanswered=unanswered)
                 return await self._masters.drive(flow)
         finally:
@@ -417,7 +418,7 @@ class AsyncRedlockRWLock(RedlockCommon, AsyncRWLockShape[AsyncRedlockHandle]):
 
     def _granted(self, mode: Mode, owner: str, grant: Grant) -> AsyncRedlockHandle:
         handle = AsyncRedlockHandle(self, mode, owner, grant, self._on_lost, self.masters)
-        quorum.holdings.add(handle)
+        process_holdings().add(handle)
         watchdog = self._watchdog_or_default()
         if watchdog is not None:
             watchdog.watch(handle, weak=True)  # a handle its task dropped is given back
@@ -436,7 +437,7 @@ class AsyncRedlockRWLock(RedlockCommon, AsyncRWLockShape[AsyncRedlockHandle]):
         watchdog = self._watchdog_or_default()
         last_renewed = watchdog.unwatch(handle) if watchdog is not None else None
         handle.released = True
-        quorum.holdings.remove(handle)
+        process_holdings().remove(handle)
         released, pending = await self._shielded(_release_on(self._masters, handle))
         if pending:
             self._tidier().retry_release(handle, last_renewed)
@@ -592,7 +593,7 @@ async def _tidy_on(master: _Master, tidies: list[Tidy]) -> list[Tidy]:
     for t in tidies:
         pipe.hget(t.keys.lock, f"g:{t.owner}")
     epochs = await pipe.execute(raise_on_error=False)
-    done, releases = quorum.tidy_plan(tidies, epochs, master.address)
+    done, releases = quorum.tidy_plan(tidies, epochs, master.address, process_holdings())
     if releases:
         answers = await master.pipelined([call for _, call in releases])
         done += quorum.tidies_released(releases, answers)

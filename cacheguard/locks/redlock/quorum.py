@@ -17,15 +17,13 @@ script calls to masters (all at once) and hand the answers back:
   what both handles, both watchdogs and both locks keep and check.
 
 The scripts are :mod:`cacheguard.locks.redis.lua`' (KEYS, ARGV in
-:mod:`cacheguard.locks.redis.wire`), plus :data:`RAISE_FENCE`, whose contract is in its text.
+:mod:`cacheguard.locks.redis.wire`), plus :data:`~cacheguard.locks.redlock.lua.RAISE_FENCE`.
+The process's rounds in flight and live holdings are :mod:`cacheguard.locks.redlock.holdings`.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
@@ -35,15 +33,15 @@ from cacheguard.exceptions import BackendUnavailable
 from cacheguard.locks.protocol import Attempt, Mode
 from cacheguard.locks.redis import wire
 from cacheguard.locks.redis.lease import LeaseBook, LeaseEntry
-from cacheguard.locks.redis.lua import FENCE_TTL_MS
 from cacheguard.locks.redis.rwlock import lock_settings
+from cacheguard.locks.redlock.holdings import Holdings, process_holdings
+from cacheguard.locks.redlock.lua import RAISE_FENCE
 from cacheguard.locks.shape import HandleState
 from cacheguard.redis.errors import REDIS_UNREACHABLE
 from cacheguard.redis.keys import ResourceKeys
-from cacheguard.redis.scripts import LuaScript, ScriptCall
+from cacheguard.redis.scripts import ScriptCall
 
 __all__ = [
-    "RAISE_FENCE",
     "RETRY",
     "FanOut",
     "Grant",
@@ -74,29 +72,6 @@ __all__ = [
 DEFAULT_INSTANCE_TIMEOUT: Final = 0.1  # s; capped at lease / 10
 DRIFT_FLOOR: Final = 0.002  # s added to lease * clock_drift (Redlock's 2 ms)
 RETRY_AFTER_ERROR: Final = 0.5  # s before a failed renewal, release or tidy-up is retried
-
-RAISE_FENCE_CONTRACT = """\
--- raise_fence: lift a lock's fencing counter to at least a token; never lowers it.
--- (Redlock: a write holding's token is written back to the masters that granted it,
--- so a later writer's INCR on any of them passes it.) The counter lives FENCE_TTL_MS
--- more either way, as after a grant (see next_token in cacheguard/locks/redis/lua.py).
--- KEYS[1]  fencing counter   <ns>:{<name>}:fence
--- ARGV[1]  the token (a decimal integer)
--- Returns the counter afterwards (a decimal string).
-"""
-
-_RAISE_FENCE_BODY = f"""
-local FENCE_TTL_MS = {FENCE_TTL_MS}
-local raw = redis.call('GET', KEYS[1])
-if not raw or tonumber(raw) < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', FENCE_TTL_MS)
-  return ARGV[1]
-end
-redis.call('PEXPIRE', KEYS[1], FENCE_TTL_MS)
-return raw
-"""
-
-RAISE_FENCE = LuaScript(RAISE_FENCE_CONTRACT + _RAISE_FENCE_BODY)
 
 
 # -- settings --------------------------------------------------------------------------------------
@@ -662,7 +637,7 @@ class RedlockHandleState(HandleState):
 
     def _dropped(self) -> None:
         # Collected unreleased: its epochs no longer keep tidy-ups off its masters.
-        holdings.remove(self)
+        process_holdings().remove(self)
 
     def __init__(
         self, lock: Any, mode: Mode, owner: str, grant: Grant, on_lost: Any, addresses: list[str]
@@ -711,61 +686,6 @@ class RedlockHandleState(HandleState):
 # -- this process's live holdings, for tidying after lost replies ----------------------------------
 
 
-class Holdings:
-    """Per (lock key, owner): the rounds in flight and the per-master epochs of live
-    handles in this process (sync and asyncio alike). A tidy-up must not release a
-    holding that one of them counts on (an owner's holds on one master share its
-    epoch)."""
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._rounds: Counter[tuple[str, str]] = Counter()
-        self._epochs: Counter[tuple[str, str, str, int]] = Counter()
-
-    @contextmanager
-    def round(self, lock_key: str, owner: str) -> Iterator[None]:
-        with self._mutex:
-            self._rounds[lock_key, owner] += 1
-        try:
-            yield
-        finally:
-            with self._mutex:
-                self._rounds[lock_key, owner] -= 1
-                if not self._rounds[lock_key, owner]:
-                    del self._rounds[lock_key, owner]
-
-    def add(self, handle: RedlockHandleState) -> None:
-        with self._mutex:
-            for address, epoch in handle._granted:
-                self._epochs[handle.keys.lock, handle.owner, address, epoch] += 1
-
-    def remove(self, handle: RedlockHandleState) -> None:
-        with self._mutex:
-            for address, epoch in handle._granted:
-                entry = (handle.keys.lock, handle.owner, address, epoch)
-                self._epochs[entry] -= 1
-                if self._epochs[entry] <= 0:
-                    del self._epochs[entry]
-
-    def acquiring(self, lock_key: str, owner: str) -> bool:
-        """Is an acquisition round of ``owner`` on this lock under way?"""
-        with self._mutex:
-            return (lock_key, owner) in self._rounds
-
-    def counts_on(self, lock_key: str, owner: str, address: str, epoch: int) -> bool:
-        """Does a live handle of ``owner`` hold this lock on that master with ``epoch``?"""
-        with self._mutex:
-            return (lock_key, owner, address, epoch) in self._epochs
-
-
-holdings = Holdings()
-
-
-def reset_holdings_after_fork() -> None:
-    global holdings
-    holdings = Holdings()  # the child holds nothing
-
-
 # -- tidy-ups -------------------------------------------------------------------------------------
 
 
@@ -786,11 +706,11 @@ class Tidy:
 
 
 def tidy_plan(
-    tidies: Sequence[Tidy], epochs: Sequence[Any], address: str
+    tidies: Sequence[Tidy], epochs: Sequence[Any], address: str, holdings: Holdings
 ) -> tuple[list[Tidy], list[tuple[Tidy, ScriptCall]]]:
     """From each owner's epoch on one master (``HGET g:<owner>``, or the error it
     raised): the tidy-ups already done, and the releases still to run (a holding
-    there that no live handle of this process counts on)."""
+    there that no live handle of this process counts on, by ``holdings``)."""
     done: list[Tidy] = []
     releases: list[tuple[Tidy, ScriptCall]] = []
     for t, raw in zip(tidies, epochs, strict=True):

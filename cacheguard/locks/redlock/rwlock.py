@@ -85,8 +85,9 @@ from cacheguard.locks.protocol import Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.redis import wire
 from cacheguard.locks.redis.lease import LeaseEntry
 from cacheguard.locks.redlock import quorum
+from cacheguard.locks.redlock.holdings import process_holdings, reset_holdings_after_fork
+from cacheguard.locks.redlock.lua import RAISE_FENCE
 from cacheguard.locks.redlock.quorum import (
-    RAISE_FENCE,
     RETRY,
     FanOut,
     Grant,
@@ -498,7 +499,7 @@ class RedlockRWLock(RedlockCommon, RWLockShape[RedlockHandle]):
         """One attempt on every master (:func:`~cacheguard.locks.redlock.quorum.round_flow`)."""
         unanswered: list[int] = []
         try:
-            with quorum.holdings.round(self.keys.lock, owner):
+            with process_holdings().round(self.keys.lock, owner):
                 flow = self._round_flow(mode, owner, queued=queued, unanswered=unanswered)
                 result = self._masters.drive(flow)
         finally:
@@ -513,7 +514,7 @@ class RedlockRWLock(RedlockCommon, RWLockShape[RedlockHandle]):
 
     def _granted(self, mode: Mode, owner: str, grant: Grant) -> RedlockHandle:
         handle = RedlockHandle(self, mode, owner, grant, self._on_lost, self.masters)
-        quorum.holdings.add(handle)
+        process_holdings().add(handle)
         if self._watchdog is not None:
             # Weakly: a handle dropped unreleased (its thread ended holding it) is
             # given back at its next renewal, not renewed for the life of the process.
@@ -537,7 +538,7 @@ class RedlockRWLock(RedlockCommon, RWLockShape[RedlockHandle]):
         # Stop renewing first, so no renewal can land after the release.
         last_renewed = self._watchdog.unwatch(handle) if self._watchdog is not None else None
         handle.released = True
-        quorum.holdings.remove(handle)
+        process_holdings().remove(handle)
         released, pending = _release_on(self._masters, handle)
         if pending:
             self._tidier().retry_release(handle, last_renewed)
@@ -670,7 +671,9 @@ def _tidy_on(master: _Master, tidies: list[Tidy]) -> list[Tidy]:
     pipe = master.client.pipeline(transaction=False)
     for t in tidies:
         pipe.hget(t.keys.lock, f"g:{t.owner}")
-    done, releases = quorum.tidy_plan(tidies, pipe.execute(raise_on_error=False), master.address)
+    done, releases = quorum.tidy_plan(
+        tidies, pipe.execute(raise_on_error=False), master.address, process_holdings()
+    )
     if releases:
         answers = master.pipelined([call for _, call in releases])
         done += quorum.tidies_released(releases, answers)
@@ -697,7 +700,7 @@ def _reset_after_fork() -> None:
     _pool_mutex = threading.Lock()
     _derived_mutex = threading.Lock()
     _pool = None
-    quorum.reset_holdings_after_fork()
+    reset_holdings_after_fork()
     for dog in list(_all_watchdogs):
         dog._reset()
 
