@@ -143,7 +143,14 @@ _NOT_FOR_THE_SYNC_GUARD = re.compile(
 
 
 def test_the_sync_guard_loads_no_asyncio_twin_store_or_integration() -> None:
-    loaded = _loaded_after("from cacheguard import CacheGuard, CacheLoader, cached_with_lock")
+    # A guard made and a function decorated (no Redis is asked: nothing is called).
+    loaded = _loaded_after(
+        "import redis\n"
+        "from cacheguard import CacheGuard, CacheLoader, cached_with_lock\n"
+        "guard = CacheGuard(redis.Redis(port=1), namespace='layout')\n"
+        "cached_with_lock(guard, key='k', ttl=1)(lambda: 1)\n"
+        "CacheLoader(guard, key='k:{i}', load=lambda i: i, ttl=1)"
+    )
     assert "cacheguard.cache.guard" in loaded
     assert [m for m in loaded if _NOT_FOR_THE_SYNC_GUARD.search(m)] == []
 

@@ -2997,6 +2997,32 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_dogpile_backend.py::test_a_key_without_a_utf8_form_is_a_clear_error",),
         within="_key_name",
     ),
+    # -- the house: the lean import (tests/test_layout.py, issue #25) --------------------------
+    Mutant(
+        "lean-import-faces",
+        "import cacheguard loads the exceptions only: the public names are imported on first use",
+        "cacheguard/__init__.py",
+        "if TYPE_CHECKING:\n",
+        "if True:\n",
+        ("tests/test_layout.py::test_import_cacheguard_is_lean",),
+    ),
+    Mutant(
+        "lean-import-asyncio-face",
+        "cacheguard.aio imports its asyncio modules on first use, not on import",
+        "cacheguard/aio/__init__.py",
+        "if TYPE_CHECKING:\n",
+        "if True:\n",
+        ("tests/test_layout.py::test_the_asyncio_face_loads_on_first_use",),
+    ),
+    Mutant(
+        "lean-import-decorator-without-asyncio",
+        "@cached_with_lock serves both guards without importing the asyncio one: a sync "
+        "program never loads it",
+        "cacheguard/cache/decorator.py",
+        "if TYPE_CHECKING:\n",
+        "if True:\n",
+        ("tests/test_layout.py::test_the_sync_guard_loads_no_asyncio_twin_store_or_integration",),
+    ),
     # -- docs that run (tests/test_docs.py, issue #14) -----------------------------------------
     Mutant(
         "docs-blocks-run",
