@@ -153,7 +153,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "redlock-raised-fence-expires",
         "a Redlock token written back to a master's fencing counter keeps the counter expiring",
-        "cacheguard/locks/redlock/quorum.py",
+        "cacheguard/locks/redlock/lua.py",
         "  redis.call('SET', KEYS[1], ARGV[1], 'PX', FENCE_TTL_MS)\n",
         "  redis.call('SET', KEYS[1], ARGV[1])\n",
         ("tests/test_lock_redlock.py::test_fencing_counters_expire_and_tokens_still_increase",),
