@@ -2,7 +2,7 @@
 does when the namespace's sequence lives on a node that is down (a cluster), and
 how the versions it poisoned then are healed.
 
-The guard here is the flows' class with no driver: each test plays the driver,
+The guard here is the flows' state with no driver: each test plays the driver,
 answering the steps with replies written out by hand (see test_flow_scripted.py).
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 
+from cacheguard.cache.flows.core import GuardCore
 from cacheguard.cache.flows.fill import Call
 from cacheguard.cache.flows.write import (
     AcquireWrite,
@@ -23,7 +24,10 @@ from cacheguard.cache.flows.write import (
     Pipelined,
     ReleaseWrites,
     Scan,
-    WritePath,
+    invalidate_flow,
+    invalidate_prefix_flow,
+    watermark_flow,
+    write_flow,
 )
 from cacheguard.cache.scripts import INVALIDATE, NEXT_STAMP, RAISE_WATERMARK, READ_WATERMARK
 from cacheguard.cache.settings import GuardSettings
@@ -34,12 +38,12 @@ POISONED = POISON_FLOOR + 1_700_000_000_000_000  # what INVALIDATE writes: floor
 DOWN = BackendUnavailable("Redis unreachable: connection refused")
 
 
-class Flows(WritePath):
+class Locks:
     def rwlock(self, name: str) -> Any:
         return f"write lock of {name}"  # only handed to the driver
 
 
-def guard(*, cluster: bool = True, shared: bool = False, **settings: Any) -> WritePath:
+def guard(*, cluster: bool = True, shared: bool = False, **settings: Any) -> GuardCore:
     """The flows of a guard whose keys live on node "keys" and whose sequence lives
     on node "sequence" (a cluster; ``shared``: on node "keys" too), or of a guard on
     one server."""
@@ -47,9 +51,10 @@ def guard(*, cluster: bool = True, shared: bool = False, **settings: Any) -> Wri
     def node_of(key: str) -> str:
         return "sequence" if key == "ns:wm" and not shared else "keys"
 
-    return Flows(
+    return GuardCore(
         GuardSettings(namespace="ns", breaker_failures=2, breaker_cooldown=60, **settings),
         flight_event=threading.Event,
+        locks=Locks(),
         node_of=node_of if cluster else None,
     )
 
@@ -93,7 +98,7 @@ def replies(*values: Any) -> Callable[[Pipelined], list[Any]]:
 def test_a_stamp_is_taken_then_every_key_is_stamped_with_it() -> None:
     flows = guard(confirm_replicas=1)
     _, steps = play(
-        flows._invalidate_flow(["a", "b"]),
+        invalidate_flow(flows, ["a", "b"]),
         [(Pipelined, replies(7)), (Pipelined, replies(7, 7))],
     )
     assert scripts(steps[0]) == [NEXT_STAMP]
@@ -114,7 +119,7 @@ def test_an_unreachable_sequence_on_a_cluster_poisons_instead_of_failing(failure
     # invalidation goes through, poisoning the versions; nothing is raised.
     flows = guard()
     _, steps = play(
-        flows._invalidate_flow(["a", "b"]),
+        invalidate_flow(flows, ["a", "b"]),
         [(Pipelined, failure), (Pipelined, replies(POISONED, POISONED + 1))],
     )
     assert stamps(steps[1]) == [("", ""), ("", "")]
@@ -125,14 +130,14 @@ def test_an_unreachable_sequence_on_a_cluster_poisons_instead_of_failing(failure
 def test_a_dead_sequence_opens_its_own_circuit_and_is_not_asked_again() -> None:
     flows = guard()
     for _ in range(2):  # breaker_failures
-        play(flows._invalidate_flow(["a"]), [(Pipelined, DOWN), (Pipelined, replies(POISONED))])
+        play(invalidate_flow(flows, ["a"]), [(Pipelined, DOWN), (Pipelined, replies(POISONED))])
     # Its circuit is open: no call to the sequence's node, straight to the poison.
-    _, steps = play(flows._invalidate_flow(["a"]), [(Pipelined, replies(POISONED))])
+    _, steps = play(invalidate_flow(flows, ["a"]), [(Pipelined, replies(POISONED))])
     assert scripts(steps[0]) == [INVALIDATE]
     assert stamps(steps[0]) == [("", "")]
     # The keys' own circuit is closed: a write of them is not refused.
     _, steps = play(
-        flows._write_flow(["a"], None, "me"),
+        write_flow(flows, ["a"], None, "me"),
         [
             (AcquireWrite, None),
             (Pipelined, replies(POISONED)),
@@ -149,7 +154,7 @@ def test_on_one_server_the_sequence_failing_is_the_invalidation_failing(failure:
     # One node holds the keys too: poisoning would only postpone the same failure.
     flows = guard(cluster=False)
     with pytest.raises(BackendUnavailable):
-        play(flows._invalidate_flow(["a"]), [(Pipelined, failure)])
+        play(invalidate_flow(flows, ["a"]), [(Pipelined, failure)])
 
 
 def test_a_full_redis_poisons_even_on_one_server() -> None:
@@ -158,20 +163,20 @@ def test_a_full_redis_poisons_even_on_one_server() -> None:
     full = redis.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
     flows = guard(cluster=False)
     _, steps = play(
-        flows._invalidate_flow(["a"]), [(Pipelined, [full]), (Pipelined, replies(POISONED))]
+        invalidate_flow(flows, ["a"]), [(Pipelined, [full]), (Pipelined, replies(POISONED))]
     )
     assert scripts(steps[1]) == [INVALIDATE]
     assert stamps(steps[1]) == [("", "")]
     assert flows.stats().backend_errors == 0
     # A prefix stamp needs a number: refused, that is Redis down for the caller.
     with pytest.raises(BackendUnavailable):
-        play(guard(cluster=False)._invalidate_prefix_flow("menu:"), [(Pipelined, [full])])
+        play(invalidate_prefix_flow(guard(cluster=False), "menu:"), [(Pipelined, [full])])
 
 
 def test_versions_found_poisoned_are_healed_with_a_number_taken_afterwards() -> None:
     flows = guard()
     _, steps = play(
-        flows._invalidate_flow(["a", "b"]),
+        invalidate_flow(flows, ["a", "b"]),
         [
             (Pipelined, replies(8)),
             (Pipelined, replies(POISONED + 1, 8)),  # "a" was poisoned: it stays so, +1
@@ -189,7 +194,7 @@ def test_a_heal_above_its_number_lifts_the_sequence() -> None:
     # The poison carried a real version above the number (a sequence that went back):
     # the heal took that version + 1, and the sequence is lifted to it.
     _, steps = play(
-        guard()._invalidate_flow(["a"]),
+        invalidate_flow(guard(), ["a"]),
         [
             (Pipelined, replies(8)),
             (Pipelined, replies(POISONED + 1)),
@@ -207,7 +212,7 @@ def test_a_partly_failed_invalidation_still_lifts_the_sequence() -> None:
     lifted: list[Any] = []
     with pytest.raises(BackendUnavailable):
         play(
-            flows._invalidate_flow(["a", "b"]),
+            invalidate_flow(flows, ["a", "b"]),
             [
                 (Pipelined, replies(8)),
                 (Pipelined, replies(12, redis.ConnectionError("b's node is down"))),
@@ -223,7 +228,7 @@ def test_a_sequence_on_a_node_of_the_keys_is_counted_once() -> None:
     flows = guard(shared=True)
     with pytest.raises(BackendUnavailable):
         play(
-            flows._invalidate_flow(["a"]),
+            invalidate_flow(flows, ["a"]),
             [(Pipelined, DOWN), (Pipelined, [redis.ConnectionError("refused")])],
         )
     assert flows.stats().backend_errors == 1
@@ -232,7 +237,7 @@ def test_a_sequence_on_a_node_of_the_keys_is_counted_once() -> None:
 def test_a_failing_heal_or_lift_does_not_fail_the_invalidation_that_went_through() -> None:
     flows = guard()
     play(
-        flows._invalidate_flow(["a", "b"]),
+        invalidate_flow(flows, ["a", "b"]),
         [
             (Pipelined, replies(8)),
             (Pipelined, replies(POISONED + 1, 12)),
@@ -240,11 +245,11 @@ def test_a_failing_heal_or_lift_does_not_fail_the_invalidation_that_went_through
         ],
     )
     play(
-        flows._invalidate_flow(["a"]),
+        invalidate_flow(flows, ["a"]),
         [(Pipelined, replies(8)), (Pipelined, replies(POISONED + 1)), (Pipelined, DOWN)],
     )
     play(
-        flows._invalidate_flow(["a", "b"]),
+        invalidate_flow(flows, ["a", "b"]),
         [
             (Pipelined, replies(8)),
             (Pipelined, replies(POISONED + 1, 12)),
@@ -256,7 +261,7 @@ def test_a_failing_heal_or_lift_does_not_fail_the_invalidation_that_went_through
 def test_the_lift_ignores_poisoned_versions() -> None:
     flows = guard()
     _, steps = play(
-        flows._invalidate_flow(["a", "b"]),
+        invalidate_flow(flows, ["a", "b"]),
         [
             (Pipelined, replies(8)),
             (Pipelined, replies(POISONED + 1, 12)),
@@ -273,9 +278,9 @@ def test_the_lift_ignores_poisoned_versions() -> None:
 def test_a_prefix_stamp_needs_a_number() -> None:
     flows = guard()
     with pytest.raises(BackendUnavailable):
-        play(flows._invalidate_prefix_flow("menu:"), [(Pipelined, DOWN)])
+        play(invalidate_prefix_flow(flows, "menu:"), [(Pipelined, DOWN)])
     _, steps = play(
-        guard()._invalidate_prefix_flow("menu:"),
+        invalidate_prefix_flow(guard(), "menu:"),
         [(Pipelined, replies(5)), (Command, True), (Scan, [])],
     )
     assert steps[1].args[:3] == ("SET", "ns:{menu:}:ps", 5)
@@ -283,12 +288,12 @@ def test_a_prefix_stamp_needs_a_number() -> None:
 
 def test_the_watermark_is_read_as_a_confirmed_write() -> None:
     flows = guard(confirm_replicas=1)
-    value, steps = play(flows._watermark_flow(), [(Pipelined, replies(41))])
+    value, steps = play(watermark_flow(flows), [(Pipelined, replies(41))])
     assert value == 41
     assert scripts(steps[0]) == [READ_WATERMARK]
     assert steps[0].confirm == (1, 1.0)
     with pytest.raises(WriteNotConfirmed):
-        play(flows._watermark_flow(), [(Pipelined, [WriteNotConfirmed("0 of 1")])])
+        play(watermark_flow(flows), [(Pipelined, [WriteNotConfirmed("0 of 1")])])
 
 
 def test_an_unconfirmed_invalidation_fails_the_write_before_its_body() -> None:
@@ -303,7 +308,7 @@ def test_an_unconfirmed_invalidation_fails_the_write_before_its_body() -> None:
 
     with pytest.raises(WriteNotConfirmed):
         play(
-            flows._write_flow(["a"], None, "me"),
+            write_flow(flows, ["a"], None, "me"),
             [
                 (AcquireWrite, None),
                 (Pipelined, replies(7)),

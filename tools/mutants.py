@@ -433,13 +433,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "an invalidation whose sequence number Redis refuses out of memory still goes "
         "through (poisoned), also on one server",
         "cacheguard/cache/flows/write.py",
-        "        if isinstance(result, OutOfMemoryError) and not required:\n",
-        "        if False:\n",
+        "    if isinstance(result, OutOfMemoryError) and not required:\n",
+        "    if False:\n",
         (
             "tests/test_write_path_scripted.py::test_a_full_redis_poisons_even_on_one_server",
             "tests/test_eviction.py::test_noeviction_refuses_writes_and_caches_no_wrong_value",
         ),
-        within="WritePath._stamp_flow",
+        within="stamp_flow",
     ),
     Mutant(
         "out-of-memory-is-redis-refusing",
@@ -587,29 +587,27 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-invalidates-after-body",
         "guard.write invalidates again after its body returned",
         "cacheguard/cache/flows/write.py",
-        "                raise\n"
-        "            yield from self._invalidate_flow(ordered, checked=True)\n",
-        "                raise\n",
+        "            raise\n        yield from invalidate_flow(state, ordered, checked=True)\n",
+        "            raise\n",
         (
             "tests/test_guarantees.py::"
             "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
         ),
-        within="WritePath._write_flow",
+        within="write_flow",
     ),
     Mutant(
         "write-invalidates-after-failed-body",
         "guard.write invalidates again after its body raised",
         "cacheguard/cache/flows/write.py",
-        "                try:\n"
-        "                    yield from self._invalidate_flow(ordered, checked=True)\n"
-        "                except Exception as closing_error:\n",
-        "                try:\n                    pass\n"
-        "                except Exception as closing_error:\n",
+        "            try:\n"
+        "                yield from invalidate_flow(state, ordered, checked=True)\n"
+        "            except Exception as closing_error:\n",
+        "            try:\n                pass\n            except Exception as closing_error:\n",
         (
             "tests/test_guarantees.py::"
             "test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end",
         ),
-        within="WritePath._write_flow",
+        within="write_flow",
     ),
     Mutant(
         "writer-reads-its-own-view",
@@ -631,47 +629,47 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-releases-from-any-thread",
         "a write context exited in another thread than it entered releases its locks",
         "cacheguard/cache/flows/write.py",
-        "        errors = yield ReleaseWrites(tuple(held), holder)\n",
-        "        errors = yield ReleaseWrites(tuple(held), None)\n",
+        "    errors = yield ReleaseWrites(tuple(held), holder)\n",
+        "    errors = yield ReleaseWrites(tuple(held), None)\n",
         ("tests/test_trust.py::test_a_write_exited_in_another_thread_releases_its_locks",),
-        within="WritePath._release_writes",
+        within="release_writes",
     ),
     Mutant(
         "write-lost-lock-raises",
         "a write whose lock was lost during its body raises LockLostError when it exits, "
         "after its closing invalidation",
         "cacheguard/cache/flows/write.py",
-        "            raise losses[0]\n",
-        "            pass\n",
+        "        raise losses[0]\n",
+        "        pass\n",
         (
             "tests/test_lost_write_locks.py::"
             "test_a_write_whose_lock_was_lost_raises_after_invalidating[sync]",
             "tests/test_lost_write_locks.py::"
             "test_a_write_whose_lock_was_lost_raises_after_invalidating[async]",
         ),
-        within="WritePath._write_flow",
+        within="write_flow",
     ),
     Mutant(
         "write-lost-handle-counts",
         "a write lock whose handle a renewal marked lost fails the write even when its "
         "release goes through (locks from another store)",
         "cacheguard/cache/flows/write.py",
-        '            if isinstance(error, LockLostError) or getattr(handle, "lost", False):\n',
-        "            if isinstance(error, LockLostError):\n",
+        '        if isinstance(error, LockLostError) or getattr(handle, "lost", False):\n',
+        "    if isinstance(error, LockLostError):\n",
         (
             "tests/test_write_locks.py::"
             "test_a_stores_lock_lost_during_a_write_fails_the_write[redis]",
         ),
-        within="WritePath._release_writes",
+        within="release_writes",
     ),
     Mutant(
         "write-lost-lock-noted-on-body-error",
         "a lock lost during a write whose body raised is attached to the body's error",
         "cacheguard/cache/flows/write.py",
-        '                    add_note(error, f"cacheguard: {lost}")\n',
-        "                    pass\n",
+        '                add_note(error, f"cacheguard: {lost}")\n',
+        "                pass\n",
         ("tests/test_lost_write_locks.py::test_the_bodys_error_wins_over_a_lost_lock[async]",),
-        within="WritePath._write_flow",
+        within="write_flow",
     ),
     Mutant(
         "sqlalchemy-lost-lock-fails-commit",
@@ -842,10 +840,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-body-error-wins",
         "the body's error reaches the caller even when the closing invalidation fails",
         "cacheguard/cache/flows/write.py",
-        "                    add_note(body_error, closing_failed_note(ordered, closing_error))\n",
-        "                    raise closing_error\n",
+        "                add_note(body_error, closing_failed_note(ordered, closing_error))\n",
+        "                raise closing_error\n",
         ("tests/test_trust.py::test_the_bodys_error_wins_over_a_failing_closing_invalidation",),
-        within="WritePath._write_flow",
+        within="write_flow",
     ),
     Mutant(
         "l1-resubscribes-after-fork",
@@ -1559,9 +1557,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a write-path invalidation waits for confirm_replicas replicas (WAIT); when too "
         "few acknowledge it, the write fails before its body",
         "cacheguard/cache/flows/write.py",
-        "            results = yield Pipelined(tuple(invalidation.calls(names, stamp)), "
-        "self._confirm())\n",
-        "            results = yield Pipelined(tuple(invalidation.calls(names, stamp)), None)\n",
+        "        results = yield Pipelined(tuple(invalidation.calls(names, stamp)), "
+        "state._confirm())\n",
+        "        results = yield Pipelined(tuple(invalidation.calls(names, stamp)), None)\n",
         (
             "tests/test_write_path_scripted.py::"
             "test_an_unconfirmed_invalidation_fails_the_write_before_its_body",
@@ -1569,7 +1567,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_an_unconfirmed_invalidation_fails_the_write_before_its_body",
             "tests/test_failovers.py::test_sentinel_planned_failover_under_load[sync]",
         ),
-        within="WritePath._invalidate_flow",
+        within="invalidate_flow",
     ),
     Mutant(
         "noreplicas-is-refusing",
@@ -1599,14 +1597,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "a write whose lock script fails counts toward the circuit breaker and "
         "backend_errors, like any Redis failure",
         "cacheguard/cache/flows/write.py",
-        "                    self._backend_failed(name, client_error(exc))\n"
-        "                    raise\n",
-        "                    raise\n",
+        "                state._backend_failed(name, client_error(exc))\n                raise\n",
+        "                raise\n",
         (
             "tests/test_guard_both_drivers.py::"
             "test_a_write_failing_in_the_lock_layer_counts_toward_the_circuit",
         ),
-        within="WritePath._write_flow",
+        within="write_flow",
     ),
     Mutant(
         "circuit-asks-each-breaker-once",
@@ -1627,28 +1624,28 @@ MUTANTS: tuple[Mutant, ...] = (
         "on a cluster, an invalidation goes through while the namespace's sequence shard is "
         "down (it poisons the versions): writes of keys on healthy shards succeed",
         "cacheguard/cache/flows/write.py",
-        "        strict = required or self._breakers.single\n",
-        "        strict = True\n",
+        "    strict = required or state._breakers.single\n",
+        "    strict = True\n",
         (
             "tests/test_write_path_scripted.py::"
             "test_an_unreachable_sequence_on_a_cluster_poisons_instead_of_failing",
             "tests/test_cluster.py::"
             "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[sync]",
         ),
-        within="WritePath._stamp_flow",
+        within="stamp_flow",
     ),
     Mutant(
         "write-needs-only-its-keys-nodes",
         "a write is not refused because the sequence's circuit is open",
         "cacheguard/cache/flows/write.py",
-        "closed = self._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered)",
-        "closed = self._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered, "
-        "self._invalidation.watermark_key)",
+        "closed = state._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered)",
+        "closed = state._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered, "
+        "state._invalidation.watermark_key)",
         (
             "tests/test_write_path_scripted.py::"
             "test_a_dead_sequence_opens_its_own_circuit_and_is_not_asked_again",
         ),
-        within="WritePath._write_flow",
+        within="write_flow",
     ),
     Mutant(
         "poison-outranks-every-watermark",
@@ -1672,15 +1669,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "poisoned-versions-are-healed",
         "an invalidation that finds a version poisoned heals it with a later number",
         "cacheguard/cache/flows/write.py",
-        "            if poisoned:\n",
-        "            if False:\n",
+        "        if poisoned:\n",
+        "        if False:\n",
         (
             "tests/test_write_path_scripted.py::"
             "test_versions_found_poisoned_are_healed_with_a_number_taken_afterwards",
             "tests/test_cluster.py::"
             "test_writes_go_on_while_the_invalidation_sequence_shard_is_dead[sync]",
         ),
-        within="WritePath._tend_sequence",
+        within="tend_sequence",
     ),
     Mutant(
         "lift-ignores-poison",
@@ -1695,22 +1692,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "stamps-are-confirmed",
         "an invalidation number is confirmed by replicas before it is used",
         "cacheguard/cache/flows/write.py",
-        "yield Pipelined((invalidation.next_stamp(),), self._confirm())",
+        "yield Pipelined((invalidation.next_stamp(),), state._confirm())",
         "yield Pipelined((invalidation.next_stamp(),), None)",
         (
             "tests/test_write_path_scripted.py::"
             "test_a_stamp_is_taken_then_every_key_is_stamped_with_it",
         ),
-        within="WritePath._stamp_flow",
+        within="stamp_flow",
     ),
     Mutant(
         "watermark-read-is-confirmed",
         "a snapshot watermark counts only numbers replicas hold",
         "cacheguard/cache/flows/write.py",
-        "yield Pipelined((invalidation.read_watermark(),), self._confirm())",
+        "yield Pipelined((invalidation.read_watermark(),), state._confirm())",
         "yield Pipelined((invalidation.read_watermark(),), None)",
         ("tests/test_write_path_scripted.py::test_the_watermark_is_read_as_a_confirmed_write",),
-        within="WritePath._watermark_flow",
+        within="watermark_flow",
     ),
     Mutant(
         "unplaced-calls-go-again",
@@ -1761,25 +1758,25 @@ MUTANTS: tuple[Mutant, ...] = (
         "an invalidation that failed for some keys still lifts the sequence to the versions "
         "of the others",
         "cacheguard/cache/flows/write.py",
-        "        if stamp is not None:  # also when some keys failed",
-        "        if stamp is not None and failed is None:  # also when some keys failed",
+        "    if stamp is not None:  # also when some keys failed",
+        "    if stamp is not None and failed is None:  # also when some keys failed",
         (
             "tests/test_write_path_scripted.py::"
             "test_a_partly_failed_invalidation_still_lifts_the_sequence",
         ),
-        within="WritePath._invalidate_flow",
+        within="invalidate_flow",
     ),
     Mutant(
         "sequence-failure-counted-once",
         "a dead node holding both the sequence and the keys counts one failure per call",
         "cacheguard/cache/flows/write.py",
-        "        if breaker not in [self._breaker(name) for name in names]:\n",
-        "        if True:\n",
+        "    if breaker not in [state._breaker(name) for name in names]:\n",
+        "    if True:\n",
         (
             "tests/test_write_path_scripted.py::"
             "test_a_sequence_on_a_node_of_the_keys_is_counted_once",
         ),
-        within="WritePath._stamp_flow",
+        within="stamp_flow",
     ),
     # -- the ZooKeeper lock store (cacheguard/locks/zookeeper/rwlock.py, issue #15) ---------------
     Mutant(
@@ -2368,11 +2365,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-locks-from-the-store",
         "guard.write takes its write locks from the write_locks store when given one",
-        "cacheguard/cache/guard.py",
-        "        return StoreWriteLock(self._write_locks(name))\n",
-        "        return self._locks.rwlock(name)\n",
+        "cacheguard/cache/write_locks.py",
+        "    return None if checked is None else lambda name: StoreWriteLock(checked(name))\n",
+        "    return None\n",
         ("tests/test_write_locks.py::test_guard_write_takes_the_stores_lock[redis]",),
-        within="CacheGuard.write_lock",
+        within="store_write_locks",
     ),
     Mutant(
         "write-locks-hooks-use-the-store",
@@ -2390,11 +2387,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "write-locks-async-from-the-store",
         "an AsyncCacheGuard's write path takes its locks from its asyncio write_locks store",
-        "cacheguard/cache/async_guard.py",
-        "        return AsyncStoreWriteLock(self._write_locks(name))\n",
-        "        return self._locks.rwlock(name)\n",
+        "cacheguard/cache/write_locks.py",
+        "    return None if checked is None else lambda name: AsyncStoreWriteLock(checked(name))\n",
+        "    return None\n",
         ("tests/test_write_locks.py::test_an_asyncio_guard_takes_an_asyncio_stores_lock",),
-        within="AsyncCacheGuard.write_lock",
+        within="async_store_write_locks",
     ),
     Mutant(
         "write-locks-async-refuses-a-sync-store",
@@ -3382,12 +3379,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "a write Redis refuses (down, circuit open) still drops its names from reuse first: "
         "it may reach the database another way",
         "cacheguard/cache/flows/write.py",
-        "        self._forget_here(ordered)\n",
+        "    state._forget_here(ordered)\n",
         "",
         (
             "tests/test_outage_settings.py::test_a_write_or_invalidation_here_drops_the_name_from_reuse[async]",
         ),
-        within="WritePath._write_flow",
+        within="write_flow",
     ),
     Mutant(
         "drop-voids-notes-under-way",

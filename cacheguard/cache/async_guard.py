@@ -41,7 +41,7 @@ from cacheguard.cache.driver import backend_down, is_loader
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flows.core import value_key
 from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
-from cacheguard.cache.flows.read import Gutter, Replay, RunFill, WaitFlight
+from cacheguard.cache.flows.read import Gutter, ReadPath, Replay, RunFill, WaitFlight
 from cacheguard.cache.flows.write import (
     BODY,
     AcquireWrite,
@@ -49,12 +49,19 @@ from cacheguard.cache.flows.write import (
     Pipelined,
     ReleaseWrites,
     Scan,
-    WritePath,
+    invalidate_flow,
+    invalidate_prefix_flow,
+    watermark_flow,
+    write_flow,
 )
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
 from cacheguard.cache.outage.gutter import gutter_guard_made, gutter_settings
 from cacheguard.cache.settings import GuardSettings, client_options
-from cacheguard.cache.write_locks import AsyncStoreWriteLock, WriteLockStore, checked_store
+from cacheguard.cache.write_locks import (
+    AsyncStoreWriteLock,
+    WriteLockStore,
+    async_store_write_locks,
+)
 from cacheguard.checks import check_int
 from cacheguard.locks.async_local import current_task
 from cacheguard.locks.async_two_tier import AsyncLockFactory, AsyncTwoTierRWLock
@@ -77,7 +84,7 @@ log = logging.getLogger("cacheguard")
 T = TypeVar("T")
 
 
-class AsyncCacheGuard(WritePath):
+class AsyncCacheGuard(ReadPath):
     """A read-through cache on Redis for asyncio: each missing key loaded once,
     by one task of one process, while every other caller awaits its value.
 
@@ -110,19 +117,19 @@ class AsyncCacheGuard(WritePath):
             clock=clock,
             rng=rng,
             flight_event=asyncio.Event,
+            locks=AsyncLockFactory(
+                client,
+                namespace=config.namespace,
+                lease=config.lease,
+                timeout=config.wait_timeout,
+                timer=timer,
+            ),
+            store_write_lock=async_store_write_locks(write_locks),
             node_of=node_namer(client),
             replicas=replicas_expected(client),
         )
         self.client = client
         self._binding = LoopBinding("this AsyncCacheGuard")
-        self._write_locks = checked_store(write_locks)
-        self._locks = AsyncLockFactory(
-            client,
-            namespace=config.namespace,
-            lease=config.lease,
-            timeout=config.wait_timeout,
-            timer=timer,
-        )
         self._tasks: set[asyncio.Task[Any]] = set()  # background refreshes, L1 subscribing
         if config.l1_maxsize:
             # Subscribed on first use, from inside the loop.
@@ -173,15 +180,12 @@ class AsyncCacheGuard(WritePath):
 
     def rwlock(self, name: str) -> AsyncTwoTierRWLock:
         """The two-tier read-write lock of resource ``name`` (shared in this loop)."""
-        return self._locks.rwlock(self._name(name))
+        return super().rwlock(name)  # type: ignore[no-any-return]
 
     def write_lock(self, name: str) -> AsyncTwoTierRWLock | AsyncStoreWriteLock:
         """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
         lock, or the ``write_locks`` store's (an asyncio store: its calls are awaited)."""
-        name = self._name(name)
-        if self._write_locks is None:
-            return self._locks.rwlock(name)
-        return AsyncStoreWriteLock(self._write_locks(name))
+        return super().write_lock(name)  # type: ignore[no-any-return]
 
     async def get_or_load(
         self,
@@ -231,21 +235,21 @@ class AsyncCacheGuard(WritePath):
         """The namespace's invalidation sequence now (see :meth:`CacheGuard.watermark`)."""
         self._binding.check()
         self._check_open()
-        return await self._drive(self._watermark_flow(), "the watermark")  # type: ignore[no-any-return]
+        return await self._drive(watermark_flow(self), "the watermark")  # type: ignore[no-any-return]
 
     async def invalidate(self, *names: str, template: str | None = None) -> None:
         """Stamp ``names`` with the next invalidation number and delete them, without
         taking locks (see :meth:`CacheGuard.invalidate`)."""
         self._binding.check()
         names = self._names(names)
-        await self._drive(self._invalidate_flow(names, template=template), ", ".join(names))
+        await self._drive(invalidate_flow(self, names, template=template), ", ".join(names))
 
     async def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix`` (a SCAN; see
         :meth:`CacheGuard.invalidate_prefix`); returns how many."""
         self._binding.check()
         prefix = self._prefix(prefix)
-        return await self._drive(self._invalidate_prefix_flow(prefix), f"{prefix}*")  # type: ignore[no-any-return]
+        return await self._drive(invalidate_prefix_flow(self, prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @asynccontextmanager
     async def write(self, *names: str, timeout: float | None = None) -> AsyncIterator[None]:
@@ -255,7 +259,7 @@ class AsyncCacheGuard(WritePath):
         was lost meanwhile (see :meth:`CacheGuard.write`)."""
         self._binding.check()
         names = self._names(names)
-        flow = self._write_flow(names, timeout, current_task())  # the exit may run elsewhere
+        flow = write_flow(self, names, timeout, current_task())  # the exit may run elsewhere
         await self._run(flow, "the write")  # up to the body; raising, it holds nothing
         try:
             yield

@@ -31,7 +31,7 @@ from cacheguard.cache.driver import backend_down, drive_fill, is_loader
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flows.core import value_key
 from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
-from cacheguard.cache.flows.read import Gutter, Replay, RunFill, WaitFlight
+from cacheguard.cache.flows.read import Gutter, ReadPath, Replay, RunFill, WaitFlight
 from cacheguard.cache.flows.write import (
     BODY,
     AcquireWrite,
@@ -39,14 +39,21 @@ from cacheguard.cache.flows.write import (
     Pipelined,
     ReleaseWrites,
     Scan,
-    WritePath,
+    invalidate_flow,
+    invalidate_prefix_flow,
+    watermark_flow,
+    write_flow,
 )
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
 from cacheguard.cache.outage.gutter import gutter_guard_made, gutter_settings
 from cacheguard.cache.outage.shared_loads import SharedLoads
 from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
 from cacheguard.cache.singleflight import SingleFlight
-from cacheguard.cache.write_locks import StoreWriteLock, WriteLockStore, checked_store
+from cacheguard.cache.write_locks import (
+    StoreWriteLock,
+    WriteLockStore,
+    store_write_locks,
+)
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 from cacheguard.redis.clients import (
     SyncClient,
@@ -66,7 +73,7 @@ __all__ = ["MISSING", "BackendPolicy", "CacheGuard"]
 T = TypeVar("T")
 
 
-class CacheGuard(WritePath):
+class CacheGuard(ReadPath):
     """A read-through cache on Redis that loads each missing key once, everywhere.
 
     Every keyword but the last six is a setting of :class:`GuardSettings` (see
@@ -101,18 +108,18 @@ class CacheGuard(WritePath):
             clock=clock,
             rng=rng,
             flight_event=threading.Event,
+            locks=LockFactory(
+                client,
+                namespace=config.namespace,
+                lease=config.lease,
+                timeout=config.wait_timeout,
+                timer=timer,
+            ),
+            store_write_lock=store_write_locks(write_locks),
             node_of=node_namer(client),
             replicas=replicas_expected(client),
         )
         self.client = client
-        self._locks = LockFactory(
-            client,
-            namespace=config.namespace,
-            lease=config.lease,
-            timeout=config.wait_timeout,
-            timer=timer,
-        )
-        self._write_locks = checked_store(write_locks)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_mutex = threading.Lock()
         if gutter is not None:
@@ -161,15 +168,12 @@ class CacheGuard(WritePath):
 
     def rwlock(self, name: str) -> TwoTierRWLock:
         """The two-tier read-write lock of resource ``name`` (shared in this process)."""
-        return self._locks.rwlock(self._name(name))
+        return super().rwlock(name)  # type: ignore[no-any-return]
 
     def write_lock(self, name: str) -> TwoTierRWLock | StoreWriteLock:
         """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
         lock, or the ``write_locks`` store's lock (see :mod:`cacheguard.cache.write_locks`)."""
-        name = self._name(name)
-        if self._write_locks is None:
-            return self._locks.rwlock(name)
-        return StoreWriteLock(self._write_locks(name))
+        return super().write_lock(name)  # type: ignore[no-any-return]
 
     def get_or_load(
         self,
@@ -223,7 +227,7 @@ class CacheGuard(WritePath):
         a later invalidation replaced (see ``cache/watermark.py``). Raises
         :class:`BackendUnavailable` when Redis is unreachable."""
         self._check_open()
-        return self._drive(self._watermark_flow(), "the watermark")  # type: ignore[no-any-return]
+        return self._drive(watermark_flow(self), "the watermark")  # type: ignore[no-any-return]
 
     def invalidate(self, *names: str, template: str | None = None) -> None:
         """Stamp ``names`` with the next invalidation number and delete them,
@@ -236,7 +240,7 @@ class CacheGuard(WritePath):
         template, for the events' labels (as for :meth:`get_or_load`).
         """
         names = self._names(names)
-        self._drive(self._invalidate_flow(names, template=template), ", ".join(names))
+        self._drive(invalidate_flow(self, names, template=template), ", ".join(names))
 
     def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix``: values and fills
@@ -244,7 +248,7 @@ class CacheGuard(WritePath):
         so it is the fallback for changes whose keys cannot be listed; the number of
         keys invalidated is returned."""
         prefix = self._prefix(prefix)
-        return self._drive(self._invalidate_prefix_flow(prefix), f"{prefix}*")  # type: ignore[no-any-return]
+        return self._drive(invalidate_prefix_flow(self, prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @contextmanager
     def write(self, *names: str, timeout: float | None = None) -> Iterator[None]:
@@ -262,7 +266,7 @@ class CacheGuard(WritePath):
         # body re-enter), not the thread's: the exit may run in another thread.
         holder = enter_holder()
         try:
-            flow = self._write_flow(names, timeout, holder)
+            flow = write_flow(self, names, timeout, holder)
             self._run(flow, "the write")  # up to the body; raising, it holds nothing
             try:
                 yield

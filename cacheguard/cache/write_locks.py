@@ -32,7 +32,14 @@ from typing import Any
 
 from cacheguard._identity import ambient_holder
 
-__all__ = ["AsyncStoreWriteLock", "StoreWriteLock", "WriteLockStore", "checked_store"]
+__all__ = [
+    "AsyncStoreWriteLock",
+    "StoreWriteLock",
+    "WriteLockStore",
+    "async_store_write_locks",
+    "checked_store",
+    "store_write_locks",
+]
 
 WriteLockStore = Callable[[str], Any]
 """Makes the lock of a name: ``store(name)`` has ``acquire_write(timeout)`` returning a
@@ -108,3 +115,17 @@ def checked_store(store: WriteLockStore | None) -> WriteLockStore | None:
 
 def _holder(holder: Any) -> Any:
     return ambient_holder() if holder is None else holder
+
+
+def store_write_locks(store: WriteLockStore | None) -> Callable[[str], StoreWriteLock] | None:
+    """The write lock of a name from ``store``, for the sync guard; None without one."""
+    checked = checked_store(store)
+    return None if checked is None else lambda name: StoreWriteLock(checked(name))
+
+
+def async_store_write_locks(
+    store: WriteLockStore | None,
+) -> Callable[[str], AsyncStoreWriteLock] | None:
+    """The write lock of a name from ``store``, for the asyncio guard; None without one."""
+    checked = checked_store(store)
+    return None if checked is None else lambda name: AsyncStoreWriteLock(checked(name))

@@ -76,10 +76,16 @@ class GuardCore:
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         flight_event: Callable[[], Any],
+        locks: Any,
+        store_write_lock: Callable[[str], Any] | None = None,
         node_of: Callable[[str], str] | None = None,
         replicas: Callable[[], int] = lambda: 0,
     ) -> None:
         self.settings = settings
+        # The two-tier locks (a LockFactory, or its asyncio twin) and, with
+        # write_locks=, the store's write lock of a name (cache/write_locks.py).
+        self._locks = locks
+        self._store_write_lock = store_write_lock
         self.namespace = settings.namespace
         self._timer = timer
         self._clock = clock
@@ -133,6 +139,19 @@ class GuardCore:
 
     def keys(self, name: str) -> ResourceKeys:
         return ResourceKeys(self.namespace, name)
+
+    def rwlock(self, name: str) -> Any:
+        """The two-tier read-write lock of resource ``name`` (one per name in this
+        process, or in this event loop for the asyncio guard)."""
+        return self._locks.rwlock(self._name(name))
+
+    def write_lock(self, name: str) -> Any:
+        """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
+        lock, or the ``write_locks`` store's (see :mod:`cacheguard.cache.write_locks`)."""
+        name = self._name(name)
+        if self._store_write_lock is None:
+            return self._locks.rwlock(name)
+        return self._store_write_lock(name)
 
     def watch_prefix(self, prefix: str) -> None:
         """Make fills of keys under ``prefix`` honour its prefix invalidations (see

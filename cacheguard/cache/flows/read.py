@@ -553,15 +553,6 @@ class ReadPath(GuardCore):
 
     # -- what each guard provides --------------------------------------------------------
 
-    def rwlock(self, name: str) -> Any:
-        """The two-tier read-write lock of resource ``name``."""
-        raise NotImplementedError
-
-    def write_lock(self, name: str) -> Any:
-        """The lock the write path takes for ``name``: the two-tier lock (a guard with
-        ``write_locks`` gives the store's instead, see :mod:`cacheguard.cache.write_locks`)."""
-        return self.rwlock(name)
-
     def _start_background(
         self,
         flow: Generator[ReadStep, Any, None],
