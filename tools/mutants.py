@@ -1114,9 +1114,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "followers of a leader that was cancelled or interrupted carry on (one of them "
         "loads); they do not inherit its cancellation or its KeyboardInterrupt",
         "cacheguard/cache/read_path.py",
-        "        except Exception as exc:\n"
+        "        if isinstance(exc, Exception):\n"
         "            self._flights.finish(name, flight, error=exc)\n",
-        "        except BaseException as exc:\n"
+        "        if True:\n"
         "            self._flights.finish(name, flight, error=exc)\n",
         (
             "tests/test_aio_guard.py::"

@@ -41,7 +41,7 @@ from cacheguard.aio.local import current_task
 from cacheguard.aio.notifier import aclose_notifiers_of, async_notifier_for
 from cacheguard.aio.two_tier import AsyncLockFactory, AsyncTwoTierRWLock
 from cacheguard.cache.core import value_key
-from cacheguard.cache.driver import backend_down, is_loader
+from cacheguard.cache.driver import backend_down, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flow import Call, LoadUnlocked, Lookup
 from cacheguard.cache.gutter import gutter_guard_made, gutter_settings
@@ -64,6 +64,7 @@ from cacheguard.clients import (
     aclose_async_client,
     async_client_from_url,
     check_async_client,
+    direct_aget,
     node_namer,
     replicas_expected,
 )
@@ -167,6 +168,9 @@ class AsyncCacheGuard(WritePath):
         )
         guard = cls(client, **settings)  # (refused: the client never connected, holds nothing)
         guard._owns_client = True
+        get = direct_aget(client)
+        if get is not None:
+            guard._direct_get = (client, get)
         return guard
 
     # -- public API -----------------------------------------------------------------
@@ -196,8 +200,21 @@ class AsyncCacheGuard(WritePath):
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
         name = self._name(name)
-        flow = self._read(name, load, ttl, none_ttl, template)
-        return await self._run(flow, name, load, template)
+        lead = self._hit_lead(name, ttl)
+        if lead is None:
+            flow = self._read(name, load, ttl, none_ttl, template)
+            return await self._run(flow, name, load, template)
+        # The hit path, as CacheGuard.get_or_load's (see cache/read_path.py).
+        direct, client = self._direct_get, self.client
+        get = direct[1] if direct is not None and direct[0] is client else client.get
+        try:
+            raw, error = await get(value_key(self.namespace, name)), None
+        except BaseException as exc:
+            raw, error = lookup_failed(name, exc)
+        value, rest = self._hit(name, lead, raw, error, load, ttl, none_ttl, template)
+        if rest is None:
+            return value
+        return await self._run(rest, name, load, template)
 
     async def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
