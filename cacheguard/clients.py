@@ -287,7 +287,7 @@ class QueueingPool(redis.asyncio.ConnectionPool):
     def __init__(self, *, timeout: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.timeout = timeout
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         deadline: float | None = None
@@ -299,17 +299,22 @@ class QueueingPool(redis.asyncio.ConnectionPool):
             loop = asyncio.get_running_loop()
             if deadline is None:
                 deadline = loop.time() + self.timeout
-            waiter: asyncio.Future[None] = loop.create_future()
+            # True: a release woke us; False: the deadline passed. (No wait_for: it
+            # would swallow a cancellation that comes just after the wake-up.)
+            waiter: asyncio.Future[bool] = loop.create_future()
             self._waiters.append(waiter)
+            timer = loop.call_later(max(deadline - loop.time(), 0.0), _expire, waiter)
             try:
-                await asyncio.wait_for(waiter, max(deadline - loop.time(), 0.0))
-            except asyncio.TimeoutError:
-                raise redis.ConnectionError("No connection available.") from None
+                woken = await waiter
             except BaseException:
                 # Cancelled just as a release woke us: that wake-up is the next one's.
-                if waiter.done() and not waiter.cancelled():
+                if waiter.done() and not waiter.cancelled() and waiter.result():
                     self._wake_one()
                 raise
+            finally:
+                timer.cancel()
+            if not woken:
+                raise redis.ConnectionError("No connection available.")
 
     async def release(self, connection: Any) -> None:
         await super().release(connection)
@@ -319,8 +324,13 @@ class QueueingPool(redis.asyncio.ConnectionPool):
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():  # a waiter that timed out or was cancelled is done
-                waiter.set_result(None)
+                waiter.set_result(True)
                 return
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 def direct_get(client: SyncClient) -> Callable[[str], Any] | None:

@@ -1116,8 +1116,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "cacheguard/cache/read_path.py",
         "        if isinstance(exc, Exception):\n"
         "            self._flights.finish(name, flight, error=exc)\n",
-        "        if True:\n"
-        "            self._flights.finish(name, flight, error=exc)\n",
+        "        if True:\n            self._flights.finish(name, flight, error=exc)\n",
         (
             "tests/test_aio_guard.py::"
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
@@ -2882,16 +2881,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "get-or-load-applies-max-key-length",
         "get_or_load shortens a name longer than max_key_length, as every entry point does",
         "cacheguard/cache/guard.py",
-        "        name = self._name(name)\n        flow = self._read(",
-        "        flow = self._read(",
+        "        name = self._name(name)\n        lead = self._hit_lead(",
+        "        lead = self._hit_lead(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[sync]",),
     ),
     Mutant(
         "aio-get-or-load-applies-max-key-length",
         "the asyncio get_or_load shortens a name longer than max_key_length, as the sync one",
         "cacheguard/aio/guard.py",
-        "        name = self._name(name)\n        flow = self._read(",
-        "        flow = self._read(",
+        "        name = self._name(name)\n        lead = self._hit_lead(",
+        "        lead = self._hit_lead(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[async]",),
     ),
     Mutant(
@@ -3111,6 +3110,93 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (
             "tests/faults/test_outage_modes.py::test_recovery_refills_each_key_once_across_processes[async-killed]",
+        ),
+    ),
+    # -- the hit path and from_url's clients (issue #25) -----------------------------------
+    Mutant(
+        "hit-path-only-when-circuit-closed",
+        "a hit path's GET is sent only while the key's circuit is closed (an open circuit "
+        "keeps the call off Redis, a half-open one lets the flow take its one probe)",
+        "cacheguard/cache/read_path.py",
+        "            or not self._breaker(name).closed\n",
+        "            or False\n",
+        ("tests/test_hit_path.py::test_an_open_circuit_keeps_a_hit_off_redis",),
+    ),
+    Mutant(
+        "hit-path-misses-go-to-the-flow",
+        "an entry the hit path read past its life (and its stale window) is not served: "
+        "the flow loads it",
+        "cacheguard/cache/read_path.py",
+        "                if verdict != MISS:\n",
+        "                if True:\n",
+        ("tests/test_hit_path.py::test_an_entry_read_past_its_life_is_loaded_again",),
+    ),
+    Mutant(
+        "hit-path-replay-pending-to-the-flow",
+        "a value the hit path read while outbox replays are pending is not served: the "
+        "flow replays first and reads again",
+        "cacheguard/cache/read_path.py",
+        "        if raw.__class__ is not bytes or self._recovery.pending:\n",
+        "        if raw.__class__ is not bytes:\n",
+        (
+            "tests/test_hit_path.py::"
+            "test_a_value_read_as_an_outbox_write_happens_is_served_after_the_replay",
+        ),
+    ),
+    Mutant(
+        "hit-lookup-wrongtype-is-a-reply",
+        "a hit path's GET of a key of another type is a miss counted as corrupt (the flow "
+        "loads and stores over it), not an error raised to the caller",
+        "cacheguard/cache/driver.py",
+        "        return exc, None\n",
+        "        return None, exc\n",
+        (
+            "tests/test_hit_path.py::"
+            "test_a_from_url_hit_of_a_key_of_another_type_is_counted_and_loaded",
+            "tests/test_hit_path.py::"
+            "test_an_asyncio_from_url_hit_of_a_key_of_another_type_is_counted_and_loaded",
+        ),
+    ),
+    Mutant(
+        "asyncio-pool-queues-tasks",
+        "tasks of an asyncio guard made by from_url wait for a free connection when all "
+        "are in use, instead of failing as Redis unavailable",
+        "cacheguard/clients.py",
+        "            except redis.exceptions.MaxConnectionsError:\n                pass\n",
+        "            except redis.exceptions.MaxConnectionsError:\n                raise\n",
+        ("tests/test_hit_path.py::test_the_asyncio_pool_makes_tasks_wait_for_a_connection",),
+    ),
+    Mutant(
+        "asyncio-pool-wait-bounded",
+        "a task waits for a pooled connection at most the pool's timeout (socket_timeout), "
+        "then gets a ConnectionError",
+        "cacheguard/clients.py",
+        "            timer = loop.call_later(max(deadline - loop.time(), 0.0), _expire, waiter)\n",
+        "            timer = loop.call_later(3600.0, _expire, waiter)\n",
+        ("tests/test_hit_path.py::test_a_task_waits_for_a_connection_at_most_the_pool_timeout",),
+    ),
+    Mutant(
+        "asyncio-pool-cancelled-waiter-passes-wake-up",
+        "a task cancelled just as a released connection woke it passes the wake-up to the "
+        "next waiting task",
+        "cacheguard/clients.py",
+        "                if waiter.done() and not waiter.cancelled() and waiter.result():\n",
+        "                if False:\n",
+        (
+            "tests/test_hit_path.py::"
+            "test_a_waiter_cancelled_as_it_is_woken_passes_the_connection_on",
+        ),
+    ),
+    Mutant(
+        "pooled-connection-check-sees-data",
+        "the one-select check of a pooled TCP connection still sees a reply left unread "
+        "and a connection the server closed while it sat idle",
+        "cacheguard/clients.py",
+        "            and not select.select((sock,), (), (), 0)[0]\n",
+        "            and True\n",
+        (
+            "tests/test_hit_path.py::"
+            "test_a_pooled_connection_with_a_reply_or_closed_by_the_server_is_seen",
         ),
     ),
     Mutant(
