@@ -956,13 +956,25 @@ MUTANTS: tuple[Mutant, ...] = (
         "a read that starts after guard.write returned never takes the answer of a GET "
         "sent before it (the flight is sealed for the leader's GET)",
         "cacheguard/cache/read_path.py",
-        "sealed = flight.generation  # flights are born sealed",
-        "sealed = flight.generation + 1  # flights are born sealed",
+        "sealed = flight.generation  # born sealed for this GET",
+        "sealed = flight.generation + 1  # born sealed for this GET",
         (
             "tests/test_guarantees.py::"
             "test_a_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
             "tests/test_guarantees.py::"
             "test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
+        ),
+    ),
+    Mutant(
+        "flow-get-seals-the-flight",
+        "the same for a leader's GET sent by the read flow (not the hit path): a read "
+        "that starts after guard.write returned never takes its answer",
+        "cacheguard/cache/read_path.py",
+        "sealed = flight.generation  # flights are born sealed",
+        "sealed = flight.generation + 1  # flights are born sealed",
+        (
+            "tests/test_guarantees.py::"
+            "test_a_read_through_the_flow_that_starts_after_a_write_never_shares_a_get_sent_before_it",
         ),
     ),
     Mutant(
