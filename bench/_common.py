@@ -11,6 +11,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,53 @@ def interleaved_batches_us(
             batches[label](batch)
             samples[label].append((time.perf_counter() - start) / batch * 1e6)
     return {label: statistics.median(values) for label, values in samples.items()}
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One body's figures from :func:`paired_batches`: medians over batches of µs per
+    call, wall-clock and this thread's CPU, and the medians of each batch's
+    difference from the same round's batch of the first body (the base)."""
+
+    wall: float
+    cpu: float
+    wall_over: float
+    cpu_over: float
+
+
+def paired_batches(
+    batches: dict[str, Callable[[int], None]], rounds: int, batch: int = 300
+) -> dict[str, Paired]:
+    """Run every body ``batch`` calls at a time, ``rounds`` times, in a rotating order
+    (each round runs each body once, back to back), and compare each with the first
+    body round by round: the machine's speed, which drifts by more than the
+    differences measured, moves the batches of one round alike. The CPU time is
+    this thread's alone: the wait for the server's reply is not in it."""
+    labels = list(batches)
+    wall: dict[str, list[float]] = {label: [] for label in labels}
+    cpu: dict[str, list[float]] = {label: [] for label in labels}
+    for round_no in range(rounds):
+        rotation = round_no % len(labels)
+        for label in labels[rotation:] + labels[:rotation]:
+            cpu_start, start = time.thread_time(), time.perf_counter()
+            batches[label](batch)
+            elapsed, cpu_elapsed = time.perf_counter() - start, time.thread_time() - cpu_start
+            wall[label].append(elapsed / batch * 1e6)
+            cpu[label].append(cpu_elapsed / batch * 1e6)
+
+    def over(samples: dict[str, list[float]], label: str) -> float:
+        pairs = zip(samples[label], samples[labels[0]], strict=True)
+        return statistics.median(a - b for a, b in pairs)
+
+    return {
+        label: Paired(
+            wall=statistics.median(wall[label]),
+            cpu=statistics.median(cpu[label]),
+            wall_over=over(wall, label),
+            cpu_over=over(cpu, label),
+        )
+        for label in labels
+    }
 
 
 def write_section(path: Path, text: str, mark: str) -> None:

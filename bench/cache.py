@@ -1,7 +1,8 @@
 """Cache benchmark: the cold-key stampede and the hit path, side by side in one run.
 
     python bench/cache.py [--url redis://...] [--processes 4] [--threads 25] [--tasks 50]
-                          [--load-ms 50] [--rounds 3] [--write docs/benchmarks.md]
+                          [--load-ms 50] [--rounds 3] [--hit-rounds 100] [--hit-only]
+                          [--write docs/benchmarks.md]
 
 Without ``--url`` it starts its own throwaway ``redis-server`` (so command counts
 are not mixed with other traffic), or falls back like the tests do.
@@ -21,18 +22,26 @@ With ``--cluster`` (the default when ``redis-server`` is installed) the sync and
 asyncio stampedes run again on a throwaway Redis Cluster (3 masters, 3 replicas),
 beside the single-server figures; commands are summed over the masters.
 
-Hit path: one warm key, one thread, default settings: µs per ``get_or_load``,
-``CacheLoader.get`` and a ``@cached_with_lock`` call next to a raw GET +
-``msgpack.unpackb`` of the same payload (batches interleaved), over the network
-and with GET answered from memory (the Python cost alone); and an L1 hit. The
-asyncio guard's ``get_or_load``, ``AsyncCacheLoader.get`` and decorated ``async def``
-next to a raw ``await client.get()`` + ``msgpack.unpackb``, on one event loop.
+Hit path (``--hit-only``: this alone): one warm key, one thread, default settings,
+over a real connection. A default redis-py client's GET + decode of the same
+payload (the codec call the guard makes: what a user pays without cacheguard),
+the GET + decode of the client ``CacheGuard.from_url`` makes, and a hit through
+``get_or_load``, ``CacheLoader.get`` and ``@cached_with_lock``; then the asyncio
+twins on one event loop (a default ``redis.asyncio`` client against
+``AsyncCacheGuard.from_url``). Batches of 300 calls, every row's once per round in
+a rotating order, ``--hit-rounds`` rounds: µs per call is the median batch, and
+the cost over the default client is the median of the rounds' paired differences
+(the machine's speed drifts by more than the differences measured; a round's
+batches drift alike). Each row's CPU time (this thread's: the wait for Redis
+excluded) beside it. Then the same rows with GET answered from memory (the
+Python cost alone), and an L1 hit.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -53,9 +62,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cacheguard_testing.deployments import OwnedRedisCluster
 
 from bench._common import (
+    Paired,
     command_calls,
-    interleaved_batches_us,
-    interleaved_us,
+    paired_batches,
     percentile,
     run_line,
     run_report,
@@ -64,6 +73,7 @@ from bench._common import (
 )
 from cacheguard import CacheGuard, CacheLoader, cached_with_lock
 from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader, async_notifier_for
+from cacheguard.cache.codec import MsgpackCodec
 from cacheguard.cache.scripts import TIMED_GET
 from cacheguard.redis.clients import parse_url, sync_client_from_url
 from cacheguard.redis.notifier import notifier_for
@@ -71,6 +81,7 @@ from cacheguard.testing import RedisEndpoint
 
 CTX = mp.get_context("spawn")
 MARK = "bench/cache.py"
+HIT_MARK = "bench/cache.py --hit-only"
 
 
 def _worker(
@@ -294,8 +305,23 @@ def _menu_rows() -> list[dict[str, Any]]:
     ]
 
 
-def _hit_bodies(client: Any, guard: CacheGuard, raw_key: str) -> dict[str, Callable[[], None]]:
-    """The hit paths measured, all with default settings, on ``guard``'s client."""
+# What a user does without cacheguard: GET the key and decode it with the same
+# codec call the guard makes (msgpack with the guard's extension types).
+_CODEC = MsgpackCodec()
+RAW_KEY = "bench-hit:raw"
+HIT_NAMESPACE = "bench-hit"
+
+
+def _batched(body: Callable[[], Any]) -> Callable[[int], None]:
+    def run(n: int) -> None:
+        for _ in range(n):
+            body()
+
+    return run
+
+
+def _guard_bodies(guard: CacheGuard) -> dict[str, Callable[[int], None]]:
+    """A hit through each way in, on ``guard`` (key template rendering included)."""
     value = _menu_rows()
 
     def load_menu(menu_id: int) -> list[dict[str, Any]]:
@@ -307,55 +333,71 @@ def _hit_bodies(client: Any, guard: CacheGuard, raw_key: str) -> dict[str, Calla
     def cached_menu(menu_id: int) -> list[dict[str, Any]]:
         return value
 
-    def raw() -> None:
-        msgpack.unpackb(client.get(raw_key))
-
     return {
-        "raw GET + unpackb": raw,
-        "get_or_load": lambda: guard.get_or_load("menu:7", lambda: value, ttl=3600),
-        "CacheLoader.get": lambda: menu.get(7),
-        "@cached_with_lock": lambda: cached_menu(7),
+        "get_or_load": _batched(lambda: guard.get_or_load("menu:7", lambda: value, ttl=3600)),
+        "CacheLoader.get": _batched(lambda: menu.get(7)),
+        "@cached_with_lock": _batched(lambda: cached_menu(7)),
     }
 
 
-def hit_path(url: str, cycles: int) -> dict[str, dict[str, float]]:
-    """µs per hit, end to end over the network and without it (in-memory GET)."""
-    client = redis.Redis.from_url(url)
-    guard = CacheGuard(client, namespace="bench-hit")  # default settings
+def _decoded(client: Any) -> Callable[[int], None]:
+    decode, get = _CODEC.decode, client.get
+    return _batched(lambda: decode(get(RAW_KEY)))
+
+
+def hit_path(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
+    """µs per hit over the wire, beside a default redis-py client's GET + decode of
+    the same payload, and with GET answered from memory (the Python cost alone)."""
+    default = redis.Redis.from_url(url)
+    default.set(RAW_KEY, _CODEC.encode(_menu_rows()))
+    guard = CacheGuard.from_url(url, namespace=HIT_NAMESPACE)  # what from_url gives
     guard.invalidate("menu:7")
     guard.get_or_load("menu:7", _menu_rows, ttl=3600)
-    raw_key = "bench-hit:raw"
-    client.set(raw_key, msgpack.packb(_menu_rows()))
-    results: dict[str, dict[str, float]] = {}
-    for label, bodies in (
-        ("over the network", _hit_bodies(client, guard, raw_key)),
-        (
-            "in-memory GET (Python cost only)",
-            _hit_bodies(
-                _InMemory(client, [raw_key]),
-                _in_memory_guard(client, guard),
-                raw_key,
-            ),
-        ),
-    ):
-        for body in bodies.values():
-            for _ in range(200):
-                body()
-        results[label] = interleaved_us(bodies, cycles)
-
-    l1_guard = CacheGuard(client, namespace="bench-hit", l1_maxsize=1000, l1_ttl=3600)
-    value = _menu_rows()
-    deadline = time.monotonic() + 5
-    while "menu:7" not in l1_guard._l1 and time.monotonic() < deadline:  # type: ignore[operator]
-        l1_guard.get_or_load("menu:7", lambda: value, ttl=3600)  # L1 keeps once subscribed
-        time.sleep(0.01)
-    n = 50000
-    start = time.perf_counter()
-    for _ in range(n):
-        l1_guard.get_or_load("menu:7", lambda: value, ttl=3600)
-    results["over the network"]["L1 hit (get_or_load)"] = (time.perf_counter() - start) / n * 1e6
-    l1_guard.close()
+    memory = CacheGuard(default, namespace=HIT_NAMESPACE)
+    memory.client = _InMemory(default, [guard.keys("menu:7").value])  # type: ignore[assignment]
+    sections = {
+        "over the wire": {
+            "default client: GET + decode": _decoded(default),
+            "guard's client: GET + decode": _decoded(guard.client),
+            **_guard_bodies(guard),
+        },
+        "no I/O (GET from memory)": {
+            "GET + decode": _decoded(_InMemory(default, [RAW_KEY])),
+            **_guard_bodies(memory),
+        },
+    }
+    results: dict[str, dict[str, Paired]] = {}
+    try:
+        for where, bodies in sections.items():
+            for run in bodies.values():
+                run(300)  # connections, scripts, key names: warm, as in a service
+            results[where] = paired_batches(bodies, rounds)
+        results["over the wire"]["L1 hit (get_or_load)"] = _l1_hit(url)
+    finally:
+        guard.close()
+        default.close()
     return results
+
+
+def _l1_hit(url: str) -> Paired:
+    client = redis.Redis.from_url(url)
+    l1_guard = CacheGuard(client, namespace=HIT_NAMESPACE, l1_maxsize=1000, l1_ttl=3600)
+    value = _menu_rows()
+    try:
+        deadline = time.monotonic() + 5
+        while "menu:7" not in l1_guard._l1 and time.monotonic() < deadline:  # type: ignore[operator]
+            l1_guard.get_or_load("menu:7", lambda: value, ttl=3600)  # L1 keeps once subscribed
+            time.sleep(0.01)
+        n = 50000
+        cpu_start, start = time.thread_time(), time.perf_counter()
+        for _ in range(n):
+            l1_guard.get_or_load("menu:7", lambda: value, ttl=3600)
+        wall = (time.perf_counter() - start) / n * 1e6
+        cpu = (time.thread_time() - cpu_start) / n * 1e6
+    finally:
+        l1_guard.close()
+        client.close()
+    return Paired(wall, cpu, math.nan, math.nan)
 
 
 class _AsyncInMemory:
@@ -371,8 +413,8 @@ class _AsyncInMemory:
         return _InMemory.evalsha(self, sha, numkeys, key, *args)  # type: ignore[arg-type]
 
 
-def _async_hit_bodies(client: Any, guard: AsyncCacheGuard, raw_key: str) -> dict[str, Any]:
-    """The asyncio guard's hit paths, each a coroutine function of one cycle."""
+def _async_guard_bodies(guard: AsyncCacheGuard) -> dict[str, Any]:
+    """The asyncio guard's hits, each a coroutine function of one call."""
     value = _menu_rows()
 
     async def load_menu(menu_id: int) -> list[dict[str, Any]]:
@@ -384,9 +426,6 @@ def _async_hit_bodies(client: Any, guard: AsyncCacheGuard, raw_key: str) -> dict
     async def cached_menu(menu_id: int) -> list[dict[str, Any]]:
         return value
 
-    async def raw() -> None:
-        msgpack.unpackb(await client.get(raw_key))
-
     async def get_or_load() -> None:
         await guard.get_or_load("menu:7", lambda: value, ttl=3600)
 
@@ -397,63 +436,128 @@ def _async_hit_bodies(client: Any, guard: AsyncCacheGuard, raw_key: str) -> dict
         await cached_menu(7)
 
     return {
-        "raw await GET + unpackb": raw,
         "get_or_load (asyncio)": get_or_load,
         "AsyncCacheLoader.get": loader_get,
         "@cached_with_lock (async def)": decorated,
     }
 
 
-def async_hit_path(url: str, cycles: int) -> dict[str, dict[str, float]]:
-    """µs per hit of the asyncio guard, over the network and with GET from memory;
-    every batch runs on one event loop (the guard belongs to it)."""
+def _async_decoded(client: Any) -> Any:
+    decode, get = _CODEC.decode, client.get
+
+    async def raw() -> None:
+        decode(await get(RAW_KEY))
+
+    return raw
+
+
+def async_hit_path(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
+    """:func:`hit_path` on asyncio: a default ``redis.asyncio`` client's GET + decode
+    beside the asyncio guard's hits; every batch runs on one event loop (a guard
+    belongs to one)."""
     loop = asyncio.new_event_loop()
     sync_client = redis.Redis.from_url(url)
-    raw_key = "bench-hit:raw"
-    sync_client.set(raw_key, msgpack.packb(_menu_rows()))
-    guard = AsyncCacheGuard(redis.asyncio.Redis.from_url(url), namespace="bench-hit")
+    sync_client.set(RAW_KEY, _CODEC.encode(_menu_rows()))
+    default = redis.asyncio.Redis.from_url(url)
+    guard = AsyncCacheGuard.from_url(url, namespace=HIT_NAMESPACE)  # what from_url gives
     loop.run_until_complete(guard.get_or_load("menu:7", _menu_rows, ttl=3600))
-    memory = AsyncCacheGuard(redis.asyncio.Redis.from_url(url), namespace="bench-hit")
+    memory = AsyncCacheGuard(default, namespace=HIT_NAMESPACE)
     memory.client = _AsyncInMemory(sync_client, [guard.keys("menu:7").value])  # type: ignore[assignment]
-    results: dict[str, dict[str, float]] = {}
+    sections = {
+        "over the wire": {
+            "default client: await GET + decode": _async_decoded(default),
+            "guard's client: await GET + decode": _async_decoded(guard.client),
+            **_async_guard_bodies(guard),
+        },
+        "no I/O (GET from memory)": {
+            "await GET + decode": _async_decoded(_AsyncInMemory(sync_client, [RAW_KEY])),
+            **_async_guard_bodies(memory),
+        },
+    }
+
+    def batch(body: Any) -> Callable[[int], None]:
+        async def calls(n: int) -> None:
+            for _ in range(n):
+                await body()
+
+        return lambda n: loop.run_until_complete(calls(n))
+
+    results: dict[str, dict[str, Paired]] = {}
     try:
-        for label, bodies in (
-            ("over the network", _async_hit_bodies(guard.client, guard, raw_key)),
-            (
-                "in-memory GET (Python cost only)",
-                _async_hit_bodies(_AsyncInMemory(sync_client, [raw_key]), memory, raw_key),
-            ),
-        ):
-
-            def batch(body: Any) -> Any:
-                async def cycles_of(n: int) -> None:
-                    for _ in range(n):
-                        await body()
-
-                return lambda n: loop.run_until_complete(cycles_of(n))
-
+        for where, bodies in sections.items():
             batches = {name: batch(body) for name, body in bodies.items()}
             for run in batches.values():
-                run(200)
-            results[label] = interleaved_batches_us(batches, cycles)
+                run(300)
+            results[where] = paired_batches(batches, rounds)
     finally:
         loop.run_until_complete(guard.aclose())
-        loop.run_until_complete(guard.client.aclose())
+        loop.run_until_complete(default.aclose())
         loop.close()
+        sync_client.close()
     return results
 
 
-def _in_memory_guard(client: redis.Redis, guard: CacheGuard) -> CacheGuard:
-    memory = CacheGuard(client, namespace="bench-hit")
-    memory.client = _InMemory(client, [guard.keys("menu:7").value])  # type: ignore[assignment]
-    return memory
+def hit_table(sync: dict[str, dict[str, Paired]], aio: dict[str, dict[str, Paired]]) -> list[str]:
+    """The hit path's rows: each against the first row of its block (the default
+    client's GET + decode, or the same GET answered from memory)."""
+    lines = [
+        "| GET | operation | µs / call | µs over the first row | vs first row "
+        "| client CPU µs / call | CPU µs over the first row |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for where, sync_block in sync.items():
+        for block in (sync_block, aio[where]):
+            base = next(iter(block.values()))
+            for label, p in block.items():
+                if math.isnan(p.wall_over):  # no paired base (the L1 hit)
+                    lines.append(f"| {where} | {label} | {p.wall:.1f} | | | {p.cpu:.1f} | |")
+                    continue
+                lines.append(
+                    f"| {where} | {label} | {p.wall:.1f} | {p.wall_over:+.1f} "
+                    f"| {p.wall / base.wall:.2f}x | {p.cpu:.1f} | {p.cpu_over:+.1f} |"
+                )
+    return lines
 
 
-def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
+def _hit_report(endpoint: RedisEndpoint, args: argparse.Namespace) -> list[str]:
+    rounds = args.hit_rounds
+    sync, aio = hit_path(endpoint.url, rounds), async_hit_path(endpoint.url, rounds)
+    return [
+        f"Hit path over the wire, one warm key (a 20-row menu list), one thread, default "
+        f"settings, guards made by `from_url`; {rounds} rounds of 300-call batches, every "
+        "row's batch once per round in a rotating order. µs / call: the median batch; "
+        "over the first row: the median of each round's difference from that round's "
+        "batch of the first row of its block (a default redis-py client, `redis.Redis."
+        "from_url(url)` or `redis.asyncio.Redis.from_url(url)`, GET + the codec's decode "
+        "of the same payload); client CPU: this thread's CPU time, the wait for Redis "
+        "excluded. Then the same with GET answered from memory (the Python cost alone):",
+        "",
+        *hit_table(sync, aio),
+    ]
+
+
+def _server_line(endpoint: RedisEndpoint) -> str:
     try:
         server = redis.Redis.from_url(endpoint.url).info("server")
     except redis.ResponseError:  # fakeredis has no INFO
         server = {"redis_version": "fakeredis"}
+    return run_line(str(server.get("redis_version")), endpoint.kind)
+
+
+def hit_report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
+    """``--hit-only``: the hit path's table alone."""
+    return "\n".join(
+        [
+            _server_line(endpoint),
+            "",
+            f"Command: `python bench/cache.py --hit-only --hit-rounds {args.hit_rounds}`",
+            "",
+            *_hit_report(endpoint, args),
+        ]
+    )
+
+
+def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
     load_s = args.load_ms / 1000
     runs: dict[str, list[dict[str, Any]]] = {"cacheguard": [], "naive cache-aside": []}
     async_runs: dict[str, list[dict[str, Any]]] = {
@@ -478,18 +582,16 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
     )
     floors = [wake_floor(args.processes, args.threads) for _ in range(args.rounds)]
     task_floors = [wake_floor(args.processes, args.tasks, tasks=True) for _ in range(args.rounds)]
-    hits = hit_path(endpoint.url, args.cycles)
-    async_hits = async_hit_path(endpoint.url, args.cycles)
 
     def med(kind: str, field: str) -> float:
         return statistics.median(r[field] for r in {**runs, **async_runs, **cluster_runs}[kind])
 
     lines = [
-        run_line(str(server.get("redis_version")), endpoint.kind),
+        _server_line(endpoint),
         "",
         f"Command: `python bench/cache.py --processes {args.processes} --threads {args.threads} "
         f"--tasks {args.tasks} --load-ms {args.load_ms} --rounds {args.rounds} "
-        f"--cycles {args.cycles}`",
+        f"--hit-rounds {args.hit_rounds}`",
         "",
         f"Cold-key stampede, {args.processes} processes x {args.threads} threads, "
         f"{args.load_ms} ms loader, median of {args.rounds} rounds (every round's figures "
@@ -576,25 +678,7 @@ def report(endpoint: RedisEndpoint, args: argparse.Namespace) -> str:
                 f"{k.upper()} {v}" for k, v in sorted(first.items(), key=lambda kv: -kv[1])
             ),
         ]
-    hits = {
-        where: {**micros, **{k: v for k, v in async_hits[where].items()}}
-        for where, micros in hits.items()
-    }
-    lines += [
-        "",
-        "Hit path, one warm key (a 20-row menu list), one thread, default settings "
-        "(key template rendering included). Over the network, and with GET answered "
-        "from memory (the Python cost alone, without the network's noise):",
-        "",
-        "| GET | operation | µs / op | µs over raw GET + unpackb | vs raw |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for where, micros in hits.items():
-        for label, us in micros.items():
-            # asyncio rows against the asyncio raw GET, the others against the sync one
-            asyncio_row = label in async_hits.get(where, {})
-            base = micros["raw await GET + unpackb" if asyncio_row else "raw GET + unpackb"]
-            lines.append(f"| {where} | {label} | {us:.1f} | {us - base:+.1f} | {us / base:.2f}x |")
+    lines += ["", *_hit_report(endpoint, args)]
     return "\n".join(lines)
 
 
@@ -610,7 +694,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=50, help="asyncio callers per process")
     parser.add_argument("--load-ms", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cycles", type=int, default=3000, help="hit-path cycles per row")
+    parser.add_argument(
+        "--hit-rounds", type=int, default=100, help="hit path: rounds of 300-call batches"
+    )
+    parser.add_argument("--hit-only", action="store_true", help="measure the hit path alone")
     parser.add_argument("--write", type=Path, help="also write the tables into this Markdown file")
     parser.add_argument(
         "--cluster",
@@ -622,10 +709,12 @@ def main(argv: list[str] | None = None) -> int:
     if (
         min(args.processes, args.threads, args.tasks, args.rounds) < 1
         or args.load_ms < 0
-        or args.cycles < 100
+        or args.hit_rounds < 1
     ):
-        parser.error(
-            "processes, threads, tasks and rounds must be >= 1, load-ms >= 0, cycles >= 100"
+        parser.error("processes, threads, tasks, rounds and hit-rounds must be >= 1, load-ms >= 0")
+    if args.hit_only:
+        return run_report(
+            args.url, args.write, HIT_MARK, lambda endpoint: hit_report(endpoint, args)
         )
     return run_report(args.url, args.write, MARK, lambda endpoint: report(endpoint, args))
 

@@ -18,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from cacheguard import MISSING, LockHandle, LockLostError, RedisRWLock
+from cacheguard import MISSING, CacheGuard, LockHandle, LockLostError, RedisRWLock
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.backoff import Backoff
 from cacheguard.cache.codec import MsgpackCodec
@@ -157,7 +157,21 @@ def test_a_read_that_starts_after_a_write_never_shares_a_get_sent_before_it(
     held up; meanwhile ``guard.write`` runs and returns. A read that starts now joins
     the leader's flight, yet must not take that reply: the flight was sealed for the
     GET, so the late follower reads again and loads the new value."""
-    guard = make_guard(client, namespace)
+    _no_answer_from_before_the_write(make_guard(client, namespace), client, monkeypatch)
+
+
+def test_a_read_through_the_flow_that_starts_after_a_write_never_shares_a_get_sent_before_it(
+    client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same when the leader's GET is the read flow's (a guard that remembers the
+    values it saw for outages reads through the flow, not the hit path)."""
+    guard = make_guard(client, namespace, outage_ttl=60)
+    _no_answer_from_before_the_write(guard, client, monkeypatch)
+
+
+def _no_answer_from_before_the_write(
+    guard: CacheGuard, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = {"k": "old"}
     assert guard.get_or_load("k", lambda: db["k"], ttl=60) == "old"
     got_reply, deliver = threading.Event(), threading.Event()

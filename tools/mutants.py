@@ -1054,20 +1054,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if verdict <= REFRESH:\n",
         "        if verdict <= REFRESH and False:\n",
         ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
-        within="GuardCore._served",
+        within="GuardCore._serve",
     ),
     Mutant(
         "hit-get-seals-the-flight",
         "a read that starts after guard.write returned never takes the answer of a GET "
         "sent before it (the flight is sealed for the leader's GET)",
         "cacheguard/cache/flows/read.py",
-        "sealed = flight.generation  # flights are born sealed",
-        "sealed = flight.generation + 1  # flights are born sealed",
+        "sealed = flight.generation  # born sealed for this GET",
+        "sealed = flight.generation + 1  # born sealed for this GET",
         (
             "tests/test_guarantees.py::"
             "test_a_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
             "tests/test_guarantees.py::"
             "test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
+        ),
+        within="ReadPath._hit",
+    ),
+    Mutant(
+        "flow-get-seals-the-flight",
+        "the same for a leader's GET sent by the read flow (not the hit path): a read "
+        "that starts after guard.write returned never takes its answer",
+        "cacheguard/cache/flows/read.py",
+        "sealed = flight.generation  # flights are born sealed",
+        "sealed = flight.generation + 1  # flights are born sealed",
+        (
+            "tests/test_guarantees.py::"
+            "test_a_read_through_the_flow_that_starts_after_a_write_never_shares_a_get_sent_before_it",
         ),
         within="ReadPath._read_flow",
     ),
@@ -1233,16 +1246,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "followers of a leader that was cancelled or interrupted carry on (one of them "
         "loads); they do not inherit its cancellation or its KeyboardInterrupt",
         "cacheguard/cache/flows/read.py",
-        "        except Exception as exc:\n"
+        "        if isinstance(exc, Exception):\n"
         "            self._flights.finish(name, flight, error=exc)\n",
-        "        except BaseException as exc:\n"
-        "            self._flights.finish(name, flight, error=exc)\n",
+        "        if True:\n            self._flights.finish(name, flight, error=exc)\n",
         (
             "tests/test_aio_guard.py::"
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
             "tests/test_review_guard.py::test_followers_of_an_interrupted_sync_leader_carry_on",
         ),
-        within="ReadPath._read_flow",
+        within="ReadPath._leader_failed",
     ),
     Mutant(
         "aio-cancelled-filler-ends-its-fill",
@@ -3264,8 +3276,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "get-or-load-applies-max-key-length",
         "get_or_load shortens a name longer than max_key_length, as every entry point does",
         "cacheguard/cache/guard.py",
-        "        name = self._name(name)\n        flow = self._read(",
-        "        flow = self._read(",
+        "        name = self._name(name)\n        lead = self._hit_lead(",
+        "        lead = self._hit_lead(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[sync]",),
         within="CacheGuard.get_or_load",
     ),
@@ -3273,8 +3285,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-get-or-load-applies-max-key-length",
         "the asyncio get_or_load shortens a name longer than max_key_length, as the sync one",
         "cacheguard/cache/async_guard.py",
-        "        name = self._name(name)\n        flow = self._read(",
-        "        flow = self._read(",
+        "        name = self._name(name)\n        lead = self._hit_lead(",
+        "        lead = self._hit_lead(",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[async]",),
         within="AsyncCacheGuard.get_or_load",
     ),
@@ -3360,7 +3372,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outage_settings.py::test_after_recovery_values_come_from_redis_not_from_reuse[sync]",
         ),
-        within="GuardCore._served",
+        within="GuardCore._serve",
     ),
     Mutant(
         "writes-drop-from-reuse",
@@ -3516,6 +3528,101 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/faults/test_outage_modes.py::test_recovery_refills_each_key_once_across_processes[async-killed]",
         ),
         within="async_client_from_url",
+    ),
+    # -- the hit path and from_url's clients (issue #25) -----------------------------------
+    Mutant(
+        "hit-path-only-when-circuit-closed",
+        "a hit path's GET is sent only while the key's circuit is closed (an open circuit "
+        "keeps the call off Redis, a half-open one lets the flow take its one probe)",
+        "cacheguard/cache/flows/read.py",
+        "            or not self._breaker(name).closed\n",
+        "            or False\n",
+        ("tests/test_hit_path.py::test_an_open_circuit_keeps_a_hit_off_redis",),
+        within="ReadPath._hit_lead",
+    ),
+    Mutant(
+        "hit-path-misses-go-to-the-flow",
+        "an entry the hit path read past its life (and its stale window) is not served: "
+        "the flow loads it",
+        "cacheguard/cache/flows/read.py",
+        "                if verdict != MISS:\n",
+        "                if True:\n",
+        ("tests/test_hit_path.py::test_an_entry_read_past_its_life_is_loaded_again",),
+        within="ReadPath._hit",
+    ),
+    Mutant(
+        "hit-path-replay-pending-to-the-flow",
+        "a value the hit path read while outbox replays are pending is not served: the "
+        "flow replays first and reads again",
+        "cacheguard/cache/flows/read.py",
+        "        if raw.__class__ is not bytes or self._recovery.pending:\n",
+        "        if raw.__class__ is not bytes:\n",
+        (
+            "tests/test_hit_path.py::"
+            "test_a_value_read_as_an_outbox_write_happens_is_served_after_the_replay",
+        ),
+        within="ReadPath._hit_entry",
+    ),
+    Mutant(
+        "hit-lookup-wrongtype-is-a-reply",
+        "a hit path's GET of a key of another type is a miss counted as corrupt (the flow "
+        "loads and stores over it), not an error raised to the caller",
+        "cacheguard/cache/driver.py",
+        "        return exc, None\n",
+        "        return None, exc\n",
+        (
+            "tests/test_hit_path.py::"
+            "test_a_from_url_hit_of_a_key_of_another_type_is_counted_and_loaded",
+            "tests/test_hit_path.py::"
+            "test_an_asyncio_from_url_hit_of_a_key_of_another_type_is_counted_and_loaded",
+        ),
+        within="lookup_failed",
+    ),
+    Mutant(
+        "asyncio-pool-queues-tasks",
+        "tasks of an asyncio guard made by from_url wait for a free connection when all "
+        "are in use, instead of failing as Redis unavailable",
+        "cacheguard/redis/clients.py",
+        "            except redis.exceptions.MaxConnectionsError:\n                pass\n",
+        "            except redis.exceptions.MaxConnectionsError:\n                raise\n",
+        ("tests/test_hit_path.py::test_the_asyncio_pool_makes_tasks_wait_for_a_connection",),
+        within="QueueingPool.get_connection",
+    ),
+    Mutant(
+        "asyncio-pool-wait-bounded",
+        "a task waits for a pooled connection at most the pool's timeout (socket_timeout), "
+        "then gets a ConnectionError",
+        "cacheguard/redis/clients.py",
+        "            timer = loop.call_later(max(deadline - loop.time(), 0.0), _expire, waiter)\n",
+        "            timer = loop.call_later(3600.0, _expire, waiter)\n",
+        ("tests/test_hit_path.py::test_a_task_waits_for_a_connection_at_most_the_pool_timeout",),
+        within="QueueingPool.get_connection",
+    ),
+    Mutant(
+        "asyncio-pool-cancelled-waiter-passes-wake-up",
+        "a task cancelled just as a released connection woke it passes the wake-up to the "
+        "next waiting task",
+        "cacheguard/redis/clients.py",
+        "                if waiter.done() and not waiter.cancelled() and waiter.result():\n",
+        "                if False:\n",
+        (
+            "tests/test_hit_path.py::"
+            "test_a_waiter_cancelled_as_it_is_woken_passes_the_connection_on",
+        ),
+        within="QueueingPool.get_connection",
+    ),
+    Mutant(
+        "pooled-connection-check-sees-data",
+        "the one-select check of a pooled TCP connection still sees a reply left unread "
+        "and a connection the server closed while it sat idle",
+        "cacheguard/redis/clients.py",
+        "            and not select.select((sock,), (), (), 0)[0]\n",
+        "            and True\n",
+        (
+            "tests/test_hit_path.py::"
+            "test_a_pooled_connection_with_a_reply_or_closed_by_the_server_is_seen",
+        ),
+        within="QuickCheckConnection.can_read",
     ),
     Mutant(
         "stale-if-error-loader",

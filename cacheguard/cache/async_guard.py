@@ -37,7 +37,7 @@ import redis.asyncio
 
 from cacheguard._loop import LoopBinding
 from cacheguard.cache.async_driver import Deferral, arun_load, drive_fill_async
-from cacheguard.cache.driver import backend_down, is_loader
+from cacheguard.cache.driver import backend_down, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flows.core import value_key
 from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
@@ -72,6 +72,7 @@ from cacheguard.redis.clients import (
     aclose_async_client,
     async_client_from_url,
     check_async_client,
+    direct_aget,
     node_namer,
     replicas_expected,
 )
@@ -174,6 +175,9 @@ class AsyncCacheGuard(ReadPath):
         )
         guard = cls(client, **settings)  # (refused: the client never connected, holds nothing)
         guard._owns_client = True
+        get = direct_aget(client)
+        if get is not None:
+            guard._direct_get = (client, get)
         return guard
 
     # -- public API -----------------------------------------------------------------
@@ -200,8 +204,21 @@ class AsyncCacheGuard(ReadPath):
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
         name = self._name(name)
-        flow = self._read(name, load, ttl, none_ttl, template)
-        return await self._run(flow, name, load, template)
+        lead = self._hit_lead(name, ttl)
+        if lead is None:
+            flow = self._read(name, load, ttl, none_ttl, template)
+            return await self._run(flow, name, load, template)
+        # The hit path, as CacheGuard.get_or_load's (see cache/flows/read.py).
+        direct, client = self._direct_get, self.client
+        get = direct[1] if direct is not None and direct[0] is client else client.get
+        try:
+            raw, error = await get(value_key(self.namespace, name)), None
+        except BaseException as exc:
+            raw, error = lookup_failed(name, exc)
+        value, rest = self._hit(name, lead, raw, error, load, ttl, none_ttl, template)
+        if rest is None:
+            return value
+        return await self._run(rest, name, load, template)
 
     async def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""

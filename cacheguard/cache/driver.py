@@ -36,11 +36,19 @@ from cacheguard.cache.outage.shared_loads import AwaitLoad, LoadShared
 from cacheguard.cache.singleflight import VALID_FOR_ALL
 from cacheguard.cache.watermark import collecting
 from cacheguard.redis.clients import SyncClient
-from cacheguard.redis.errors import REDIS_DOWN, backend_down
+from cacheguard.redis.errors import REDIS_DOWN, backend_down, classify
 from cacheguard.redis.notifier import notifier_for
 from cacheguard.steps import Subscribe, Wait
 
-__all__ = ["NO_IO_STEPS", "FillState", "backend_down", "drive_fill", "get_raw", "is_loader"]
+__all__ = [
+    "NO_IO_STEPS",
+    "FillState",
+    "backend_down",
+    "drive_fill",
+    "get_raw",
+    "is_loader",
+    "lookup_failed",
+]
 
 
 def get_raw(client: SyncClient, key: str) -> Any:
@@ -52,6 +60,21 @@ def get_raw(client: SyncClient, key: str) -> Any:
         raise
     except redis.ResponseError as exc:
         return exc
+
+
+def lookup_failed(name: str, exc: BaseException) -> tuple[Any, BaseException | None]:
+    """A hit path's GET of ``name`` raised ``exc``: ``(reply, None)`` for what the
+    drivers send into the flow as the GET's answer (the error a key of another type
+    gave: not ours), else ``(None, error)`` as they throw it in (Redis being down
+    as :class:`BackendUnavailable`)."""
+    if isinstance(exc, REDIS_DOWN):
+        return None, backend_down(name, exc)
+    if isinstance(exc, redis.ResponseError):
+        refusal = classify(exc)
+        if isinstance(refusal, REDIS_DOWN):  # LOADING, MASTERDOWN...: Redis refusing
+            return None, backend_down(name, refusal)
+        return exc, None
+    return None, exc
 
 
 def is_loader(step: object) -> bool:

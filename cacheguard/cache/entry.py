@@ -64,6 +64,9 @@ class Entry(NamedTuple):
         return self.created + self.ttl
 
 
+_new_entry = tuple.__new__
+
+
 def pack_entry(
     codec: Codec,
     value: Any,
@@ -89,4 +92,5 @@ def unpack_entry(codec: Codec, data: bytes) -> Entry:
     if reader is None:
         raise ValueError(f"entry written by codec {codec_id}, which this guard cannot read")
     value = reader.decode(memoryview(data)[HEADER_SIZE:])  # no copy of the payload
-    return Entry(value, created, ttl, version, load_duration)
+    # tuple.__new__: the NamedTuple's own __new__ is Python code, on every hit
+    return _new_entry(Entry, (value, created, ttl, version, load_duration))

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import redis
 
 from cacheguard._identity import enter_holder, leave_holder, on_fork_in_child
-from cacheguard.cache.driver import backend_down, drive_fill, is_loader
+from cacheguard.cache.driver import backend_down, drive_fill, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flows.core import value_key
 from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
@@ -59,6 +59,7 @@ from cacheguard.redis.clients import (
     SyncClient,
     check_sync_client,
     close_sync_client,
+    direct_get,
     node_namer,
     replicas_expected,
     sync_client_from_url,
@@ -162,6 +163,9 @@ class CacheGuard(ReadPath):
             close_sync_client(client)  # a bad setting leaves no connection behind
             raise
         guard._owns_client = True
+        get = direct_get(client)
+        if get is not None:
+            guard._direct_get = (client, get)
         return guard
 
     # -- public API -----------------------------------------------------------------
@@ -190,8 +194,22 @@ class CacheGuard(ReadPath):
         in this call's events, for metrics labels; loaders pass their own. Without
         it the events carry None (see :mod:`cacheguard.cache.stats`)."""
         name = self._name(name)
-        flow = self._read(name, load, ttl, none_ttl, template)
-        return self._run(flow, name, load, template)  # type: ignore[no-any-return]
+        lead = self._hit_lead(name, ttl)
+        if lead is None:
+            flow = self._read(name, load, ttl, none_ttl, template)
+            return self._run(flow, name, load, template)  # type: ignore[no-any-return]
+        # The hit path (see cache/flows/read.py): the leader's GET without the flow,
+        # which goes on from its answer unless that is a value to serve at once.
+        direct, client = self._direct_get, self.client
+        get = direct[1] if direct is not None and direct[0] is client else client.get
+        try:
+            raw, error = get(value_key(self.namespace, name)), None
+        except BaseException as exc:
+            raw, error = lookup_failed(name, exc)
+        value, rest = self._hit(name, lead, raw, error, load, ttl, none_ttl, template)
+        if rest is None:
+            return value  # type: ignore[no-any-return]
+        return self._run(rest, name, load, template)  # type: ignore[no-any-return]
 
     def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""

@@ -43,11 +43,11 @@ class Flight:
         "valid_below",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, generation: int = 0, newest_start: float = math.inf) -> None:
         self.event: Any = None  # a threading.Event, or an asyncio.Event for tasks
-        self.generation = 0
+        self.generation = generation
         self.newest_follower = -1  # generation the latest follower joined at
-        self.newest_start = math.inf  # when the latest-begun call of leader and followers began
+        self.newest_start = newest_start  # when the latest-begun call of leader and followers began
         self.result: Any = None
         self.error: BaseException | None = None
         self.valid_below = 0
@@ -93,15 +93,22 @@ class SingleFlight:
             if flight is None:
                 # Born sealed: the leader's first read follows at once, so anyone
                 # joining from now on is after it (one mutex round less per hit).
-                flight = self._flights[key] = Flight()
-                flight.generation = 1
-                flight.newest_start = since
+                flight = self._flights[key] = Flight(1, since)
                 return flight, True, 0
             if flight.event is None:
                 flight.event = self._event()
             flight.newest_follower = flight.generation
             flight.newest_start = max(flight.newest_start, since)
             return flight, False, flight.generation
+
+    def lead(self, key: str, since: float) -> Flight | None:
+        """:meth:`join` for a caller that goes on only as the leader: the new flight it
+        leads, or None (and nothing joined) when the key has one already."""
+        with self._mutex:
+            if key in self._flights:
+                return None
+            flight = self._flights[key] = Flight(1, since)  # born sealed, as in join
+            return flight
 
     def seal(self, flight: Flight) -> int:
         """Start a new generation; returns it (answers of the read about to be sent

@@ -25,6 +25,9 @@ one.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import select
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,6 +47,8 @@ except ImportError:  # an older redis-py, without them
 
 __all__ = [
     "AsyncClient",
+    "QueueingPool",
+    "QuickCheckConnection",
     "SyncClient",
     "Target",
     "aclose_async_client",
@@ -51,6 +56,8 @@ __all__ = [
     "check_async_client",
     "check_sync_client",
     "close_sync_client",
+    "direct_aget",
+    "direct_get",
     "is_cluster",
     "node_namer",
     "parse_url",
@@ -207,7 +214,7 @@ def sync_client_from_url(url: str, options: Mapping[str, Any]) -> SyncClient:
     """A sync client for ``url`` with the connection ``options`` of every node."""
     target = parse_url(url)
     if target.kind == "server":
-        return redis.Redis.from_url(url, **options)
+        return redis.Redis.from_url(url, **{**_quickly_checked(url), **options})
     if target.kind == "cluster":
         return redis.cluster.RedisCluster(
             startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in target.nodes],  # type: ignore[no-untyped-call]
@@ -232,7 +239,7 @@ def async_client_from_url(
     Redis unavailable, since redis-py's cluster client does not queue tasks)."""
     target = parse_url(url)
     if target.kind == "server":
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
+        pool = QueueingPool.from_url(
             url,
             max_connections=max_connections or 64,
             timeout=options["socket_timeout"],
@@ -265,6 +272,134 @@ def _idle_connections_checked() -> dict[str, Any]:
     if MaintNotificationsConfig is None:  # an older redis-py: the check always runs
         return {}
     return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
+class QueueingPool(redis.asyncio.ConnectionPool):
+    """An asyncio pool of at most ``max_connections`` whose tasks wait up to
+    ``timeout`` s for a connection to be released when all are in use, instead of
+    failing (then :class:`redis.ConnectionError`, "No connection available").
+
+    redis-py's ``BlockingConnectionPool`` does the same through a condition and a
+    timer armed on every take, which cost about 15 µs a command (profiled on a
+    cache hit, ``bench/cache.py``); here a take is the plain pool's, and only a
+    task that finds the pool used up waits (woken one at a time, oldest first)."""
+
+    def __init__(self, *, timeout: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.timeout = timeout
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        deadline: float | None = None
+        while True:
+            try:
+                return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+            except redis.exceptions.MaxConnectionsError:
+                pass
+            loop = asyncio.get_running_loop()
+            if deadline is None:
+                deadline = loop.time() + self.timeout
+            # True: a release woke us; False: the deadline passed. (No wait_for: it
+            # would swallow a cancellation that comes just after the wake-up.)
+            waiter: asyncio.Future[bool] = loop.create_future()
+            self._waiters.append(waiter)
+            timer = loop.call_later(max(deadline - loop.time(), 0.0), _expire, waiter)
+            try:
+                woken = await waiter
+            except BaseException:
+                # Cancelled just as a release woke us: that wake-up is the next one's.
+                if waiter.done() and not waiter.cancelled() and waiter.result():
+                    self._wake_one()
+                raise
+            finally:
+                timer.cancel()
+            if not woken:
+                raise redis.ConnectionError("No connection available.")
+
+    async def release(self, connection: Any) -> None:
+        await super().release(connection)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # a waiter that timed out or was cancelled is done
+                waiter.set_result(True)
+                return
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+def direct_get(client: SyncClient) -> Callable[[str], Any] | None:
+    """For a client :func:`sync_client_from_url` made (one server or a Sentinel
+    master; None for a cluster): a GET on a connection taken from its pool, the
+    command sent and its reply read, without the client's command machinery
+    (retries, which these clients have none of, and redis-py's own metrics): a
+    cache hit's one GET, about 8 µs cheaper (profiled, ``bench/cache.py``). Errors
+    are the connection's own (it disconnects on any I/O error), as through
+    ``client.get``."""
+    if not isinstance(client, redis.Redis) or client.connection is not None:
+        return None
+    pool = client.connection_pool
+
+    def get(key: str) -> Any:
+        connection = pool.get_connection()
+        try:
+            connection.send_command("GET", key)  # type: ignore[no-untyped-call]
+            return connection.read_response()
+        finally:
+            pool.release(connection)
+
+    return get
+
+
+def direct_aget(client: AsyncClient) -> Callable[[str], Any] | None:
+    """:func:`direct_get` for a client :func:`async_client_from_url` made: a
+    coroutine function."""
+    if not isinstance(client, redis.asyncio.Redis) or client.connection is not None:
+        return None
+    pool = client.connection_pool
+
+    async def get(key: str) -> Any:
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            await connection.send_command("GET", key)
+            return await connection.read_response()
+        finally:
+            await pool.release(connection)
+
+    return get
+
+
+def _quickly_checked(url: str) -> dict[str, Any]:
+    """The connection class of a sync client of a plain TCP ``url``: redis-py's, with a
+    cheaper check of a pooled connection (see :class:`QuickCheckConnection`)."""
+    return {"connection_class": QuickCheckConnection} if url.startswith("redis://") else {}
+
+
+class QuickCheckConnection(redis.Connection):
+    """redis-py's TCP connection, whose pool asks before every command whether the
+    connection has anything to read (a server that closed it while it sat idle, a
+    reply left unread): redis-py answers by switching the socket to non-blocking
+    for a ``recv`` that fails, and back, three system calls and an exception per
+    command. Here one ``select`` answers when nothing arrived and nothing is
+    buffered; anything else is redis-py's own check."""
+
+    def can_read(self, timeout: float = 0) -> bool:
+        sock = self._sock
+        buffer = getattr(self._parser, "_buffer", None)  # redis-py's own parsers
+        if (
+            timeout == 0
+            and sock is not None
+            and buffer is not None
+            and not buffer.unread_bytes()
+            and not select.select((sock,), (), (), 0)[0]
+        ):
+            return False
+        return bool(super().can_read(timeout))
 
 
 def _sentinel_options(target: Target, options: Mapping[str, Any]) -> dict[str, Any]:

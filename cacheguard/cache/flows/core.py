@@ -118,6 +118,9 @@ class GuardCore:
         self._checks_snapshots = True  # False in a gutter's guard (cache/outage/gutter.py)
         self._closed = False
         self._owns_client = False  # from_url made the client: close() closes it
+        # from_url's client and a GET on its connections for the hit path (see
+        # clients.direct_get); used while that client is the guard's client.
+        self._direct_get: tuple[object, Callable[[str], Any]] | None = None
         self._max_key_length = settings.max_key_length
         self._wait_backoff: Callable[[], Backoff] = WAIT_BACKOFF  # tests lengthen it
 
@@ -229,6 +232,27 @@ class GuardCore:
             return False, None
         now = self._server_clock.now()
         verdict = judge(entry, now, self.settings, self._rng)
+        served = self._serve(
+            name, entry, verdict, now, l1_seen, load, ttl, none_ttl, template, seen_ticket
+        )
+        return served, entry
+
+    def _serve(
+        self,
+        name: str,
+        entry: Entry,
+        verdict: int,
+        now: float,
+        l1_seen: tuple[int, object] | None,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None,
+        seen_ticket: int,
+    ) -> bool:
+        """Act on :func:`judge`'s ``verdict`` for ``entry`` (judged at ``now``): count
+        it, refresh it in the background, keep it in L1 and the fallback memory, as
+        the verdict says; True to serve it, False for a miss."""
         if verdict <= REFRESH:
             self._stats.count("l2_hits", name, 0.0, None, template)
             if self._last_seen is not None:
@@ -237,12 +261,12 @@ class GuardCore:
                 self._refresh_in_background(name, load, ttl, none_ttl, template)
             if l1_seen is not None:
                 self._l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
-            return True, entry
+            return True
         if verdict == STALE:  # inside the stale window: serve, reload in the background
             self._stats.count("stale_served", name, 0.0, None, template)
             self._refresh_in_background(name, load, ttl, none_ttl, template)
-            return True, entry
-        return False, entry
+            return True
+        return False
 
     def _keep_filled(
         self, name: str, outcome: Outcome, l1_seen: tuple[int, object] | None, ttl: float

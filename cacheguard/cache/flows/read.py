@@ -28,6 +28,16 @@ if seen recently enough (:mod:`cacheguard.cache.outage.fallback`).
 
 A leader that fails shares its error with its followers; one that is
 interrupted (cancelled, KeyboardInterrupt) does not: they go on without it.
+
+**The hit path.** Nearly every call is a hit: the leader's one GET answers a
+value to serve. Each driver sends that GET without building the flow
+(:meth:`ReadPath._hit_lead`, then :meth:`ReadPath._hit`), on the flow's own
+terms: only when the flow would go straight to a plain GET (no L1, no fallback
+memory, no outage being handled or behind, the server's clock sampled, no other
+caller of the key under way), and what it read is served through the flow's own
+functions (:func:`~cacheguard.cache.flow.judge`, ``GuardCore._serve``). Anything
+else (a miss, an error, outbox replays pending) goes on in the flow from the
+GET's answer (:class:`Sent`), so every decision stays written once.
 """
 
 from __future__ import annotations
@@ -38,16 +48,18 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from cacheguard.cache.entry import MISSING, Entry, Missing
+from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
 from cacheguard.cache.flows.core import GuardCore, Lock
 from cacheguard.cache.flows.fill import (
     LOAD_UNLOCKED,
     LOOKUP,
+    MISS,
     Call,
     LoadUnlocked,
     Lookup,
     Outcome,
     Step,
+    judge,
     timed_out_flow,
 )
 from cacheguard.cache.l1 import ABSENT
@@ -64,6 +76,7 @@ __all__ = [
     "ReadStep",
     "Replay",
     "RunFill",
+    "Sent",
     "WaitFlight",
     "client_error",
     "valid_for_all",
@@ -111,6 +124,20 @@ class Replay:
 
 
 REPLAY: Final = Replay()
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The leader's GET that a driver's hit path sent: its reply (``value``), or the
+    ``error`` the driver would have thrown into the flow at that step."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+    def reply(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 class _NotReplayed:
@@ -179,52 +206,61 @@ class ReadPath(GuardCore):
         ttl: float,
         none_ttl: float | Missing | None,
         template: str | None = None,
+        led: tuple[Flight, float, Sent] | None = None,
     ) -> Generator[ReadStep, Any, Any]:
         """``get_or_load``: the cached value of ``name``, loaded once if missing;
-        ``template`` labels its events (see :mod:`cacheguard.cache.stats`)."""
+        ``template`` labels its events (see :mod:`cacheguard.cache.stats`). ``led``:
+        the flight a driver's hit path leads, when its call began, and the GET it
+        sent; the flow goes on from that GET's answer."""
         ttl = self._ttl(ttl)
-        l1 = self._l1
-        if l1 is not None and not self._recovery.pending:  # L1 may predate outbox writes
-            kept = l1.tier.get(name)
-            if kept is not ABSENT:
-                self._stats.count("l1_hits", name, 0.0, None, template)
-                return kept
-        start = self._timer()
-        while True:  # bounded: every pass waits on a leader that was already running
-            flight, leader, joined = self._flights.join(name, start)
-            if leader:
-                break
-            self._loads.refuse_recursion(name, template)  # the leader may be our loader
-            lock = self.rwlock(name)
-            if lock.local.is_write_held_by_me():
-                # Our own write: the leader waits for us, and what it loads is not our
-                # view. Load privately (see fill_flow's writing_here), storing nothing.
-                flow = self._fill_flow(
-                    name, lock, ttl, none_ttl, refresh=False, stale=None, template=template
-                )
-                return (yield RunFill(lock, flow, valid_for_all))[0].value
-            left = self.settings.wait_timeout - (self._timer() - start)
-            if not (yield WaitFlight(flight, left)):
-                waited = self._timer() - start
-                job = self._job(name, lock, ttl, none_ttl, template)
-                flow = timed_out_flow(job, None, waited, since=lambda: start)
-                return (yield RunFill(lock, flow, valid_for_all))[0].value
-            if flight.serves(joined):
-                if flight.error is not None:
-                    raise flight.error
-                return flight.result
-            # We joined after the leader's read was sent (it may predate a write that
-            # ended before we started), or the leader was interrupted: read again.
+        if led is not None:
+            flight, start, sent = led
+        else:
+            sent = None
+            l1 = self._l1
+            if l1 is not None and not self._recovery.pending:  # L1 may predate outbox writes
+                kept = l1.tier.get(name)
+                if kept is not ABSENT:
+                    self._stats.count("l1_hits", name, 0.0, None, template)
+                    return kept
+            start = self._timer()
+            while True:  # bounded: every pass waits on a leader that was already running
+                flight, leader, joined = self._flights.join(name, start)
+                if leader:
+                    break
+                self._loads.refuse_recursion(name, template)  # the leader may be our loader
+                lock = self.rwlock(name)
+                if lock.local.is_write_held_by_me():
+                    # Our own write: the leader waits for us, and what it loads is not our
+                    # view. Load privately (see fill_flow's writing_here), storing nothing.
+                    flow = self._fill_flow(
+                        name, lock, ttl, none_ttl, refresh=False, stale=None, template=template
+                    )
+                    return (yield RunFill(lock, flow, valid_for_all))[0].value
+                left = self.settings.wait_timeout - (self._timer() - start)
+                if not (yield WaitFlight(flight, left)):
+                    waited = self._timer() - start
+                    job = self._job(name, lock, ttl, none_ttl, template)
+                    flow = timed_out_flow(job, None, waited, since=lambda: start)
+                    return (yield RunFill(lock, flow, valid_for_all))[0].value
+                if flight.serves(joined):
+                    if flight.error is not None:
+                        raise flight.error
+                    return flight.result
+                # We joined after the leader's read was sent (it may predate a write that
+                # ended before we started), or the leader was interrupted: read again.
         try:
-            # The leader's read. The hit is written out here, not in a sub-flow: it is
-            # the path nearly every call takes, and a generator less is worth it.
+            # The leader's read. The hit is written out here, not in a sub-flow: a
+            # generator less for the calls that take the flow (L1 on, say).
             breaker = self._breaker(name)
-            if breaker.allow():
+            if sent is not None or breaker.allow():  # a sent GET was allowed already
                 l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
                 seen_ticket = self._seen_ticket(name) if self._last_seen is not None else 0
                 sealed = flight.generation  # flights are born sealed for this first GET
                 try:
-                    if self._timer() < self._server_clock.resample_at:
+                    if sent is not None:
+                        raw = sent.reply()
+                    elif self._timer() < self._server_clock.resample_at:
                         raw = yield LOOKUP
                     else:  # the same round trip also samples the server's clock
                         raw = yield from self._timed_lookup(name)
@@ -260,11 +296,97 @@ class ReadPath(GuardCore):
                 value, valid_below = yield from self._reread_for_late_followers(
                     name, flight, value, valid_below, template
                 )
-        except Exception as exc:
-            self._flights.finish(name, flight, error=exc)
+        except BaseException as exc:
+            self._leader_failed(name, flight, exc)
             raise
-        except BaseException:  # cancelled or interrupted: not an outcome to share
+        self._flights.finish(name, flight, value, valid_below=valid_below)
+        return value
+
+    def _leader_failed(self, name: str, flight: Flight, exc: BaseException) -> None:
+        """The leader of ``flight`` raised ``exc``: an error is its followers' too; a
+        cancellation or an interrupt is not an outcome to share (they go on)."""
+        if isinstance(exc, Exception):
+            self._flights.finish(name, flight, error=exc)
+        else:
             self._flights.finish(name, flight, valid_below=0)
+
+    def _hit_lead(self, name: str, ttl: float) -> tuple[Flight, float] | None:
+        """The hit path's start (see the module docstring), before its GET: the new
+        flight of ``name`` this call leads and when the call began, when the flow
+        would go straight to a plain GET; None when the flow runs from its start."""
+        self._ttl(ttl)  # refused before anything, as the flow does first
+        if (
+            self._l1 is not None
+            or self._last_seen is not None
+            or self._recovery.pending
+            or not self._breaker(name).closed
+        ):
+            return None
+        start = self._timer()
+        if start >= self._server_clock.resample_at:  # the flow's GET samples the clock
+            return None
+        flight = self._flights.lead(name, start)
+        return None if flight is None else (flight, start)
+
+    def _hit(
+        self,
+        name: str,
+        lead: tuple[Flight, float],
+        raw: Any,
+        error: BaseException | None,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None = None,
+    ) -> tuple[Any, Generator[ReadStep, Any, Any] | None]:
+        """The hit path's end, after its GET (``raw``, or the ``error`` as a driver
+        throws it into the flow): ``(value, None)`` when the flow would serve
+        ``raw`` at once, else ``(None, flow)``: the flow from that GET's answer, for
+        the driver to run. No I/O; the decisions are the flow's own functions."""
+        flight, start = lead
+        try:
+            entry = self._hit_entry(name, raw, error)
+            if entry is not None:
+                now = self._server_clock.now()
+                verdict = judge(entry, now, self.settings, self._rng)
+                if verdict != MISS:
+                    self._serve(name, entry, verdict, now, None, load, ttl, none_ttl, template, 0)
+                    sealed = flight.generation  # born sealed for this GET; only we seal
+                    if flight.has_followers_from(sealed):
+                        return None, self._share(name, flight, entry.value, sealed, template)
+                    self._flights.finish(name, flight, entry.value, valid_below=sealed)
+                    return entry.value, None
+        except BaseException as exc:
+            self._leader_failed(name, flight, exc)
+            raise
+        sent = Sent(raw, error)
+        return None, self._read_flow(name, load, ttl, none_ttl, template, (flight, start, sent))
+
+    def _hit_entry(self, name: str, raw: Any, error: BaseException | None) -> Entry | None:
+        """The entry the hit path's GET read, if the flow would judge it next: the GET
+        answered (the circuit is told, as the flow does), no outbox replay is pending,
+        and the bytes decode (what does not is the flow's to count)."""
+        if error is not None:
+            return None
+        self._breaker(name).success()
+        if raw.__class__ is not bytes or self._recovery.pending:
+            return None
+        try:
+            return unpack_entry(self.settings.codec, raw)
+        except ValueError:
+            return None
+
+    def _share(
+        self, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
+    ) -> Generator[ReadStep, Any, Any]:
+        """The end of :meth:`_read_flow` for a value the hit path served: followers
+        joined after its GET was sent (see :meth:`_reread_for_late_followers`)."""
+        try:
+            value, valid_below = yield from self._reread_for_late_followers(
+                name, flight, value, valid_below, template
+            )
+        except BaseException as exc:
+            self._leader_failed(name, flight, exc)
             raise
         self._flights.finish(name, flight, value, valid_below=valid_below)
         return value

@@ -49,6 +49,11 @@ class CircuitBreaker:
             return "half-open"
         return "open"
 
+    @property
+    def closed(self) -> bool:
+        """Is the circuit closed (calls go to Redis, no probe needed)?"""
+        return self._opened_at is None
+
     def allow(self) -> bool:
         """May this call use Redis? (In half-open state, only one probe at a time.)"""
         if self._opened_at is None:
