@@ -54,6 +54,7 @@ def guard(*, cluster: bool = True, shared: bool = False, **settings: Any) -> Gua
     return GuardCore(
         GuardSettings(namespace="ns", breaker_failures=2, breaker_cooldown=60, **settings),
         flight_event=threading.Event,
+        run_in_background=lambda *args: False,
         locks=Locks(),
         node_of=node_of if cluster else None,
     )

@@ -614,15 +614,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "a thread or task holding a key's write lock that reads the key loads its own view "
         "at once, never waiting on (or taking the value of) another caller's fill of it",
         "cacheguard/cache/flows/read.py",
-        "            if lock.local.is_write_held_by_me():\n",
-        "            if False:\n",
+        "        if lock.local.is_write_held_by_me():\n",
+        "        if False:\n",
         (
             "tests/test_review_guard.py::"
             "test_a_sync_writer_reads_its_own_view_while_another_thread_leads_the_key",
             "tests/test_review_guard.py::"
             "test_an_async_writer_reads_its_own_view_while_another_task_leads_the_key",
         ),
-        within="ReadPath._read_flow",
+        within="read_flow",
     ),
     # -- trust fixes (tests/test_trust.py) ----------------------------------------------
     Mutant(
@@ -719,10 +719,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-replay-before-serving",
         "a guard that saw Redis fail replays the outbox before it serves a value read from Redis",
         "cacheguard/cache/flows/read.py",
-        "                    if self._recovery.pending:\n"
-        "                        raw = yield from self._replayed_then_reread(name, template)\n",
-        "                    if False:\n"
-        "                        raw = yield from self._replayed_then_reread(name, template)\n",
+        "                if state._recovery.pending:\n"
+        "                    raw = yield from replayed_then_reread(state, name, template)\n",
+        "                if False:\n"
+        "                    raw = yield from replayed_then_reread(state, name, template)\n",
         (
             "tests/test_outbox.py::"
             "test_a_guard_that_saw_the_outage_replays_before_serving_from_redis[sqlite]",
@@ -730,7 +730,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[sync]",
             "tests/test_fallback.py::test_a_read_replays_before_it_serves_from_redis[async]",
         ),
-        within="ReadPath._read_flow",
+        within="read_flow",
     ),
     Mutant(
         "outbox-replay-waits-for-held-rows",
@@ -750,13 +750,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-replay-then-read-again",
         "after the replay the key is read again: the value read before it is not served",
         "cacheguard/cache/flows/read.py",
-        "                        raw = yield from self._replayed_then_reread(name, template)\n",
-        "                        yield from self._replayed_then_reread(name, template)\n",
+        "                    raw = yield from replayed_then_reread(state, name, template)\n",
+        "                    yield from replayed_then_reread(state, name, template)\n",
         (
             "tests/test_outbox.py::"
             "test_a_guard_that_saw_the_outage_replays_before_serving_from_redis[sqlite]",
         ),
-        within="ReadPath._read_flow",
+        within="read_flow",
     ),
     Mutant(
         "outbox-poller-replays",
@@ -912,23 +912,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "breaker-guards-peek",
         "an open circuit keeps peek off Redis",
         "cacheguard/cache/flows/read.py",
-        '        closed = self._circuit_open(f"reading {name!r}", (name,))\n',
-        "        closed = None\n",
+        '    closed = state._circuit_open(f"reading {name!r}", (name,))\n',
+        "    closed = None\n",
         ("tests/test_trust.py::test_every_entry_point_honours_an_open_circuit",),
-        within="ReadPath._peek_flow",
+        within="peek_flow",
     ),
     Mutant(
         "refresh-follows-backend-policy",
         "refresh with Redis down follows on_backend_error",
         "cacheguard/cache/flows/read.py",
-        "        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)\n"
-        "            return (yield from self._bypass(name, exc, template))\n"
-        "        return outcome.value",
-        "        except ZeroDivisionError as exc:\n"
-        "            return (yield from self._bypass(name, exc, template))\n"
-        "        return outcome.value",
+        "    except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)\n"
+        "        return (yield from bypass(state, name, exc, template))\n"
+        "    return outcome.value",
+        "    except ZeroDivisionError as exc:\n"
+        "        return (yield from bypass(state, name, exc, template))\n"
+        "    return outcome.value",
         ("tests/test_trust.py::test_refresh_follows_on_backend_error",),
-        within="ReadPath._refresh_flow",
+        within="refresh_flow",
     ),
     Mutant(
         "nested-namespaces-separate",
@@ -1050,11 +1050,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "hit-is-one-get",
         "a fresh L2 entry is served from its one GET (no script, no lock)",
-        "cacheguard/cache/flows/core.py",
-        "        if verdict <= REFRESH:\n",
-        "        if verdict <= REFRESH and False:\n",
+        "cacheguard/cache/flows/read.py",
+        "    if verdict <= REFRESH:\n",
+        "    if verdict <= REFRESH and False:\n",
         ("tests/test_cache.py::test_a_warm_hit_is_one_get",),
-        within="GuardCore._serve",
+        within="serve",
     ),
     Mutant(
         "hit-get-seals-the-flight",
@@ -1069,7 +1069,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_before_it",
         ),
-        within="ReadPath._hit",
+        within="hit",
     ),
     Mutant(
         "flow-get-seals-the-flight",
@@ -1082,29 +1082,29 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_guarantees.py::"
             "test_a_read_through_the_flow_that_starts_after_a_write_never_shares_a_get_sent_before_it",
         ),
-        within="ReadPath._read_flow",
+        within="read_flow",
     ),
     Mutant(
         "hit-judged-by-server-clock",
         "an entry's age is judged by the Redis server's clock: a host whose clock is off "
         "loads nothing again",
-        "cacheguard/cache/flows/core.py",
-        "        now = self._server_clock.now()\n        verdict = judge(",
-        "        now = self._clock()\n        verdict = judge(",
+        "cacheguard/cache/flows/read.py",
+        "    now = state._server_clock.now()\n    verdict = judge(",
+        "    now = state._clock()\n    verdict = judge(",
         (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min fast]",
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
         ),
-        within="GuardCore._served",
+        within="judge_read",
     ),
     Mutant(
         "read-samples-server-clock",
         "a read samples the server's clock in its GET's round trip when its last sample "
         "is old (or there is none), before it judges an entry",
         "cacheguard/cache/flows/read.py",
-        "if self._timer() < self._server_clock.resample_at:",
+        "if state._timer() < state._server_clock.resample_at:",
         "if True:",
         (
             "tests/test_clock_skew.py::"
@@ -1112,22 +1112,22 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min fast]",
         ),
-        within="ReadPath._read_flow",
+        within="read_flow",
     ),
     Mutant(
         "entries-stamped-by-server-clock",
         "a fill stamps its entry (and judges what fill_begin returns) by the server's clock, "
         "so entries a skewed host writes are fresh to the others",
-        "cacheguard/cache/flows/core.py",
-        "            clock=self._server_clock.now,\n",
-        "            clock=self._clock,\n",
+        "cacheguard/cache/flows/read.py",
+        "        clock=state._server_clock.now,\n",
+        "        clock=state._clock,\n",
         (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min slow]",
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[async-10 min slow]",
         ),
-        within="GuardCore._job",
+        within="fill_job",
     ),
     Mutant(
         "fill-samples-server-clock",
@@ -1148,10 +1148,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "l1-hit-sends-nothing",
         "an L1 hit is served from the process's memory, without a Redis command",
         "cacheguard/cache/flows/read.py",
-        "            kept = l1.tier.get(name)\n",
-        "            kept = ABSENT\n",
+        "        kept = l1.tier.get(name)\n",
+        "        kept = ABSENT\n",
         ("tests/test_cache.py::test_an_l1_hit_sends_nothing",),
-        within="ReadPath._read_flow",
+        within="read_flow",
     ),
     Mutant(
         "cache-waiter-woken-by-announcement",
@@ -1246,15 +1246,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "followers of a leader that was cancelled or interrupted carry on (one of them "
         "loads); they do not inherit its cancellation or its KeyboardInterrupt",
         "cacheguard/cache/flows/read.py",
-        "        if isinstance(exc, Exception):\n"
-        "            self._flights.finish(name, flight, error=exc)\n",
-        "        if True:\n            self._flights.finish(name, flight, error=exc)\n",
+        "    if isinstance(exc, Exception):\n"
+        "        state._flights.finish(name, flight, error=exc)\n",
+        "    if True:\n        state._flights.finish(name, flight, error=exc)\n",
         (
             "tests/test_aio_guard.py::"
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
             "tests/test_review_guard.py::test_followers_of_an_interrupted_sync_leader_carry_on",
         ),
-        within="ReadPath._leader_failed",
+        within="leader_failed",
     ),
     Mutant(
         "aio-cancelled-filler-ends-its-fill",
@@ -2716,11 +2716,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "metrics-fill-events-templated",
         "the fill flow's events (lock waits among them) carry the key's template",
-        "cacheguard/cache/flows/core.py",
-        "count=functools.partial(self._stats.count, template=template),",
-        "count=self._stats.count,",
+        "cacheguard/cache/flows/read.py",
+        "count=functools.partial(state._stats.count, template=template),",
+        "count=state._stats.count,",
         ("tests/test_prometheus.py::test_a_stampede_of_several_guards_counts_lock_waits",),
-        within="GuardCore._job",
+        within="fill_job",
     ),
     Mutant(
         "metrics-loads-templated",
@@ -2757,10 +2757,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "metrics-bypass-backend-error-templated",
         "the backend error behind a bypass carries the key's template",
         "cacheguard/cache/flows/read.py",
-        "                self._backend_failed(name, exc, template=template)\n",
-        "                self._backend_failed(name, exc)\n",
+        "            state._backend_failed(name, exc, template=template)\n",
+        "            state._backend_failed(name, exc)\n",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
-        within="ReadPath._bypass",
+        within="bypass",
     ),
     Mutant(
         "metrics-hits-by-tier",
@@ -3276,8 +3276,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "get-or-load-applies-max-key-length",
         "get_or_load shortens a name longer than max_key_length, as every entry point does",
         "cacheguard/cache/guard.py",
-        "        name = self._name(name)\n        lead = self._hit_lead(",
-        "        lead = self._hit_lead(",
+        "        name = self._name(name)\n        lead = hit_lead(self, ",
+        "        lead = hit_lead(self, ",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[sync]",),
         within="CacheGuard.get_or_load",
     ),
@@ -3285,8 +3285,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-get-or-load-applies-max-key-length",
         "the asyncio get_or_load shortens a name longer than max_key_length, as the sync one",
         "cacheguard/cache/async_guard.py",
-        "        name = self._name(name)\n        lead = self._hit_lead(",
-        "        lead = self._hit_lead(",
+        "        name = self._name(name)\n        lead = hit_lead(self, ",
+        "        lead = hit_lead(self, ",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[async]",),
         within="AsyncCacheGuard.get_or_load",
     ),
@@ -3330,13 +3330,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "while Redis is unreachable a read reuses a value this process saw within "
         "outage_ttl instead of loading: one load per key per process per window",
         "cacheguard/cache/flows/read.py",
-        "            seen = self._last_seen\n            if seen is not None:\n",
-        "            seen = None\n            if seen is not None:\n",
+        "        seen = state._last_seen\n        if seen is not None:\n",
+        "        seen = None\n        if seen is not None:\n",
         (
             "tests/test_outage_settings.py::test_outage_reuse_serves_a_value_seen_within_outage_ttl_then_loads_once_more[sync]",
             "tests/faults/test_outage_modes.py::test_outage_ttl_loads_each_key_once_per_process_per_window[sync-killed]",
         ),
-        within="ReadPath._bypass",
+        within="bypass",
     ),
     Mutant(
         "fallback-window",
@@ -3355,24 +3355,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "a value served by outage reuse is not noted again: its age, the staleness bound, "
         "runs from when it was first seen",
         "cacheguard/cache/flows/read.py",
-        '                    self._stats.count("outage_reuses", name, 0.0, None, template)\n',
-        '                    self._stats.count("outage_reuses", name, 0.0, None, template)\n'
-        "                    seen.note(name, value, seen.ticket(name))\n",
+        '                state._stats.count("outage_reuses", name, 0.0, None, template)\n',
+        '                state._stats.count("outage_reuses", name, 0.0, None, template)\n'
+        "                seen.note(name, value, seen.ticket(name))\n",
         (
             "tests/test_outage_settings.py::test_a_value_reused_keeps_the_age_it_was_first_seen_with[sync]",
         ),
-        within="ReadPath._bypass",
+        within="bypass",
     ),
     Mutant(
         "redis-hit-is-seen",
         "a value read from Redis is noted as seen (the next outage reuses the newest value)",
-        "cacheguard/cache/flows/core.py",
-        "                self._last_seen.note(name, entry.value, seen_ticket)\n",
-        "                pass\n",
+        "cacheguard/cache/flows/read.py",
+        "            state._last_seen.note(name, entry.value, seen_ticket)\n",
+        "            pass\n",
         (
             "tests/test_outage_settings.py::test_after_recovery_values_come_from_redis_not_from_reuse[sync]",
         ),
-        within="GuardCore._serve",
+        within="serve",
     ),
     Mutant(
         "writes-drop-from-reuse",
@@ -3415,61 +3415,61 @@ MUTANTS: tuple[Mutant, ...] = (
         "stale_if_error answers the loader's error, or BackendUnavailable under "
         "on_backend_error='raise', with the last value seen",
         "cacheguard/cache/flows/read.py",
-        "            if value is NOT_SEEN:\n                raise\n",
-        "            if True:\n                raise\n",
+        "        if value is NOT_SEEN:\n            raise\n",
+        "        if True:\n            raise\n",
         (
             "tests/test_outage_settings.py::test_a_failing_loader_is_answered_by_the_last_value_seen_within_stale_if_error[sync]",
             "tests/test_outage_settings.py::test_backend_unavailable_under_raise_is_answered_by_the_last_value_seen[async]",
         ),
-        within="ReadPath._stale_if_error",
+        within="stale_if_error",
     ),
     Mutant(
         "stale-if-error-bound",
         "stale_if_error serves a value seen at most stale_if_error s ago, never older",
         "cacheguard/cache/flows/read.py",
-        "            value = self._last_seen.within(name, self.settings.stale_if_error)\n",
-        "            value = self._last_seen.within(name, 1e9)\n",
+        "        value = state._last_seen.within(name, state.settings.stale_if_error)\n",
+        "        value = state._last_seen.within(name, 1e9)\n",
         (
             "tests/test_outage_settings.py::test_backend_unavailable_under_raise_is_answered_by_the_last_value_seen[sync]",
             "tests/faults/test_outage_modes.py::test_no_read_is_older_than_a_committed_write_beyond_the_bound"
             "[sync-stale_if_error-killed]",
         ),
-        within="ReadPath._stale_if_error",
+        within="stale_if_error",
     ),
     Mutant(
         "stale-value-keeps-its-age",
         "a value served by stale_if_error is not noted again: repeated stale serves never "
         "stretch the bound",
         "cacheguard/cache/flows/read.py",
-        '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n',
-        '            self._stats.count("stale_on_error", name, 0.0, exc, template)\n'
-        "            self._last_seen.note(name, value, self._last_seen.ticket(name))\n",
+        '        state._stats.count("stale_on_error", name, 0.0, exc, template)\n',
+        '        state._stats.count("stale_on_error", name, 0.0, exc, template)\n'
+        "        state._last_seen.note(name, value, state._last_seen.ticket(name))\n",
         ("tests/test_outage_settings.py::test_a_value_served_stale_keeps_its_age[sync]",),
-        within="ReadPath._stale_if_error",
+        within="stale_if_error",
     ),
     Mutant(
         "gutter-single-flight",
         "while the primary is unreachable a read goes through the gutter's guard: one load "
         "per key across processes per gutter_ttl",
         "cacheguard/cache/flows/read.py",
-        "                    value = yield Gutter(*self._gutter_lifetimes(ttl, none_ttl))\n",
-        "                    value = yield LOAD_UNLOCKED\n",
+        "                value = yield Gutter(*gutter_lifetimes(state, ttl, none_ttl))\n",
+        "                value = yield LOAD_UNLOCKED\n",
         (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
             "tests/faults/test_outage_modes.py::test_the_gutter_loads_each_key_once_per_window_across_processes[sync]",
         ),
-        within="ReadPath._bypass",
+        within="bypass",
     ),
     Mutant(
         "gutter-lifetime-capped",
         "a gutter entry lives at most gutter_ttl, whatever the read's ttl",
         "cacheguard/cache/flows/read.py",
-        "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
-        "        return ttl, None if lifetime is None else min(lifetime, cap)\n",
+        "    return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
+        "    return ttl, None if lifetime is None else min(lifetime, cap)\n",
         (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
         ),
-        within="ReadPath._gutter_lifetimes",
+        within="gutter_lifetimes",
     ),
     Mutant(
         "gutter-unjittered",
@@ -3497,13 +3497,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "gutter-down-falls-through",
         "a gutter that is unreachable too falls through to on_backend_error (load, or raise)",
         "cacheguard/cache/flows/read.py",
-        '                    log.info("the gutter is unreachable too for %r: %s", name, '
-        "gutter_down)\n",
-        "                    raise\n",
+        '                log.info("the gutter is unreachable too for %r: %s", name, gutter_down)\n',
+        "                raise\n",
         (
             "tests/test_outage_settings.py::test_a_gutter_down_too_falls_through_to_reuse_then_on_backend_error[sync]",
         ),
-        within="ReadPath._bypass",
+        within="bypass",
     ),
     Mutant(
         "gutter-guard-raises-when-down",
@@ -3535,33 +3534,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "a hit path's GET is sent only while the key's circuit is closed (an open circuit "
         "keeps the call off Redis, a half-open one lets the flow take its one probe)",
         "cacheguard/cache/flows/read.py",
-        "            or not self._breaker(name).closed\n",
-        "            or False\n",
+        "        or not state._breaker(name).closed\n",
+        "        or False\n",
         ("tests/test_hit_path.py::test_an_open_circuit_keeps_a_hit_off_redis",),
-        within="ReadPath._hit_lead",
+        within="hit_lead",
     ),
     Mutant(
         "hit-path-misses-go-to-the-flow",
         "an entry the hit path read past its life (and its stale window) is not served: "
         "the flow loads it",
         "cacheguard/cache/flows/read.py",
-        "                if verdict != MISS:\n",
-        "                if True:\n",
+        "            if verdict != MISS:\n",
+        "            if True:\n",
         ("tests/test_hit_path.py::test_an_entry_read_past_its_life_is_loaded_again",),
-        within="ReadPath._hit",
+        within="hit",
     ),
     Mutant(
         "hit-path-replay-pending-to-the-flow",
         "a value the hit path read while outbox replays are pending is not served: the "
         "flow replays first and reads again",
         "cacheguard/cache/flows/read.py",
-        "        if raw.__class__ is not bytes or self._recovery.pending:\n",
-        "        if raw.__class__ is not bytes:\n",
+        "    if raw.__class__ is not bytes or state._recovery.pending:\n",
+        "    if raw.__class__ is not bytes:\n",
         (
             "tests/test_hit_path.py::"
             "test_a_value_read_as_an_outbox_write_happens_is_served_after_the_replay",
         ),
-        within="ReadPath._hit_entry",
+        within="hit_entry",
     ),
     Mutant(
         "hit-lookup-wrongtype-is-a-reply",
@@ -3628,34 +3627,34 @@ MUTANTS: tuple[Mutant, ...] = (
         "stale-if-error-loader",
         "stale_if_error answers a loader's error with the last value seen",
         "cacheguard/cache/flows/read.py",
-        "            if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):\n",
-        "            if not isinstance(exc, BackendUnavailable):\n",
+        "        if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):\n",
+        "        if not isinstance(exc, BackendUnavailable):\n",
         (
             "tests/test_fallback.py::test_a_failing_loader_is_answered_by_the_last_value_seen[sync]",
             "tests/test_fallback.py::test_a_failing_loader_is_answered_by_the_last_value_seen[async]",
         ),
-        within="ReadPath._stale_if_error",
+        within="stale_if_error",
     ),
     Mutant(
         "stale-if-error-own-errors",
         "stale_if_error does not hide the cache's own errors (a value the codec refuses)",
         "cacheguard/cache/flows/read.py",
-        "            if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):\n",
-        "            if False:\n",
+        "        if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):\n",
+        "        if False:\n",
         (
             "tests/test_fallback.py::test_the_cache_s_own_errors_are_not_answered[sync]",
             "tests/test_fallback.py::test_the_cache_s_own_errors_are_not_answered[async]",
         ),
-        within="ReadPath._stale_if_error",
+        within="stale_if_error",
     ),
     Mutant(
         "gutter-none-lifetime-capped",
         "a cached None in the gutter lives at most gutter_ttl too (none_ttl is cut as ttl is)",
         "cacheguard/cache/flows/read.py",
-        "        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
-        "        return min(ttl, cap), lifetime\n",
+        "    return min(ttl, cap), None if lifetime is None else min(lifetime, cap)\n",
+        "    return min(ttl, cap), lifetime\n",
         ("tests/test_fallback.py::test_the_gutter_keeps_none_no_longer_than_gutter_ttl",),
-        within="ReadPath._gutter_lifetimes",
+        within="gutter_lifetimes",
     ),
     Mutant(
         "replay-marks-counted",
@@ -3700,17 +3699,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "while Redis is down, a caller that joins a load already under way (it may have "
         "started after a write the load did not see) loads again instead of taking its value",
         "cacheguard/cache/flows/read.py",
-        "        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
-        "        return value, sealed\n",
-        "        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
-        "        return value, self._flights.seal(flight)\n",
+        "    value = yield from bypass(state, name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
+        "    return value, sealed\n",
+        "    value = yield from bypass(state, name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
+        "    return value, state._flights.seal(flight)\n",
         (
             "tests/test_fallback.py::"
             "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[sync]",
             "tests/test_fallback.py::"
             "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[async]",
         ),
-        within="ReadPath._bypassed",
+        within="bypassed",
     ),
     Mutant(
         "timeout-loads-shared",
@@ -3826,13 +3825,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "while Redis is down, a caller writing the key loads its own view: not remembered, "
         "not shared, not through the gutter",
         "cacheguard/cache/flows/read.py",
-        "        if self.rwlock(name).local.is_write_held_by_me():\n",
-        "        if False:\n",
+        "    if state.rwlock(name).local.is_write_held_by_me():\n",
+        "    if False:\n",
         (
             "tests/test_outbox_privacy.py::"
             "test_a_transaction_s_reads_of_its_outboxed_keys_are_its_own",
         ),
-        within="ReadPath._bypassed",
+        within="bypassed",
     ),
     Mutant(
         "stale-policy-waits-for-replay",
@@ -3876,14 +3875,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "l1-skipped-while-replay-pending",
         "an L1 copy is not served while outbox replays are pending",
         "cacheguard/cache/flows/read.py",
-        "        if l1 is not None and not self._recovery.pending:"
-        "  # L1 may predate outbox writes\n",
-        "        if l1 is not None:\n",
+        "    if l1 is not None and not state._recovery.pending:  # L1 may predate outbox writes\n",
+        "    if l1 is not None:\n",
         (
             "tests/test_fallback.py::test_l1_is_not_served_while_a_replay_is_pending[sync]",
             "tests/test_fallback.py::test_l1_is_not_served_while_a_replay_is_pending[async]",
         ),
-        within="ReadPath._read_flow",
+        within="read_flow",
     ),
     Mutant(
         "loader-errors-not-the-cache-s-own",
@@ -3903,24 +3901,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "peek-entry-replays",
         "peek_entry replays pending outbox writes before it shows what Redis holds",
         "cacheguard/cache/flows/read.py",
-        "        if self._recovery.pending:\n"
-        "            raw = yield from self._replayed_then_reread(name, None)\n",
-        "        if False:\n            raw = yield from self._replayed_then_reread(name, None)\n",
+        "    if state._recovery.pending:\n"
+        "        raw = yield from replayed_then_reread(state, name, None)\n",
+        "    if False:\n        raw = yield from replayed_then_reread(state, name, None)\n",
         ("tests/test_fallback.py::test_peek_entry_replays_before_it_shows_what_redis_holds",),
-        within="ReadPath._peek_entry_flow",
+        within="peek_entry_flow",
     ),
     Mutant(
         "replay-failure-is-no-outage",
         "a read whose replay failed (Redis answers) loads: no remembered value, no gutter",
         "cacheguard/cache/flows/read.py",
-        "                            name, flight, None, template, ttl, none_ttl,"
+        "                        state, name, flight, None, template, ttl, none_ttl,"
         " fallbacks=False\n",
-        "                            name, flight, None, template, ttl, none_ttl\n",
+        "                        state, name, flight, None, template, ttl, none_ttl\n",
         (
             "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[sync]",
             "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[async]",
         ),
-        within="ReadPath._read_flow",
+        within="read_flow",
     ),
     Mutant(
         "circuit-closing-marks-replay",

@@ -39,9 +39,20 @@ from cacheguard._loop import LoopBinding
 from cacheguard.cache.async_driver import Deferral, arun_load, drive_fill_async
 from cacheguard.cache.driver import backend_down, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flows.core import value_key
+from cacheguard.cache.flows.core import GuardCore, value_key
 from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
-from cacheguard.cache.flows.read import Gutter, ReadPath, Replay, RunFill, WaitFlight
+from cacheguard.cache.flows.read import (
+    Gutter,
+    Replay,
+    RunFill,
+    WaitFlight,
+    hit,
+    hit_lead,
+    peek_entry_flow,
+    peek_flow,
+    read,
+    refresh_flow,
+)
 from cacheguard.cache.flows.write import (
     BODY,
     AcquireWrite,
@@ -85,7 +96,7 @@ log = logging.getLogger("cacheguard")
 T = TypeVar("T")
 
 
-class AsyncCacheGuard(ReadPath):
+class AsyncCacheGuard(GuardCore):
     """A read-through cache on Redis for asyncio: each missing key loaded once,
     by one task of one process, while every other caller awaits its value.
 
@@ -118,6 +129,7 @@ class AsyncCacheGuard(ReadPath):
             clock=clock,
             rng=rng,
             flight_event=asyncio.Event,
+            run_in_background=self._start_background,
             locks=AsyncLockFactory(
                 client,
                 namespace=config.namespace,
@@ -204,9 +216,9 @@ class AsyncCacheGuard(ReadPath):
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
         name = self._name(name)
-        lead = self._hit_lead(name, ttl)
+        lead = hit_lead(self, name, ttl)
         if lead is None:
-            flow = self._read(name, load, ttl, none_ttl, template)
+            flow = read(self, name, load, ttl, none_ttl, template)
             return await self._run(flow, name, load, template)
         # The hit path, as CacheGuard.get_or_load's (see cache/flows/read.py).
         direct, client = self._direct_get, self.client
@@ -215,7 +227,7 @@ class AsyncCacheGuard(ReadPath):
             raw, error = await get(value_key(self.namespace, name)), None
         except BaseException as exc:
             raw, error = lookup_failed(name, exc)
-        value, rest = self._hit(name, lead, raw, error, load, ttl, none_ttl, template)
+        value, rest = hit(self, name, lead, raw, error, load, ttl, none_ttl, template)
         if rest is None:
             return value
         return await self._run(rest, name, load, template)
@@ -224,13 +236,13 @@ class AsyncCacheGuard(ReadPath):
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
         self._binding.check()
         name = self._name(name)
-        return await self._drive(self._peek_flow(name, template), name)
+        return await self._drive(peek_flow(self, name, template), name)
 
     async def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
         self._binding.check()
         name = self._name(name)
-        return await self._drive(self._peek_entry_flow(name), name)  # type: ignore[no-any-return]
+        return await self._drive(peek_entry_flow(self, name), name)  # type: ignore[no-any-return]
 
     async def refresh(
         self,
@@ -245,7 +257,7 @@ class AsyncCacheGuard(ReadPath):
         ``on_backend_error`` applies as for reads."""
         self._binding.check()
         name = self._name(name)
-        flow = self._refresh_flow(name, ttl, none_ttl, template)
+        flow = refresh_flow(self, name, ttl, none_ttl, template)
         return await self._drive(flow, name, load, template)
 
     async def watermark(self) -> int:

@@ -29,9 +29,20 @@ import redis
 from cacheguard._identity import enter_holder, leave_holder, on_fork_in_child
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flows.core import value_key
+from cacheguard.cache.flows.core import GuardCore, value_key
 from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
-from cacheguard.cache.flows.read import Gutter, ReadPath, Replay, RunFill, WaitFlight
+from cacheguard.cache.flows.read import (
+    Gutter,
+    Replay,
+    RunFill,
+    WaitFlight,
+    hit,
+    hit_lead,
+    peek_entry_flow,
+    peek_flow,
+    read,
+    refresh_flow,
+)
 from cacheguard.cache.flows.write import (
     BODY,
     AcquireWrite,
@@ -74,7 +85,7 @@ __all__ = ["MISSING", "BackendPolicy", "CacheGuard"]
 T = TypeVar("T")
 
 
-class CacheGuard(ReadPath):
+class CacheGuard(GuardCore):
     """A read-through cache on Redis that loads each missing key once, everywhere.
 
     Every keyword but the last six is a setting of :class:`GuardSettings` (see
@@ -109,6 +120,7 @@ class CacheGuard(ReadPath):
             clock=clock,
             rng=rng,
             flight_event=threading.Event,
+            run_in_background=self._start_background,
             locks=LockFactory(
                 client,
                 namespace=config.namespace,
@@ -194,9 +206,9 @@ class CacheGuard(ReadPath):
         in this call's events, for metrics labels; loaders pass their own. Without
         it the events carry None (see :mod:`cacheguard.cache.stats`)."""
         name = self._name(name)
-        lead = self._hit_lead(name, ttl)
+        lead = hit_lead(self, name, ttl)
         if lead is None:
-            flow = self._read(name, load, ttl, none_ttl, template)
+            flow = read(self, name, load, ttl, none_ttl, template)
             return self._run(flow, name, load, template)  # type: ignore[no-any-return]
         # The hit path (see cache/flows/read.py): the leader's GET without the flow,
         # which goes on from its answer unless that is a value to serve at once.
@@ -206,7 +218,7 @@ class CacheGuard(ReadPath):
             raw, error = get(value_key(self.namespace, name)), None
         except BaseException as exc:
             raw, error = lookup_failed(name, exc)
-        value, rest = self._hit(name, lead, raw, error, load, ttl, none_ttl, template)
+        value, rest = hit(self, name, lead, raw, error, load, ttl, none_ttl, template)
         if rest is None:
             return value  # type: ignore[no-any-return]
         return self._run(rest, name, load, template)  # type: ignore[no-any-return]
@@ -214,12 +226,12 @@ class CacheGuard(ReadPath):
     def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
         name = self._name(name)
-        return self._drive(self._peek_flow(name, template), name)
+        return self._drive(peek_flow(self, name, template), name)
 
     def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
         name = self._name(name)
-        return self._drive(self._peek_entry_flow(name), name)  # type: ignore[no-any-return]
+        return self._drive(peek_entry_flow(self, name), name)  # type: ignore[no-any-return]
 
     def refresh(
         self,
@@ -236,7 +248,7 @@ class CacheGuard(ReadPath):
         for reads: ``bypass`` returns a fresh load without storing it, ``raise``
         raises :class:`BackendUnavailable`. ``template``: as for :meth:`get_or_load`."""
         name = self._name(name)
-        flow = self._refresh_flow(name, ttl, none_ttl, template)
+        flow = refresh_flow(self, name, ttl, none_ttl, template)
         return self._drive(flow, name, load, template)  # type: ignore[no-any-return]
 
     def watermark(self) -> int:

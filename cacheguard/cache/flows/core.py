@@ -17,16 +17,9 @@ from collections.abc import Callable, Generator, Iterable
 from typing import Any, Final, Protocol
 
 from cacheguard.backoff import Backoff
-from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
+from cacheguard.cache.entry import Entry, unpack_entry
 from cacheguard.cache.flows.fill import (
-    REFRESH,
-    STALE,
     WAIT_BACKOFF,
-    FillJob,
-    Outcome,
-    Step,
-    fill_flow,
-    judge,
 )
 from cacheguard.cache.invalidation import Invalidation
 from cacheguard.cache.l1 import L1Feed
@@ -76,6 +69,7 @@ class GuardCore:
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         flight_event: Callable[[], Any],
+        run_in_background: Callable[[Generator[Any, Any, None], str, Any, str | None], bool],
         locks: Any,
         store_write_lock: Callable[[str], Any] | None = None,
         node_of: Callable[[str], str] | None = None,
@@ -86,6 +80,9 @@ class GuardCore:
         # write_locks=, the store's write lock of a name (cache/write_locks.py).
         self._locks = locks
         self._store_write_lock = store_write_lock
+        # Runs a background refresh apart from the caller (a thread, a task): the
+        # driver's; False when it cannot (the guard closing).
+        self._run_in_background = run_in_background
         self.namespace = settings.namespace
         self._timer = timer
         self._clock = clock
@@ -212,90 +209,6 @@ class GuardCore:
         """Taken before a GET whose value L1 may keep (see :meth:`L1Feed.guard`)."""
         return self._l1.guard() if self._l1 is not None else None
 
-    def _served(
-        self,
-        name: str,
-        raw: Any,
-        l1_seen: tuple[int, object] | None,
-        load: Callable[[], Any],
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None,
-        seen_ticket: int,
-    ) -> tuple[bool, Entry | None]:
-        """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
-        the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
-        past its expiry for the stale policy). ``seen_ticket``: :meth:`_seen_ticket`,
-        taken before the GET."""
-        entry = self._decode(name, raw, template=template)
-        if entry is None:
-            return False, None
-        now = self._server_clock.now()
-        verdict = judge(entry, now, self.settings, self._rng)
-        served = self._serve(
-            name, entry, verdict, now, l1_seen, load, ttl, none_ttl, template, seen_ticket
-        )
-        return served, entry
-
-    def _serve(
-        self,
-        name: str,
-        entry: Entry,
-        verdict: int,
-        now: float,
-        l1_seen: tuple[int, object] | None,
-        load: Callable[[], Any],
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None,
-        seen_ticket: int,
-    ) -> bool:
-        """Act on :func:`judge`'s ``verdict`` for ``entry`` (judged at ``now``): count
-        it, refresh it in the background, keep it in L1 and the fallback memory, as
-        the verdict says; True to serve it, False for a miss."""
-        if verdict <= REFRESH:
-            self._stats.count("l2_hits", name, 0.0, None, template)
-            if self._last_seen is not None:
-                self._last_seen.note(name, entry.value, seen_ticket)
-            if verdict == REFRESH:
-                self._refresh_in_background(name, load, ttl, none_ttl, template)
-            if l1_seen is not None:
-                self._l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
-            return True
-        if verdict == STALE:  # inside the stale window: serve, reload in the background
-            self._stats.count("stale_served", name, 0.0, None, template)
-            self._refresh_in_background(name, load, ttl, none_ttl, template)
-            return True
-        return False
-
-    def _keep_filled(
-        self, name: str, outcome: Outcome, l1_seen: tuple[int, object] | None, ttl: float
-    ) -> None:
-        """Keep a fill's outcome in L1, for as long as its entry lives."""
-        if l1_seen is None or outcome.source not in ("l2", "loaded", "peer"):
-            return
-        if outcome.entry is not None:
-            lifetime = outcome.entry.expires_at - self._server_clock.now()
-        else:  # our own store: its TTL was jittered, never below this floor
-            lifetime = ttl * (1 - self.settings.ttl_jitter)
-        if lifetime > 0:
-            self._l1.keep(name, outcome.value, lifetime, l1_seen)  # type: ignore[union-attr]
-
-    def _peeked(self, entry: Entry | None) -> Any:
-        if entry is None or self._server_clock.now() >= entry.expires_at:
-            return MISSING
-        return entry.value
-
-    def _refresh_in_background(
-        self,
-        name: str,
-        load: Callable[[], Any],
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None = None,
-    ) -> None:
-        raise NotImplementedError  # each driver runs refreshes its own way
-
     def _decode(
         self, name: str, raw: Any, *, count: bool = True, template: str | None = None
     ) -> Entry | None:
@@ -393,64 +306,6 @@ class GuardCore:
         if all(breaker.allow() for breaker in breakers):
             return None
         return BackendUnavailable(f"Redis unavailable {what} (circuit open)")
-
-    def _fill_flow(
-        self,
-        name: str,
-        lock: Lock,
-        ttl: float,
-        none_ttl: float | Missing | None,
-        *,
-        refresh: bool,
-        stale: Entry | None,
-        background: bool = False,
-        budget: float | None = None,
-        since: Callable[[], float] | None = None,
-        template: str | None = None,
-    ) -> Generator[Step, Any, Outcome]:
-        """The fill flow of ``name`` for either driver (a loader asking for its own
-        key is refused here, before any wait); ``since``: see :func:`fill_flow`."""
-        self._loads.refuse_recursion(name, template)
-        return fill_flow(
-            self._job(name, lock, ttl, none_ttl, template),
-            refresh=refresh,
-            background=background,
-            stale=stale,
-            budget=self.settings.wait_timeout if budget is None else budget,
-            since=since,
-        )
-
-    def _job(
-        self,
-        name: str,
-        lock: Lock,
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None = None,
-    ) -> FillJob:
-        # The flow counts by name; the template rides along in the callbacks.
-        return FillJob(
-            name=name,
-            keys=lock.remote.keys,
-            owner=lock.owner,
-            settings=self.settings,
-            ttl=ttl,
-            none_ttl=none_ttl,
-            writing_here=lock.local.is_write_held_by_me(),
-            stamps=functools.partial(self._invalidation.stamps_for, name),
-            timer=self._timer,
-            clock=self._server_clock.now,
-            saw_server_clock=self._server_clock.sample,
-            rng=self._rng,
-            count=functools.partial(self._stats.count, template=template),
-            decode=functools.partial(self._decode, name, template=template),
-            decode_quiet=functools.partial(self._decode, name, count=False),
-            backend_failed=functools.partial(self._backend_failed, template=template),
-            shared_loads=self._shared_loads,
-            backoff=self._wait_backoff,
-            replay_pending=self._replay_pending,
-            checks_snapshots=self._checks_snapshots,
-        )
 
 
 @functools.lru_cache(maxsize=4096)

@@ -31,11 +31,11 @@ interrupted (cancelled, KeyboardInterrupt) does not: they go on without it.
 
 **The hit path.** Nearly every call is a hit: the leader's one GET answers a
 value to serve. Each driver sends that GET without building the flow
-(:meth:`ReadPath._hit_lead`, then :meth:`ReadPath._hit`), on the flow's own
+(:func:`hit_lead`, then :func:`hit`), on the flow's own
 terms: only when the flow would go straight to a plain GET (no L1, no fallback
 memory, no outage being handled or behind, the server's clock sampled, no other
 caller of the key under way), and what it read is served through the flow's own
-functions (:func:`~cacheguard.cache.flow.judge`, ``GuardCore._serve``). Anything
+functions (:func:`~cacheguard.cache.flows.fill.judge`, :func:`serve`). Anything
 else (a miss, an error, outbox replays pending) goes on in the flow from the
 GET's answer (:class:`Sent`), so every decision stays written once.
 """
@@ -54,11 +54,15 @@ from cacheguard.cache.flows.fill import (
     LOAD_UNLOCKED,
     LOOKUP,
     MISS,
+    REFRESH,
+    STALE,
     Call,
+    FillJob,
     LoadUnlocked,
     Lookup,
     Outcome,
     Step,
+    fill_flow,
     judge,
     timed_out_flow,
 )
@@ -72,7 +76,6 @@ from cacheguard.exceptions import BackendUnavailable, GuardClosed
 __all__ = [
     "REPLAY",
     "Gutter",
-    "ReadPath",
     "ReadStep",
     "Replay",
     "RunFill",
@@ -141,7 +144,7 @@ class Sent:
 
 
 class _NotReplayed:
-    """What :meth:`ReadPath._replayed_then_reread` gives when the replays failed."""
+    """What :func:`replayed_then_reread` gives when the replays failed."""
 
     def __repr__(self) -> str:
         return "NOT_REPLAYED"
@@ -165,523 +168,669 @@ def valid_for_all() -> int:
     return VALID_FOR_ALL
 
 
-class ReadPath(GuardCore):
-    """The read flows of both guards."""
+def read(
+    state: GuardCore,
+    name: str,
+    load: Callable[[], Any],
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None = None,
+) -> Generator[ReadStep, Any, Any]:
+    """The flow of ``get_or_load``: :func:`read_flow`, answered by the last value
+    seen instead of an error under ``stale_if_error``."""
+    flow = read_flow(state, name, load, ttl, none_ttl, template)
+    if state.settings.stale_if_error:
+        return stale_if_error(state, flow, name, template)
+    return flow
 
-    def _read(
-        self,
-        name: str,
-        load: Callable[[], Any],
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None = None,
-    ) -> Generator[ReadStep, Any, Any]:
-        """The flow of ``get_or_load``: :meth:`_read_flow`, answered by the last value
-        seen instead of an error under ``stale_if_error``."""
-        flow = self._read_flow(name, load, ttl, none_ttl, template)
-        if self.settings.stale_if_error:
-            return self._stale_if_error(flow, name, template)
-        return flow
 
-    def _stale_if_error(
-        self, flow: Generator[ReadStep, Any, Any], name: str, template: str | None
-    ) -> Generator[ReadStep, Any, Any]:
-        try:
-            return (yield from flow)
-        except Exception as exc:
-            if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):
-                raise  # the cache's own refusals (LockTimeout, bad input...) stand
-            assert self._last_seen is not None
-            value = self._last_seen.within(name, self.settings.stale_if_error)
-            if value is NOT_SEEN:
-                raise
-            self._stats.count("stale_on_error", name, 0.0, exc, template)
-            log.info("served the last value seen of %r instead of %r", name, exc)
-            return value
+def stale_if_error(
+    state: GuardCore, flow: Generator[ReadStep, Any, Any], name: str, template: str | None
+) -> Generator[ReadStep, Any, Any]:
+    try:
+        return (yield from flow)
+    except Exception as exc:
+        if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):
+            raise  # the cache's own refusals (LockTimeout, bad input...) stand
+        assert state._last_seen is not None
+        value = state._last_seen.within(name, state.settings.stale_if_error)
+        if value is NOT_SEEN:
+            raise
+        state._stats.count("stale_on_error", name, 0.0, exc, template)
+        log.info("served the last value seen of %r instead of %r", name, exc)
+        return value
 
-    def _read_flow(
-        self,
-        name: str,
-        load: Callable[[], Any],
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None = None,
-        led: tuple[Flight, float, Sent] | None = None,
-    ) -> Generator[ReadStep, Any, Any]:
-        """``get_or_load``: the cached value of ``name``, loaded once if missing;
-        ``template`` labels its events (see :mod:`cacheguard.cache.stats`). ``led``:
-        the flight a driver's hit path leads, when its call began, and the GET it
-        sent; the flow goes on from that GET's answer."""
-        ttl = self._ttl(ttl)
-        if led is not None:
-            flight, start, sent = led
-        else:
-            sent = None
-            l1 = self._l1
-            if l1 is not None and not self._recovery.pending:  # L1 may predate outbox writes
-                kept = l1.tier.get(name)
-                if kept is not ABSENT:
-                    self._stats.count("l1_hits", name, 0.0, None, template)
-                    return kept
-            start = self._timer()
-            while True:  # bounded: every pass waits on a leader that was already running
-                flight, leader, joined = self._flights.join(name, start)
-                if leader:
-                    break
-                self._loads.refuse_recursion(name, template)  # the leader may be our loader
-                lock = self.rwlock(name)
-                if lock.local.is_write_held_by_me():
-                    # Our own write: the leader waits for us, and what it loads is not our
-                    # view. Load privately (see fill_flow's writing_here), storing nothing.
-                    flow = self._fill_flow(
-                        name, lock, ttl, none_ttl, refresh=False, stale=None, template=template
-                    )
-                    return (yield RunFill(lock, flow, valid_for_all))[0].value
-                left = self.settings.wait_timeout - (self._timer() - start)
-                if not (yield WaitFlight(flight, left)):
-                    waited = self._timer() - start
-                    job = self._job(name, lock, ttl, none_ttl, template)
-                    flow = timed_out_flow(job, None, waited, since=lambda: start)
-                    return (yield RunFill(lock, flow, valid_for_all))[0].value
-                if flight.serves(joined):
-                    if flight.error is not None:
-                        raise flight.error
-                    return flight.result
-                # We joined after the leader's read was sent (it may predate a write that
-                # ended before we started), or the leader was interrupted: read again.
-        try:
-            # The leader's read. The hit is written out here, not in a sub-flow: a
-            # generator less for the calls that take the flow (L1 on, say).
-            breaker = self._breaker(name)
-            if sent is not None or breaker.allow():  # a sent GET was allowed already
-                l1_seen = self._l1_seen() if self._l1 is not None else None  # before the GET
-                seen_ticket = self._seen_ticket(name) if self._last_seen is not None else 0
-                sealed = flight.generation  # flights are born sealed for this first GET
-                try:
-                    if sent is not None:
-                        raw = sent.reply()
-                    elif self._timer() < self._server_clock.resample_at:
-                        raw = yield LOOKUP
-                    else:  # the same round trip also samples the server's clock
-                        raw = yield from self._timed_lookup(name)
-                except BackendUnavailable as exc:
-                    value, valid_below = yield from self._bypassed(
-                        name, flight, exc.__cause__, template, ttl, none_ttl
+
+def read_flow(
+    state: GuardCore,
+    name: str,
+    load: Callable[[], Any],
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None = None,
+    led: tuple[Flight, float, Sent] | None = None,
+) -> Generator[ReadStep, Any, Any]:
+    """``get_or_load``: the cached value of ``name``, loaded once if missing;
+    ``template`` labels its events (see :mod:`cacheguard.cache.stats`). ``led``:
+    the flight a driver's hit path leads, when its call began, and the GET it
+    sent; the flow goes on from that GET's answer."""
+    ttl = state._ttl(ttl)
+    if led is not None:
+        flight, start, sent = led
+    else:
+        sent = None
+        l1 = state._l1
+        if l1 is not None and not state._recovery.pending:  # L1 may predate outbox writes
+            kept = l1.tier.get(name)
+            if kept is not ABSENT:
+                state._stats.count("l1_hits", name, 0.0, None, template)
+                return kept
+        start = state._timer()
+        while True:  # bounded: every pass waits on a leader that was already running
+            flight, leader, joined = state._flights.join(name, start)
+            if leader:
+                break
+            state._loads.refuse_recursion(name, template)  # the leader may be our loader
+            lock = state.rwlock(name)
+            if lock.local.is_write_held_by_me():
+                # Our own write: the leader waits for us, and what it loads is not our
+                # view. Load privately (see fill_flow's writing_here), storing nothing.
+                flow = fill_flow_of(
+                    state, name, lock, ttl, none_ttl, refresh=False, stale=None, template=template
+                )
+                return (yield RunFill(lock, flow, valid_for_all))[0].value
+            left = state.settings.wait_timeout - (state._timer() - start)
+            if not (yield WaitFlight(flight, left)):
+                waited = state._timer() - start
+                job = fill_job(state, name, lock, ttl, none_ttl, template)
+                flow = timed_out_flow(job, None, waited, since=lambda: start)
+                return (yield RunFill(lock, flow, valid_for_all))[0].value
+            if flight.serves(joined):
+                if flight.error is not None:
+                    raise flight.error
+                return flight.result
+            # We joined after the leader's read was sent (it may predate a write that
+            # ended before we started), or the leader was interrupted: read again.
+    try:
+        # The leader's read. The hit is written out here, not in a sub-flow: a
+        # generator less for the calls that take the flow (L1 on, say).
+        breaker = state._breaker(name)
+        if sent is not None or breaker.allow():  # a sent GET was allowed already
+            l1_seen = state._l1_seen() if state._l1 is not None else None  # before the GET
+            seen_ticket = state._seen_ticket(name) if state._last_seen is not None else 0
+            sealed = flight.generation  # flights are born sealed for this first GET
+            try:
+                if sent is not None:
+                    raw = sent.reply()
+                elif state._timer() < state._server_clock.resample_at:
+                    raw = yield LOOKUP
+                else:  # the same round trip also samples the server's clock
+                    raw = yield from timed_lookup(state, name)
+            except BackendUnavailable as exc:
+                value, valid_below = yield from bypassed(
+                    state, name, flight, exc.__cause__, template, ttl, none_ttl
+                )
+            else:
+                breaker.success()  # closing, it marks the recovery pending
+                if state._recovery.pending:
+                    raw = yield from replayed_then_reread(state, name, template)
+                if raw is NOT_REPLAYED:
+                    # Redis may hold values the outbox's writes replaced: not served,
+                    # nor a value remembered or the gutter's (Redis answers: no outage).
+                    value, valid_below = yield from bypassed(
+                        state, name, flight, None, template, ttl, none_ttl, fallbacks=False
                     )
                 else:
-                    breaker.success()  # closing, it marks the recovery pending
-                    if self._recovery.pending:
-                        raw = yield from self._replayed_then_reread(name, template)
-                    if raw is NOT_REPLAYED:
-                        # Redis may hold values the outbox's writes replaced: not served,
-                        # nor a value remembered or the gutter's (Redis answers: no outage).
-                        value, valid_below = yield from self._bypassed(
-                            name, flight, None, template, ttl, none_ttl, fallbacks=False
-                        )
+                    served, entry = judge_read(
+                        state, name, raw, l1_seen, load, ttl, none_ttl, template, seen_ticket
+                    )
+                    if served:
+                        value, valid_below = entry.value, sealed  # type: ignore[union-attr]
                     else:
-                        served, entry = self._served(
-                            name, raw, l1_seen, load, ttl, none_ttl, template, seen_ticket
+                        value, valid_below = yield from fill_missing(
+                            state, name, flight, entry, l1_seen, ttl, none_ttl, start, template
                         )
-                        if served:
-                            value, valid_below = entry.value, sealed  # type: ignore[union-attr]
-                        else:
-                            value, valid_below = yield from self._fill_missing(
-                                name, flight, entry, l1_seen, ttl, none_ttl, start, template
-                            )
-            else:
-                value, valid_below = yield from self._bypassed(
-                    name, flight, None, template, ttl, none_ttl
-                )
-            if flight.has_followers_from(valid_below):
-                value, valid_below = yield from self._reread_for_late_followers(
-                    name, flight, value, valid_below, template
-                )
-        except BaseException as exc:
-            self._leader_failed(name, flight, exc)
-            raise
-        self._flights.finish(name, flight, value, valid_below=valid_below)
-        return value
-
-    def _leader_failed(self, name: str, flight: Flight, exc: BaseException) -> None:
-        """The leader of ``flight`` raised ``exc``: an error is its followers' too; a
-        cancellation or an interrupt is not an outcome to share (they go on)."""
-        if isinstance(exc, Exception):
-            self._flights.finish(name, flight, error=exc)
         else:
-            self._flights.finish(name, flight, valid_below=0)
-
-    def _hit_lead(self, name: str, ttl: float) -> tuple[Flight, float] | None:
-        """The hit path's start (see the module docstring), before its GET: the new
-        flight of ``name`` this call leads and when the call began, when the flow
-        would go straight to a plain GET; None when the flow runs from its start."""
-        self._ttl(ttl)  # refused before anything, as the flow does first
-        if (
-            self._l1 is not None
-            or self._last_seen is not None
-            or self._recovery.pending
-            or not self._breaker(name).closed
-        ):
-            return None
-        start = self._timer()
-        if start >= self._server_clock.resample_at:  # the flow's GET samples the clock
-            return None
-        flight = self._flights.lead(name, start)
-        return None if flight is None else (flight, start)
-
-    def _hit(
-        self,
-        name: str,
-        lead: tuple[Flight, float],
-        raw: Any,
-        error: BaseException | None,
-        load: Callable[[], Any],
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None = None,
-    ) -> tuple[Any, Generator[ReadStep, Any, Any] | None]:
-        """The hit path's end, after its GET (``raw``, or the ``error`` as a driver
-        throws it into the flow): ``(value, None)`` when the flow would serve
-        ``raw`` at once, else ``(None, flow)``: the flow from that GET's answer, for
-        the driver to run. No I/O; the decisions are the flow's own functions."""
-        flight, start = lead
-        try:
-            entry = self._hit_entry(name, raw, error)
-            if entry is not None:
-                now = self._server_clock.now()
-                verdict = judge(entry, now, self.settings, self._rng)
-                if verdict != MISS:
-                    self._serve(name, entry, verdict, now, None, load, ttl, none_ttl, template, 0)
-                    sealed = flight.generation  # born sealed for this GET; only we seal
-                    if flight.has_followers_from(sealed):
-                        return None, self._share(name, flight, entry.value, sealed, template)
-                    self._flights.finish(name, flight, entry.value, valid_below=sealed)
-                    return entry.value, None
-        except BaseException as exc:
-            self._leader_failed(name, flight, exc)
-            raise
-        sent = Sent(raw, error)
-        return None, self._read_flow(name, load, ttl, none_ttl, template, (flight, start, sent))
-
-    def _hit_entry(self, name: str, raw: Any, error: BaseException | None) -> Entry | None:
-        """The entry the hit path's GET read, if the flow would judge it next: the GET
-        answered (the circuit is told, as the flow does), no outbox replay is pending,
-        and the bytes decode (what does not is the flow's to count)."""
-        if error is not None:
-            return None
-        self._breaker(name).success()
-        if raw.__class__ is not bytes or self._recovery.pending:
-            return None
-        try:
-            return unpack_entry(self.settings.codec, raw)
-        except ValueError:
-            return None
-
-    def _share(
-        self, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
-    ) -> Generator[ReadStep, Any, Any]:
-        """The end of :meth:`_read_flow` for a value the hit path served: followers
-        joined after its GET was sent (see :meth:`_reread_for_late_followers`)."""
-        try:
-            value, valid_below = yield from self._reread_for_late_followers(
-                name, flight, value, valid_below, template
+            value, valid_below = yield from bypassed(
+                state, name, flight, None, template, ttl, none_ttl
             )
-        except BaseException as exc:
-            self._leader_failed(name, flight, exc)
-            raise
-        self._flights.finish(name, flight, value, valid_below=valid_below)
-        return value
+        if flight.has_followers_from(valid_below):
+            value, valid_below = yield from reread_for_late_followers(
+                state, name, flight, value, valid_below, template
+            )
+    except BaseException as exc:
+        leader_failed(state, name, flight, exc)
+        raise
+    state._flights.finish(name, flight, value, valid_below=valid_below)
+    return value
 
-    def _fill_missing(
-        self,
-        name: str,
-        flight: Flight,
-        stale: Entry | None,
-        l1_seen: tuple[int, object] | None,
-        ttl: float,
-        none_ttl: float | Missing | None,
-        start: float,
-        template: str | None,
-    ) -> Generator[ReadStep, Any, tuple[Any, int]]:
-        """The leader's GET missed (the call began at ``start``): fill ``name`` (once
-        across processes); the value and the generation below which followers may
-        take it. ``stale`` is the expired entry, if any, for the stale policy."""
-        self._stats.count("misses", name, 0.0, None, template)
-        lock = self.rwlock(name)  # one instance for the job and the driver: one owner
-        seen_ticket = self._seen_ticket(name)
-        flow = self._fill_flow(
+
+def leader_failed(state: GuardCore, name: str, flight: Flight, exc: BaseException) -> None:
+    """The leader of ``flight`` raised ``exc``: an error is its followers' too; a
+    cancellation or an interrupt is not an outcome to share (they go on)."""
+    if isinstance(exc, Exception):
+        state._flights.finish(name, flight, error=exc)
+    else:
+        state._flights.finish(name, flight, valid_below=0)
+
+
+def hit_lead(state: GuardCore, name: str, ttl: float) -> tuple[Flight, float] | None:
+    """The hit path's start (see the module docstring), before its GET: the new
+    flight of ``name`` this call leads and when the call began, when the flow
+    would go straight to a plain GET; None when the flow runs from its start."""
+    state._ttl(ttl)  # refused before anything, as the flow does first
+    if (
+        state._l1 is not None
+        or state._last_seen is not None
+        or state._recovery.pending
+        or not state._breaker(name).closed
+    ):
+        return None
+    start = state._timer()
+    if start >= state._server_clock.resample_at:  # the flow's GET samples the clock
+        return None
+    flight = state._flights.lead(name, start)
+    return None if flight is None else (flight, start)
+
+
+def hit(
+    state: GuardCore,
+    name: str,
+    lead: tuple[Flight, float],
+    raw: Any,
+    error: BaseException | None,
+    load: Callable[[], Any],
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None = None,
+) -> tuple[Any, Generator[ReadStep, Any, Any] | None]:
+    """The hit path's end, after its GET (``raw``, or the ``error`` as a driver
+    throws it into the flow): ``(value, None)`` when the flow would serve
+    ``raw`` at once, else ``(None, flow)``: the flow from that GET's answer, for
+    the driver to run. No I/O; the decisions are the flow's own functions."""
+    flight, start = lead
+    try:
+        entry = hit_entry(state, name, raw, error)
+        if entry is not None:
+            now = state._server_clock.now()
+            verdict = judge(entry, now, state.settings, state._rng)
+            if verdict != MISS:
+                serve(state, name, entry, verdict, now, None, load, ttl, none_ttl, template, 0)
+                sealed = flight.generation  # born sealed for this GET; only we seal
+                if flight.has_followers_from(sealed):
+                    return None, share(state, name, flight, entry.value, sealed, template)
+                state._flights.finish(name, flight, entry.value, valid_below=sealed)
+                return entry.value, None
+    except BaseException as exc:
+        leader_failed(state, name, flight, exc)
+        raise
+    sent = Sent(raw, error)
+    return None, read_flow(state, name, load, ttl, none_ttl, template, (flight, start, sent))
+
+
+def hit_entry(state: GuardCore, name: str, raw: Any, error: BaseException | None) -> Entry | None:
+    """The entry the hit path's GET read, if the flow would judge it next: the GET
+    answered (the circuit is told, as the flow does), no outbox replay is pending,
+    and the bytes decode (what does not is the flow's to count)."""
+    if error is not None:
+        return None
+    state._breaker(name).success()
+    if raw.__class__ is not bytes or state._recovery.pending:
+        return None
+    try:
+        return unpack_entry(state.settings.codec, raw)
+    except ValueError:
+        return None
+
+
+def share(
+    state: GuardCore, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
+) -> Generator[ReadStep, Any, Any]:
+    """The end of :func:`read_flow` for a value the hit path served: followers
+    joined after its GET was sent (see :meth:`_reread_for_late_followers`)."""
+    try:
+        value, valid_below = yield from reread_for_late_followers(
+            state, name, flight, value, valid_below, template
+        )
+    except BaseException as exc:
+        leader_failed(state, name, flight, exc)
+        raise
+    state._flights.finish(name, flight, value, valid_below=valid_below)
+    return value
+
+
+def fill_missing(
+    state: GuardCore,
+    name: str,
+    flight: Flight,
+    stale: Entry | None,
+    l1_seen: tuple[int, object] | None,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    start: float,
+    template: str | None,
+) -> Generator[ReadStep, Any, tuple[Any, int]]:
+    """The leader's GET missed (the call began at ``start``): fill ``name`` (once
+    across processes); the value and the generation below which followers may
+    take it. ``stale`` is the expired entry, if any, for the stale policy."""
+    state._stats.count("misses", name, 0.0, None, template)
+    lock = state.rwlock(name)  # one instance for the job and the driver: one owner
+    seen_ticket = state._seen_ticket(name)
+    flow = fill_flow_of(
+        state,
+        name,
+        lock,
+        ttl,
+        none_ttl,
+        refresh=False,
+        stale=stale,
+        budget=state.settings.wait_timeout - (state._timer() - start),
+        since=lambda: flight.newest_start,  # of the followers it serves, and its own
+        template=template,
+    )
+    try:
+        outcome, valid_below = yield RunFill(
+            lock, flow, functools.partial(state._flights.seal, flight)
+        )
+    except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
+        return (yield from bypassed(state, name, flight, exc, template, ttl, none_ttl))
+    keep_filled(state, name, outcome, l1_seen, ttl)
+    if state._last_seen is not None and not outcome.private and outcome.source in _FRESH_SOURCES:
+        state._last_seen.note(name, outcome.value, seen_ticket)
+    return outcome.value, valid_below
+
+
+def timed_lookup(state: GuardCore, name: str) -> Generator[ReadStep, Any, Any]:
+    """The GET of ``name``'s value with the server's clock, sampled for judging
+    entries' ages (see :mod:`cacheguard.cache.server_clock`): one round trip."""
+    sent = state._timer()
+    raw, server = parse_timed_get((yield Call(timed_get_call(state.keys(name)))))
+    state._server_clock.sample(server, (sent + state._timer()) / 2)
+    return raw
+
+
+def bypassed(
+    state: GuardCore,
+    name: str,
+    flight: Flight,
+    exc: BaseException | None,
+    template: str | None,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    *,
+    fallbacks: bool = True,
+) -> Generator[ReadStep, Any, tuple[Any, int]]:
+    """:meth:`_bypass` for the flight's leader: its value, for the followers that
+    joined before it was sought (sealed first: one who joins during the load may
+    have started after a write the load did not see, and must load again)."""
+    if state.rwlock(name).local.is_write_held_by_me():
+        # Our own write's key (guard.write, a tracked transaction): what we load
+        # may be uncommitted. Ours alone: not remembered, not shared, no gutter.
+        state._refuse_bypass(name, exc, template)
+        return (yield LOAD_UNLOCKED), 0
+    sealed = state._flights.seal(flight)
+    if not fallbacks:  # on_backend_error only
+        return (yield from bypass(state, name, exc, template)), sealed
+    value = yield from bypass(state, name, exc, template, ttl=ttl, none_ttl=none_ttl)
+    return value, sealed
+
+
+def replayed_then_reread(
+    state: GuardCore, name: str, template: str | None
+) -> Generator[ReadStep, Any, Any]:
+    """Run the pending outbox replays, then GET ``name`` again: the value read
+    before them may be one the outbox's writes replaced (their invalidation
+    deleted it since). :data:`NOT_REPLAYED` if the replays or the GET failed
+    (then nothing read from Redis may be served yet)."""
+    try:
+        yield REPLAY
+    except Exception as exc:
+        state._stats.count("replay_failures", name, 0.0, exc, template)
+        # Logged once per failed run; the reads it turns away meanwhile are counted.
+        if not isinstance(exc, ReplayFailed):
+            log.warning("outbox replay failed, %r is not served from Redis: %s", name, exc)
+        return NOT_REPLAYED
+    try:
+        return (yield LOOKUP)
+    except BackendUnavailable as exc:
+        state._backend_failed(name, client_error(exc), template=template)
+        return NOT_REPLAYED
+
+
+def reread_for_late_followers(
+    state: GuardCore, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
+) -> Generator[ReadStep, Any, tuple[Any, int]]:
+    """Some followers joined after our read was sent; one more shared GET serves
+    them all (instead of each re-reading). Bounded; stragglers read themselves."""
+    for _ in range(LATE_FOLLOWER_REREADS):
+        if state._recovery.pending:
+            break  # not before the outbox replays ran: late followers read themselves
+        sealed = state._flights.seal(flight)
+        try:
+            entry = state._decode(name, (yield LOOKUP), template=template)
+        except BackendUnavailable:
+            break
+        if entry is None or state._server_clock.now() >= entry.expires_at:
+            break  # invalidated again: late followers must load it themselves
+        value, valid_below = entry.value, sealed
+        if not flight.has_followers_from(sealed):
+            break
+    return value, valid_below
+
+
+def bypass(
+    state: GuardCore,
+    name: str,
+    exc: BaseException | None,
+    template: str | None = None,
+    *,
+    ttl: float | None = None,
+    none_ttl: float | Missing | None = MISSING,
+) -> Generator[ReadStep, Any, Any]:
+    """Redis is down (``exc``) or the circuit is open (None). A read (``ttl``
+    given; a refresh means "load now") first reuses a value this process saw
+    within ``outage_ttl``, then asks the gutter; then ``on_backend_error``:
+    load directly, or raise."""
+    counted = False
+    if ttl is not None:
+        if exc is not None:
+            state._backend_failed(name, exc, template=template)
+            counted = True
+        seen = state._last_seen
+        if seen is not None:
+            value = seen.within(name, state.settings.outage_ttl)
+            if value is not NOT_SEEN:
+                state._stats.count("outage_reuses", name, 0.0, None, template)
+                return value
+        if state._gutter is not None:
+            try:
+                value = yield Gutter(*gutter_lifetimes(state, ttl, none_ttl))
+            except BackendUnavailable as gutter_down:
+                log.info("the gutter is unreachable too for %r: %s", name, gutter_down)
+            else:
+                # Not remembered: it may be gutter_ttl old already.
+                state._stats.count("gutter_reads", name, 0.0, None, template)
+                return value
+    state._refuse_bypass(name, exc, template, failure_counted=counted)
+    seen_ticket = state._seen_ticket(name)
+    value = yield LOAD_UNLOCKED
+    if state._last_seen is not None:
+        state._last_seen.note(name, value, seen_ticket)
+    return value
+
+
+def gutter_lifetimes(
+    state: GuardCore, ttl: float, none_ttl: float | Missing | None
+) -> tuple[float, float | None]:
+    """A read's lifetimes cut to ``gutter_ttl``: the gutter's staleness bound."""
+    cap = state.settings.gutter_ttl
+    lifetime = state.settings.none_ttl if isinstance(none_ttl, Missing) else none_ttl
+    return min(ttl, cap), None if lifetime is None else min(lifetime, cap)
+
+
+def refresh_flow(
+    state: GuardCore,
+    name: str,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None = None,
+) -> Generator[ReadStep, Any, Any]:
+    """``refresh``: load ``name`` now (under its locks, once across processes) and
+    store it; Redis down or the circuit open: ``on_backend_error``."""
+    ttl = state._ttl(ttl)
+    state._loads.refuse_recursion(name, template)
+    if not state._breaker(name).allow():
+        return (yield from bypass(state, name, None, template))
+    lock = state.rwlock(name)
+    flow = fill_flow_of(
+        state, name, lock, ttl, none_ttl, refresh=True, stale=None, template=template
+    )
+    try:
+        outcome, _ = yield RunFill(lock, flow, valid_for_all)
+    except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
+        return (yield from bypass(state, name, exc, template))
+    return outcome.value
+
+
+def peek_flow(
+    state: GuardCore, name: str, template: str | None = None
+) -> Generator[ReadStep, Any, Any]:
+    """``peek``: the cached value of ``name`` or MISSING; never loads, never locks."""
+    if state._l1 is not None and not state._recovery.pending:
+        value = state._l1.tier.get(name)
+        if value is not ABSENT:
+            return value
+    raising = state.settings.on_backend_error == "raise"
+    closed = state._circuit_open(f"reading {name!r}", (name,))
+    if closed is not None:
+        if raising:
+            raise closed
+        return MISSING
+    try:
+        raw = (
+            (yield LOOKUP)
+            if not state._server_clock.due()
+            else (yield from timed_lookup(state, name))
+        )
+        entry = state._decode(name, raw, template=template)
+    except BackendUnavailable as exc:
+        state._backend_failed(name, client_error(exc), template=template)
+        if raising:
+            raise BackendUnavailable(
+                f"Redis unreachable reading {name!r}: {client_error(exc)}"
+            ) from client_error(exc)
+        return MISSING
+    state._breaker(name).success()
+    if state._recovery.pending:
+        raw = yield from replayed_then_reread(state, name, template)
+        if raw is NOT_REPLAYED:
+            if raising:
+                raise BackendUnavailable(f"outbox replay failed before reading {name!r}")
+            return MISSING
+        entry = state._decode(name, raw, template=template)
+    return peeked(state, entry)
+
+
+def peek_entry_flow(state: GuardCore, name: str) -> Generator[ReadStep, Any, Any]:
+    """``peek_entry``: the stored entry even past its expiry, or None (also while
+    pending outbox replays fail: what Redis holds may be replaced)."""
+    try:
+        raw = yield LOOKUP
+    except BackendUnavailable:
+        return None
+    if state._recovery.pending:
+        raw = yield from replayed_then_reread(state, name, None)
+        if raw is NOT_REPLAYED:
+            return None
+    return state._decode(name, raw)
+
+
+def refresh_in_background(
+    state: GuardCore,
+    name: str,
+    load: Callable[[], Any],
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None = None,
+) -> None:
+    """Start one background refresh of ``name`` per process (loop), unless one runs."""
+    if state._closed:
+        return
+    flight, leader, _ = state._refreshes.join(name)
+    if not leader:
+        return
+    flow = background_refresh_flow(state, name, flight, ttl, none_ttl, template)
+    if not state._run_in_background(flow, name, load, template):
+        flow.close()
+        state._refreshes.finish(name, flight)
+
+
+def background_refresh_flow(
+    state: GuardCore,
+    name: str,
+    flight: Flight,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None,
+) -> Generator[ReadStep, Any, None]:
+    try:
+        lock = state.rwlock(name)
+        flow = fill_flow_of(
+            state,
             name,
             lock,
             ttl,
             none_ttl,
-            refresh=False,
-            stale=stale,
-            budget=self.settings.wait_timeout - (self._timer() - start),
-            since=lambda: flight.newest_start,  # of the followers it serves, and its own
+            refresh=True,
+            stale=None,
+            background=True,
             template=template,
         )
-        try:
-            outcome, valid_below = yield RunFill(
-                lock, flow, functools.partial(self._flights.seal, flight)
-            )
-        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
-            return (yield from self._bypassed(name, flight, exc, template, ttl, none_ttl))
-        self._keep_filled(name, outcome, l1_seen, ttl)
-        if self._last_seen is not None and not outcome.private and outcome.source in _FRESH_SOURCES:
-            self._last_seen.note(name, outcome.value, seen_ticket)
-        return outcome.value, valid_below
+        outcome, _ = yield RunFill(lock, flow, valid_for_all)
+        if outcome.source == "loaded":
+            state._stats.count("early_refreshes", name, 0.0, None, template)
+    except GuardClosed:
+        log.debug("background refresh of %r dropped: the guard closed", name)
+    except Exception:
+        log.exception("background refresh of %r failed", name)
+    finally:
+        state._refreshes.finish(name, flight)
 
-    def _timed_lookup(self, name: str) -> Generator[ReadStep, Any, Any]:
-        """The GET of ``name``'s value with the server's clock, sampled for judging
-        entries' ages (see :mod:`cacheguard.cache.server_clock`): one round trip."""
-        sent = self._timer()
-        raw, server = parse_timed_get((yield Call(timed_get_call(self.keys(name)))))
-        self._server_clock.sample(server, (sent + self._timer()) / 2)
-        return raw
 
-    def _bypassed(
-        self,
-        name: str,
-        flight: Flight,
-        exc: BaseException | None,
-        template: str | None,
-        ttl: float,
-        none_ttl: float | Missing | None,
-        *,
-        fallbacks: bool = True,
-    ) -> Generator[ReadStep, Any, tuple[Any, int]]:
-        """:meth:`_bypass` for the flight's leader: its value, for the followers that
-        joined before it was sought (sealed first: one who joins during the load may
-        have started after a write the load did not see, and must load again)."""
-        if self.rwlock(name).local.is_write_held_by_me():
-            # Our own write's key (guard.write, a tracked transaction): what we load
-            # may be uncommitted. Ours alone: not remembered, not shared, no gutter.
-            self._refuse_bypass(name, exc, template)
-            return (yield LOAD_UNLOCKED), 0
-        sealed = self._flights.seal(flight)
-        if not fallbacks:  # on_backend_error only
-            return (yield from self._bypass(name, exc, template)), sealed
-        value = yield from self._bypass(name, exc, template, ttl=ttl, none_ttl=none_ttl)
-        return value, sealed
+def judge_read(
+    state: GuardCore,
+    name: str,
+    raw: Any,
+    l1_seen: tuple[int, object] | None,
+    load: Callable[[], Any],
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None,
+    seen_ticket: int,
+) -> tuple[bool, Entry | None]:
+    """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
+    the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
+    past its expiry for the stale policy). ``seen_ticket``: :meth:`GuardCore._seen_ticket`,
+    taken before the GET."""
+    entry = state._decode(name, raw, template=template)
+    if entry is None:
+        return False, None
+    now = state._server_clock.now()
+    verdict = judge(entry, now, state.settings, state._rng)
+    kept = serve(
+        state, name, entry, verdict, now, l1_seen, load, ttl, none_ttl, template, seen_ticket
+    )
+    return kept, entry
 
-    def _replayed_then_reread(
-        self, name: str, template: str | None
-    ) -> Generator[ReadStep, Any, Any]:
-        """Run the pending outbox replays, then GET ``name`` again: the value read
-        before them may be one the outbox's writes replaced (their invalidation
-        deleted it since). :data:`NOT_REPLAYED` if the replays or the GET failed
-        (then nothing read from Redis may be served yet)."""
-        try:
-            yield REPLAY
-        except Exception as exc:
-            self._stats.count("replay_failures", name, 0.0, exc, template)
-            # Logged once per failed run; the reads it turns away meanwhile are counted.
-            if not isinstance(exc, ReplayFailed):
-                log.warning("outbox replay failed, %r is not served from Redis: %s", name, exc)
-            return NOT_REPLAYED
-        try:
-            return (yield LOOKUP)
-        except BackendUnavailable as exc:
-            self._backend_failed(name, client_error(exc), template=template)
-            return NOT_REPLAYED
 
-    def _reread_for_late_followers(
-        self, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
-    ) -> Generator[ReadStep, Any, tuple[Any, int]]:
-        """Some followers joined after our read was sent; one more shared GET serves
-        them all (instead of each re-reading). Bounded; stragglers read themselves."""
-        for _ in range(LATE_FOLLOWER_REREADS):
-            if self._recovery.pending:
-                break  # not before the outbox replays ran: late followers read themselves
-            sealed = self._flights.seal(flight)
-            try:
-                entry = self._decode(name, (yield LOOKUP), template=template)
-            except BackendUnavailable:
-                break
-            if entry is None or self._server_clock.now() >= entry.expires_at:
-                break  # invalidated again: late followers must load it themselves
-            value, valid_below = entry.value, sealed
-            if not flight.has_followers_from(sealed):
-                break
-        return value, valid_below
+def serve(
+    state: GuardCore,
+    name: str,
+    entry: Entry,
+    verdict: int,
+    now: float,
+    l1_seen: tuple[int, object] | None,
+    load: Callable[[], Any],
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None,
+    seen_ticket: int,
+) -> bool:
+    """Act on :func:`judge`'s ``verdict`` for ``entry`` (judged at ``now``): count
+    it, refresh it in the background, keep it in L1 and the fallback memory, as
+    the verdict says; True to serve it, False for a miss."""
+    if verdict <= REFRESH:
+        state._stats.count("l2_hits", name, 0.0, None, template)
+        if state._last_seen is not None:
+            state._last_seen.note(name, entry.value, seen_ticket)
+        if verdict == REFRESH:
+            refresh_in_background(state, name, load, ttl, none_ttl, template)
+        if l1_seen is not None:
+            state._l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
+        return True
+    if verdict == STALE:  # inside the stale window: serve, reload in the background
+        state._stats.count("stale_served", name, 0.0, None, template)
+        refresh_in_background(state, name, load, ttl, none_ttl, template)
+        return True
+    return False
 
-    def _bypass(
-        self,
-        name: str,
-        exc: BaseException | None,
-        template: str | None = None,
-        *,
-        ttl: float | None = None,
-        none_ttl: float | Missing | None = MISSING,
-    ) -> Generator[ReadStep, Any, Any]:
-        """Redis is down (``exc``) or the circuit is open (None). A read (``ttl``
-        given; a refresh means "load now") first reuses a value this process saw
-        within ``outage_ttl``, then asks the gutter; then ``on_backend_error``:
-        load directly, or raise."""
-        counted = False
-        if ttl is not None:
-            if exc is not None:
-                self._backend_failed(name, exc, template=template)
-                counted = True
-            seen = self._last_seen
-            if seen is not None:
-                value = seen.within(name, self.settings.outage_ttl)
-                if value is not NOT_SEEN:
-                    self._stats.count("outage_reuses", name, 0.0, None, template)
-                    return value
-            if self._gutter is not None:
-                try:
-                    value = yield Gutter(*self._gutter_lifetimes(ttl, none_ttl))
-                except BackendUnavailable as gutter_down:
-                    log.info("the gutter is unreachable too for %r: %s", name, gutter_down)
-                else:
-                    # Not remembered: it may be gutter_ttl old already.
-                    self._stats.count("gutter_reads", name, 0.0, None, template)
-                    return value
-        self._refuse_bypass(name, exc, template, failure_counted=counted)
-        seen_ticket = self._seen_ticket(name)
-        value = yield LOAD_UNLOCKED
-        if self._last_seen is not None:
-            self._last_seen.note(name, value, seen_ticket)
-        return value
 
-    def _gutter_lifetimes(
-        self, ttl: float, none_ttl: float | Missing | None
-    ) -> tuple[float, float | None]:
-        """A read's lifetimes cut to ``gutter_ttl``: the gutter's staleness bound."""
-        cap = self.settings.gutter_ttl
-        lifetime = self.settings.none_ttl if isinstance(none_ttl, Missing) else none_ttl
-        return min(ttl, cap), None if lifetime is None else min(lifetime, cap)
+def keep_filled(
+    state: GuardCore, name: str, outcome: Outcome, l1_seen: tuple[int, object] | None, ttl: float
+) -> None:
+    """Keep a fill's outcome in L1, for as long as its entry lives."""
+    if l1_seen is None or outcome.source not in ("l2", "loaded", "peer"):
+        return
+    if outcome.entry is not None:
+        lifetime = outcome.entry.expires_at - state._server_clock.now()
+    else:  # our own store: its TTL was jittered, never below this floor
+        lifetime = ttl * (1 - state.settings.ttl_jitter)
+    if lifetime > 0:
+        state._l1.keep(name, outcome.value, lifetime, l1_seen)  # type: ignore[union-attr]
 
-    def _refresh_flow(
-        self,
-        name: str,
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None = None,
-    ) -> Generator[ReadStep, Any, Any]:
-        """``refresh``: load ``name`` now (under its locks, once across processes) and
-        store it; Redis down or the circuit open: ``on_backend_error``."""
-        ttl = self._ttl(ttl)
-        self._loads.refuse_recursion(name, template)
-        if not self._breaker(name).allow():
-            return (yield from self._bypass(name, None, template))
-        lock = self.rwlock(name)
-        flow = self._fill_flow(
-            name, lock, ttl, none_ttl, refresh=True, stale=None, template=template
-        )
-        try:
-            outcome, _ = yield RunFill(lock, flow, valid_for_all)
-        except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
-            return (yield from self._bypass(name, exc, template))
-        return outcome.value
 
-    def _peek_flow(self, name: str, template: str | None = None) -> Generator[ReadStep, Any, Any]:
-        """``peek``: the cached value of ``name`` or MISSING; never loads, never locks."""
-        if self._l1 is not None and not self._recovery.pending:
-            value = self._l1.tier.get(name)
-            if value is not ABSENT:
-                return value
-        raising = self.settings.on_backend_error == "raise"
-        closed = self._circuit_open(f"reading {name!r}", (name,))
-        if closed is not None:
-            if raising:
-                raise closed
-            return MISSING
-        try:
-            raw = (
-                (yield LOOKUP)
-                if not self._server_clock.due()
-                else (yield from self._timed_lookup(name))
-            )
-            entry = self._decode(name, raw, template=template)
-        except BackendUnavailable as exc:
-            self._backend_failed(name, client_error(exc), template=template)
-            if raising:
-                raise BackendUnavailable(
-                    f"Redis unreachable reading {name!r}: {client_error(exc)}"
-                ) from client_error(exc)
-            return MISSING
-        self._breaker(name).success()
-        if self._recovery.pending:
-            raw = yield from self._replayed_then_reread(name, template)
-            if raw is NOT_REPLAYED:
-                if raising:
-                    raise BackendUnavailable(f"outbox replay failed before reading {name!r}")
-                return MISSING
-            entry = self._decode(name, raw, template=template)
-        return self._peeked(entry)
+def peeked(state: GuardCore, entry: Entry | None) -> Any:
+    if entry is None or state._server_clock.now() >= entry.expires_at:
+        return MISSING
+    return entry.value
 
-    def _peek_entry_flow(self, name: str) -> Generator[ReadStep, Any, Any]:
-        """``peek_entry``: the stored entry even past its expiry, or None (also while
-        pending outbox replays fail: what Redis holds may be replaced)."""
-        try:
-            raw = yield LOOKUP
-        except BackendUnavailable:
-            return None
-        if self._recovery.pending:
-            raw = yield from self._replayed_then_reread(name, None)
-            if raw is NOT_REPLAYED:
-                return None
-        return self._decode(name, raw)
 
-    def _refresh_in_background(
-        self,
-        name: str,
-        load: Callable[[], Any],
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None = None,
-    ) -> None:
-        """Start one background refresh of ``name`` per process (loop), unless one runs."""
-        if self._closed:
-            return
-        flight, leader, _ = self._refreshes.join(name)
-        if not leader:
-            return
-        flow = self._background_refresh_flow(name, flight, ttl, none_ttl, template)
-        if not self._start_background(flow, name, load, template):
-            flow.close()
-            self._refreshes.finish(name, flight)
+def fill_flow_of(
+    state: GuardCore,
+    name: str,
+    lock: Lock,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    *,
+    refresh: bool,
+    stale: Entry | None,
+    background: bool = False,
+    budget: float | None = None,
+    since: Callable[[], float] | None = None,
+    template: str | None = None,
+) -> Generator[Step, Any, Outcome]:
+    """The fill flow of ``name`` for either driver (a loader asking for its own
+    key is refused here, before any wait); ``since``: see :func:`fill_flow`."""
+    state._loads.refuse_recursion(name, template)
+    return fill_flow(
+        fill_job(state, name, lock, ttl, none_ttl, template),
+        refresh=refresh,
+        background=background,
+        stale=stale,
+        budget=state.settings.wait_timeout if budget is None else budget,
+        since=since,
+    )
 
-    def _background_refresh_flow(
-        self,
-        name: str,
-        flight: Flight,
-        ttl: float,
-        none_ttl: float | Missing | None,
-        template: str | None,
-    ) -> Generator[ReadStep, Any, None]:
-        try:
-            lock = self.rwlock(name)
-            flow = self._fill_flow(
-                name,
-                lock,
-                ttl,
-                none_ttl,
-                refresh=True,
-                stale=None,
-                background=True,
-                template=template,
-            )
-            outcome, _ = yield RunFill(lock, flow, valid_for_all)
-            if outcome.source == "loaded":
-                self._stats.count("early_refreshes", name, 0.0, None, template)
-        except GuardClosed:
-            log.debug("background refresh of %r dropped: the guard closed", name)
-        except Exception:
-            log.exception("background refresh of %r failed", name)
-        finally:
-            self._refreshes.finish(name, flight)
 
+def fill_job(
+    state: GuardCore,
+    name: str,
+    lock: Lock,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None = None,
+) -> FillJob:
+    # The flow counts by name; the template rides along in the callbacks.
+    return FillJob(
+        name=name,
+        keys=lock.remote.keys,
+        owner=lock.owner,
+        settings=state.settings,
+        ttl=ttl,
+        none_ttl=none_ttl,
+        writing_here=lock.local.is_write_held_by_me(),
+        stamps=functools.partial(state._invalidation.stamps_for, name),
+        timer=state._timer,
+        clock=state._server_clock.now,
+        saw_server_clock=state._server_clock.sample,
+        rng=state._rng,
+        count=functools.partial(state._stats.count, template=template),
+        decode=functools.partial(state._decode, name, template=template),
+        decode_quiet=functools.partial(state._decode, name, count=False),
+        backend_failed=functools.partial(state._backend_failed, template=template),
+        shared_loads=state._shared_loads,
+        backoff=state._wait_backoff,
+        replay_pending=state._replay_pending,
+        checks_snapshots=state._checks_snapshots,
+    )
     # -- what each guard provides --------------------------------------------------------
-
-    def _start_background(
-        self,
-        flow: Generator[ReadStep, Any, None],
-        name: str,
-        load: Callable[[], Any],
-        template: str | None = None,
-    ) -> bool:
-        """Run ``flow`` apart from the caller (a thread, a task); False if it cannot;
-        ``template`` labels the load's events."""
-        raise NotImplementedError
