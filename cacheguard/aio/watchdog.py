@@ -157,13 +157,14 @@ class AsyncWatchdog(LeaseBook["AsyncLockHandle"], LoopTask[list[_Entry["AsyncLoc
 
     async def _work(self, due: list[_Entry[AsyncLockHandle]]) -> None:
         for entries in self._batches(due):
+            sent = time.monotonic()
             try:
                 results = await _run_batch(entries[0].handle.client, entries)
             except REDIS_UNREACHABLE as exc:
                 log.warning("lease renewal failed, will retry: %s", exc)
                 self._after_error(entries)
                 continue
-            self._settle_batch(entries, results)
+            self._settle_batch(entries, results, sent)
 
 
 async def _run_batch(client: AsyncClient, entries: list[_Entry[AsyncLockHandle]]) -> list[Any]:
