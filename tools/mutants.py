@@ -221,8 +221,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "holder-abandoned-distributed-hold-released",
         "an abandoned two-tier write hold is given back in Redis too, not renewed for ever",
         "cacheguard/locks/two_tier.py",
-        "                if self._write_handle is not None:\n"
-        "                    released.append(self._write_handle)\n",
+        "                    if self._write_handle is not None:\n"
+        "                        released.append(self._write_handle)\n",
         "",
         ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
     ),
@@ -2577,10 +2577,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "context: the caller does not re-enter it and any thread releases it (dogpile's "
         "async creation runner)",
         "cacheguard/locks/local.py",
-        "        me = enter_holder(holder)\n        try:\n            with self._cond:\n"
-        "                n = me.number\n                if self._writer == n:\n",
-        "        me = enter_holder()\n        try:\n            with self._cond:\n"
-        "                n = me.number\n                if self._writer == n:\n",
+        "        me = enter_holder(holder)\n        dropped = False\n        try:\n"
+        "            with self._cond:\n                n = me.number\n"
+        "                if self._writer == n:\n",
+        "        me = enter_holder()\n        dropped = False\n        try:\n"
+        "            with self._cond:\n                n = me.number\n"
+        "                if self._writer == n:\n",
         (
             "tests/test_dogpile_backend.py::"
             "test_a_write_hold_for_a_holder_id_is_released_from_another_thread",
@@ -3413,6 +3415,157 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_outbox_privacy.py::"
             "test_a_local_hold_released_from_another_thread_wakes_the_loop_s_waiters",
+        ),
+    ),
+    # -- lock cohorting: write holds handed between the writers of a process (issue #25) --
+    Mutant(
+        "two-tier-cohort-hand-over",
+        "a two-tier writer releasing while local writers wait hands them its distributed "
+        "write hold: no round trip, the same handle and token",
+        "cacheguard/locks/two_tier.py",
+        "                    handed = self._local.hand_over_write(holder=me)\n",
+        "                    handed = False\n",
+        ("tests/test_lock_cohort.py::test_a_handed_over_write_hold_does_not_touch_redis",),
+    ),
+    Mutant(
+        "two-tier-cohort-limit",
+        "a distributed write hold is handed over at most cohort_limit times in a row; then "
+        "writers of other processes queued meanwhile come first",
+        "cacheguard/locks/two_tier.py",
+        "                    and self._handovers < self.cohort_limit\n",
+        "",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_the_cohort_limit_lets_another_process_in_after_that_many_hand_overs",
+            "tests/test_lock_cohort.py::test_cohort_limit_is_checked",
+        ),
+    ),
+    Mutant(
+        "two-tier-cohort-never-hands-a-lost-hold",
+        "a hold known lost is not handed over: its release goes to Redis and raises "
+        "LockLostError to the holder",
+        "cacheguard/locks/two_tier.py",
+        "        and not handle.lost\n",
+        "",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_a_lost_hold_is_not_handed_over_and_its_loss_is_raised_to_the_holder",
+            "tests/test_lock_cohort.py::"
+            "test_async_a_lost_hold_is_not_handed_over_and_its_loss_is_raised",
+        ),
+    ),
+    Mutant(
+        "two-tier-cohort-only-while-sure-to-last",
+        "a hold is handed over only while more than a third of its lease is sure to be left: "
+        "a holder whose lease may have run out asks Redis, which raises LockLostError",
+        "cacheguard/locks/two_tier.py",
+        "        and validity > handle.lease / 3\n",
+        "",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_a_holder_whose_lease_may_have_run_out_releases_in_redis",
+            "tests/test_lock_cohort.py::"
+            "test_async_a_holder_whose_lease_may_have_run_out_releases_in_redis",
+        ),
+    ),
+    Mutant(
+        "lock-renewal-confirms-the-lease",
+        "a renewal by the watchdog confirms the hold for a lease from when it was sent (so "
+        "a renewed hold stays sure to last, and is handed over)",
+        "cacheguard/locks/watchdog.py",
+        "            handle.confirmed_at = sent\n",
+        "            pass\n",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_a_hold_the_watchdog_renews_is_still_handed_over_past_its_first_lease",
+            "tests/test_lock_cohort.py::test_async_a_hold_the_watchdog_renews_is_still_handed_over",
+        ),
+    ),
+    Mutant(
+        "local-hand-over-keeps-a-downgrade-alone",
+        "a holder that downgraded (holds the read lock too) does not hand the write lock on: "
+        "no writer enters while it reads",
+        "cacheguard/locks/local.py",
+        "            if self._write_depth != 1 or me.number in self._readers or "
+        "not self._successors:",
+        "            if self._write_depth != 1 or not self._successors:",
+        ("tests/test_lock_cohort.py::test_a_downgraded_holder_does_not_hand_over",),
+    ),
+    Mutant(
+        "local-interrupted-successor-passes-on",
+        "a successor interrupted after it was handed the write lock passes it to the next "
+        "successor (or frees it), instead of keeping it for nobody",
+        "cacheguard/locks/local.py",
+        "                    dropped = self._writer == n and self._pass_on_handover()\n",
+        "                    dropped = False\n",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_an_interrupted_successor_passes_the_hold_on_or_gives_it_back",
+        ),
+    ),
+    Mutant(
+        "two-tier-unclaimed-hold-given-back",
+        "a distributed write hold kept for a successor that gave up, with none behind it, is "
+        "given back in Redis, not renewed for nobody",
+        "cacheguard/locks/two_tier.py",
+        "            on_dropped=self._drop_unclaimed,\n",
+        "            on_dropped=None,\n",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_an_interrupted_successor_passes_the_hold_on_or_gives_it_back",
+        ),
+    ),
+    Mutant(
+        "aio-two-tier-cohort-hand-over",
+        "an asyncio two-tier writer releasing while other tasks wait to write hands them its "
+        "distributed write hold, with no round trip",
+        "cacheguard/aio/two_tier.py",
+        "                    handed = self._local.hand_over_write(holder=holder)\n",
+        "                    handed = False\n",
+        ("tests/test_lock_cohort.py::test_async_a_handed_over_write_hold_does_not_touch_redis",),
+    ),
+    Mutant(
+        "aio-two-tier-cohort-limit",
+        "an asyncio two-tier write hold is handed over at most cohort_limit times in a row",
+        "cacheguard/aio/two_tier.py",
+        "                    and self._handovers < self.cohort_limit\n",
+        "",
+        (
+            "tests/test_lock_cohort.py::test_async_the_cohort_limit_lets_another_process_in",
+            "tests/test_lock_cohort.py::test_async_cohort_limit_is_checked",
+        ),
+    ),
+    Mutant(
+        "aio-local-hand-over-keeps-a-downgrade-alone",
+        "a task that downgraded does not hand the write lock on: no writer enters while it reads",
+        "cacheguard/aio/local.py",
+        "        if self._write_depth != 1 or me in self._readers or not self._successors:",
+        "        if self._write_depth != 1 or not self._successors:",
+        ("tests/test_lock_cohort.py::test_async_a_downgraded_holder_does_not_hand_over",),
+    ),
+    Mutant(
+        "aio-local-cancelled-successor-passes-on",
+        "a task cancelled after it was handed the write lock passes it on (or frees it and "
+        "gives the distributed hold back)",
+        "cacheguard/aio/local.py",
+        "            if self._writer is me and self._pass_on_handover() and "
+        "self._on_dropped is not None:",
+        "            if False:",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_async_a_cancelled_successor_passes_the_hold_on_or_gives_it_back",
+        ),
+    ),
+    Mutant(
+        "aio-two-tier-unclaimed-hold-given-back",
+        "an asyncio distributed write hold kept for a cancelled successor, with none behind "
+        "it, is given back in Redis",
+        "cacheguard/aio/two_tier.py",
+        "on_dropped=self._drop_unclaimed)",
+        "on_dropped=None)",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_async_a_cancelled_successor_passes_the_hold_on_or_gives_it_back",
         ),
     ),
 )

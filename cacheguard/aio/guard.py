@@ -122,6 +122,7 @@ class AsyncCacheGuard(WritePath):
             lease=config.lease,
             timeout=config.wait_timeout,
             timer=timer,
+            cohort_limit=config.cohort_limit,
         )
         self._tasks: set[asyncio.Task[Any]] = set()  # background refreshes, L1 subscribing
         if config.l1_maxsize:

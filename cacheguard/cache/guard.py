@@ -111,6 +111,7 @@ class CacheGuard(WritePath):
             lease=config.lease,
             timeout=config.wait_timeout,
             timer=timer,
+            cohort_limit=config.cohort_limit,
         )
         self._write_locks = checked_store(write_locks)
         self._executor: ThreadPoolExecutor | None = None
