@@ -2594,8 +2594,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "dogpile-redis-expiration-time",
         "redis_expiration_time is every stored value's TTL in Redis",
         "cacheguard/integrations/dogpile.py",
-        "            self._client.set(name, _bytes(key, value), px=self._px)\n",
-        "            self._client.set(name, _bytes(key, value))\n",
+        "            self._client.set(self.guard.keys(name).value, _bytes(key, value), "
+        "px=self._px)\n",
+        "            self._client.set(self.guard.keys(name).value, _bytes(key, value))\n",
         ("tests/test_dogpile_backend.py::test_redis_expiration_time_is_the_values_ttl_in_redis",),
     ),
     Mutant(
@@ -3466,6 +3467,8 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_holder_whose_lease_may_have_run_out_releases_in_redis",
             "tests/test_lock_cohort.py::"
             "test_async_a_holder_whose_lease_may_have_run_out_releases_in_redis",
+            "tests/test_dogpile_backend.py::"
+            "test_a_hold_whose_lease_may_have_run_out_is_not_passed_on",
         ),
     ),
     Mutant(
@@ -3566,6 +3569,64 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_lock_cohort.py::"
             "test_async_a_cancelled_successor_passes_the_hold_on_or_gives_it_back",
+        ),
+    ),
+    Mutant(
+        "dogpile-waiters-read-without-round-trips",
+        "a dogpile waiter's read under the mutex is answered from what its process saw of "
+        "the key while it waited: one GET per caller before the mutex, none after it",
+        "cacheguard/integrations/dogpile.py",
+        "            known = gate.first_read()  # takes this thread's ticket, if any\n",
+        "            known = None\n",
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_waiters_read_what_was_created_while_they_waited_without_a_round_trip",
+        ),
+    ),
+    Mutant(
+        "dogpile-first-read-seen-after-the-wait-began",
+        "a waiter's read is never answered with what its process saw before it began to "
+        "wait (a write elsewhere meanwhile is seen)",
+        "cacheguard/integrations/dogpile.py",
+        "                or seen.sent < began  # seen before it began to wait\n",
+        "",
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_a_waiters_first_read_never_answers_with_what_was_seen_before_it_waited",
+        ),
+    ),
+    Mutant(
+        "dogpile-first-read-under-an-unbroken-hold",
+        "a waiter's read is answered from what was seen only under the distributed hold its "
+        "process still has (none let go since, when another process may have created)",
+        "cacheguard/integrations/dogpile.py",
+        "                or seen.hold is not hold  # seen under an earlier hold, since let go\n",
+        "",
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_a_waiters_first_read_is_from_redis_once_the_hold_was_let_go",
+        ),
+    ),
+    Mutant(
+        "dogpile-first-read-only-first",
+        "only a waiter's first call on the key may be answered from its wait: after its own "
+        "write, its reads go to Redis",
+        "cacheguard/integrations/dogpile.py",
+        'any later read is not its first."""\n        self._tickets.first_read = None\n',
+        'any later read is not its first."""\n',
+        (
+            "tests/test_dogpile_backend.py::test_a_waiter_that_wrote_the_key_reads_it_back_from_redis",
+        ),
+    ),
+    Mutant(
+        "dogpile-passes-only-while-sure-to-last",
+        "a dogpile hold is passed to the next waiter only while sure to last; a holder whose "
+        "lease may have run out lets it go in Redis",
+        "cacheguard/integrations/dogpile.py",
+        "            if hold is not None and may_hand_over(hold) and self.waiting and",
+        "            if hold is not None and not hold.lost and self.waiting and",
+        (
+            "tests/test_dogpile_backend.py::test_a_hold_whose_lease_may_have_run_out_is_not_passed_on",
         ),
     ),
 )
