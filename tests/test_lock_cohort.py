@@ -29,6 +29,7 @@ from cacheguard.aio import (
     async_notifier_for,
 )
 from cacheguard.aio.two_tier import AsyncTwoTierRWLock
+from cacheguard.cache.settings import GuardSettings
 from cacheguard.locks.two_tier import DEFAULT_COHORT_LIMIT
 from tests.helpers import make_guard, wait_until
 
@@ -387,6 +388,7 @@ def test_cohort_limit_is_checked(client: redis.Redis, namespace: str) -> None:
 
 
 def test_a_guards_cohort_limit_is_its_locks(client: redis.Redis, namespace: str) -> None:
+    assert GuardSettings().cohort_limit == DEFAULT_COHORT_LIMIT
     guard = make_guard(client, namespace, cohort_limit=3)
     try:
         assert guard.rwlock("k").cohort_limit == 3
