@@ -751,7 +751,8 @@ def test_signature_blocks_are_compared_with_the_real_signature(tmp_path: Path) -
     good = (
         "<!-- signature -->\n```python\n"
         'LockFactory(client=None, *, namespace="cg", lease=30.0, timeout=30.0,\n'
-        "            watchdog=True, on_lost=None, store=None, timer=time.monotonic)\n"
+        "            watchdog=True, on_lost=None, store=None, timer=time.monotonic,\n"
+        "            cohort_limit=16)\n"
         "LockFactory.rwlock(name) -> TwoTierRWLock\n```\n"
     )
     assert run_page(write_page(tmp_path, good)).signatures_checked == 1

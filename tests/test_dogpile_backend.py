@@ -769,6 +769,165 @@ def acquire_once_and_flag(url: str, namespace: str, key: str, flag: str, wait: f
     return 1
 
 
+# -- a waiter's first read -----------------------------------------------------------------------
+
+
+def counted_gets(backend: CacheGuardBackend) -> list[str]:
+    """The value keys the backend's client GETs from now on."""
+    client = backend._client
+    original = client.get
+    names: list[str] = []
+
+    def get(name: str) -> Any:
+        names.append(name)
+        return original(name)
+
+    client.get = get  # type: ignore[method-assign]
+    return names
+
+
+def queue_waiters(mutex_of: Any, count: int, inside: Any) -> list[threading.Thread]:
+    """``count`` threads each waiting for the key's mutex (returned once they all wait
+    at the process's gate), then running ``inside()`` under it."""
+    gate = mutex_of()._gate
+
+    def waiter() -> None:
+        mutex = mutex_of()
+        assert mutex.acquire()
+        try:
+            inside()
+        finally:
+            mutex.release()
+
+    threads = [threading.Thread(target=waiter) for _ in range(count)]
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: gate.waiting == count, 10)
+    return threads
+
+
+def test_waiters_read_what_was_created_while_they_waited_without_a_round_trip(
+    redis_url: str, namespace: str
+) -> None:
+    """dogpile's waiters each take the mutex in turn and read the value under it: a
+    stampede of 8 threads costs one GET per caller before the mutex, and none after
+    it but the creator's own."""
+    region = region_on(redis_url, namespace)
+    gets = counted_gets(region.backend)
+    creating = threading.Event()
+    finish = threading.Event()
+    calls = 8
+
+    def create() -> str:
+        creating.set()
+        assert finish.wait(30)
+        return "menu"
+
+    with ThreadPoolExecutor(calls) as pool:
+        creator = pool.submit(region.get_or_create, "k", create)
+        assert creating.wait(30)
+        waiters = [pool.submit(region.get_or_create, "k", create) for _ in range(calls - 1)]
+        gate = region.backend._gates.peek("k")
+        assert wait_until(lambda: gate.waiting == calls - 1, 10)
+        finish.set()
+        assert creator.result(30) == "menu"
+        assert [w.result(30) for w in waiters] == ["menu"] * (calls - 1)
+    # Each caller's read before the mutex (all misses), and the creator's under it.
+    assert len(gets) == calls + 1
+
+
+def test_a_waiters_first_read_never_answers_with_what_was_seen_before_it_waited(
+    make_backend: Any,
+) -> None:
+    """The holder read the value before a second thread began to wait; another process
+    changed it meanwhile: the waiter's read goes to Redis and sees the change."""
+    backend = make_backend()
+    elsewhere = make_backend()  # another process's backend: no gate shared
+    backend.set_serialized("k", b"old")
+    holder = backend.get_mutex("k")
+    assert holder.acquire()
+    assert backend.get_serialized("k") == b"old"  # seen under the hold, before the wait
+    read: list[Any] = []
+    threads = queue_waiters(
+        lambda: backend.get_mutex("k"), 1, lambda: read.append(backend.get_serialized("k"))
+    )
+    elsewhere.set_serialized("k", b"new")  # an unlocked write, as region.set makes
+    gets = counted_gets(backend)
+    holder.release()
+    threads[0].join(30)
+    assert read == [b"new"]
+    assert len(gets) == 1
+
+
+def test_a_waiters_first_read_is_from_redis_once_the_hold_was_let_go(
+    make_backend: Any, client: redis.Redis, namespace: str
+) -> None:
+    """What was seen under a hold that has since gone back to Redis (here: lost) tells
+    nothing: another process may have created the value since."""
+    backend = make_backend()
+    elsewhere = make_backend()
+    holder = backend.get_mutex("k")
+    assert holder.acquire()
+    read: list[Any] = []
+    threads = queue_waiters(
+        lambda: backend.get_mutex("k"), 1, lambda: read.append(backend.get_serialized("k"))
+    )
+    backend.set_serialized("k", b"mine")  # seen under this hold, after the wait began
+    hold = holder._gate.hold
+    client.delete(ResourceKeys(namespace, "k").lock)  # the hold is lost...
+    assert not hold.renew()  # ...and known lost: it is let go, not passed on
+    other = elsewhere.get_mutex("k")
+    assert other.acquire()  # another process creates meanwhile
+    elsewhere.set_serialized("k", b"theirs")
+    gets = counted_gets(backend)
+    holder.release()
+    other.release()
+    threads[0].join(30)
+    assert read == [b"theirs"]
+    assert len(gets) == 1
+
+
+def test_a_waiter_that_wrote_the_key_reads_it_back_from_redis(make_backend: Any) -> None:
+    """Only a waiter's first call on the key may be answered from its wait: after its
+    own write, a read seen by some other thread (stamped later) must not be served."""
+    backend = make_backend()
+    holder = backend.get_mutex("k")
+    assert holder.acquire()
+    read: list[Any] = []
+    gate = holder._gate
+
+    def inside() -> None:
+        backend.delete("k")
+        gate.saw(b"raced", time.monotonic(), gate.hold)  # another thread's late reply
+        read.append(backend.get_serialized("k"))
+
+    threads = queue_waiters(lambda: backend.get_mutex("k"), 1, inside)
+    backend.set_serialized("k", b"created")
+    holder.release()
+    threads[0].join(30)
+    assert read == [NO_VALUE]
+
+
+def test_a_hold_whose_lease_may_have_run_out_is_not_passed_on(make_backend: Any) -> None:
+    """No renewal confirmed the hold for most of a lease (renewals failing, a frozen
+    process): the holder lets it go in Redis instead of passing it on; the waiter
+    takes a fresh one."""
+    backend = make_backend()
+    holder = backend.get_mutex("k")
+    assert holder.acquire()
+    first = holder._gate.hold
+    got: list[Any] = []
+    threads = queue_waiters(
+        lambda: backend.get_mutex("k"), 1, lambda: got.append(holder._gate.hold)
+    )
+    first.confirmed_at -= first.lease  # as if nothing had confirmed it for a lease
+    holder.release()
+    threads[0].join(30)
+    assert got[0] is not first
+    assert got[0].token > first.token
+    assert first.released
+
+
 # -- a stampede of processes ---------------------------------------------------------------------
 
 PROCESSES, THREADS = 3, 8

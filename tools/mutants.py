@@ -257,8 +257,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "holder-abandoned-distributed-hold-released",
         "an abandoned two-tier write hold is given back in Redis too, not renewed for ever",
         "cacheguard/locks/two_tier.py",
-        "                if self._write_handle is not None:\n"
-        "                    released.append(self._write_handle)\n",
+        "                    if self._write_handle is not None:\n"
+        "                        released.append(self._write_handle)\n",
         "",
         ("tests/test_ownership.py::test_ended_thread_neither_lends_its_hold_nor_keeps_it",),
         within="TwoTierRWLock._abandoned",
@@ -2912,10 +2912,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "context: the caller does not re-enter it and any thread releases it (dogpile's "
         "async creation runner)",
         "cacheguard/locks/local.py",
-        "        me = enter_holder(holder)\n        try:\n            with self._cond:\n"
-        "                n = me.number\n                if self._writer == n:\n",
-        "        me = enter_holder()\n        try:\n            with self._cond:\n"
-        "                n = me.number\n                if self._writer == n:\n",
+        "        me = enter_holder(holder)\n        dropped = False\n        try:\n"
+        "            with self._cond:\n                n = me.number\n"
+        "                if self._writer == n:\n",
+        "        me = enter_holder()\n        dropped = False\n        try:\n"
+        "            with self._cond:\n                n = me.number\n"
+        "                if self._writer == n:\n",
         (
             "tests/test_dogpile_backend.py::"
             "test_a_write_hold_for_a_holder_id_is_released_from_another_thread",
@@ -2928,8 +2930,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "dogpile-redis-expiration-time",
         "redis_expiration_time is every stored value's TTL in Redis",
         "cacheguard/integrations/dogpile.py",
-        "            self._client.set(name, _bytes(key, value), px=self._px)\n",
-        "            self._client.set(name, _bytes(key, value))\n",
+        "            self._client.set(self.guard.keys(name).value, _bytes(key, value), "
+        "px=self._px)\n",
+        "            self._client.set(self.guard.keys(name).value, _bytes(key, value))\n",
         ("tests/test_dogpile_backend.py::test_redis_expiration_time_is_the_values_ttl_in_redis",),
         within="CacheGuardBackend.set_serialized",
     ),
@@ -3947,6 +3950,235 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_local_hold_released_from_another_thread_wakes_the_loop_s_waiters",
         ),
         within="_Awaiting.release_local",
+    ),
+    # -- lock cohorting: write holds handed between the writers of a process (issue #25) --
+    Mutant(
+        "two-tier-cohort-hand-over",
+        "a two-tier writer releasing while local writers wait hands them its distributed "
+        "write hold: no round trip, the same handle and token",
+        "cacheguard/locks/two_tier.py",
+        "                    handed = self._local.hand_over_write(holder=me)\n",
+        "                    handed = False\n",
+        ("tests/test_lock_cohort.py::test_a_handed_over_write_hold_does_not_touch_redis",),
+        within="TwoTierRWLock.release_write",
+    ),
+    Mutant(
+        "two-tier-cohort-limit",
+        "a distributed write hold is handed over at most cohort_limit times in a row; then "
+        "writers of other processes queued meanwhile come first",
+        "cacheguard/locks/two_tier.py",
+        "                    and self._handovers < self.cohort_limit\n",
+        "",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_the_cohort_limit_lets_another_process_in_after_that_many_hand_overs",
+            "tests/test_lock_cohort.py::test_cohort_limit_is_checked",
+        ),
+        within="TwoTierRWLock.release_write",
+    ),
+    Mutant(
+        "two-tier-cohort-never-hands-a-lost-hold",
+        "a hold known lost is not handed over: its release goes to Redis and raises "
+        "LockLostError to the holder",
+        "cacheguard/locks/two_tier.py",
+        "        and not handle.lost\n",
+        "",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_a_lost_hold_is_not_handed_over_and_its_loss_is_raised_to_the_holder",
+            "tests/test_lock_cohort.py::"
+            "test_async_a_lost_hold_is_not_handed_over_and_its_loss_is_raised",
+        ),
+        within="may_hand_over",
+    ),
+    Mutant(
+        "two-tier-cohort-only-while-sure-to-last",
+        "a hold is handed over only while more than a third of its lease is sure to be left: "
+        "a holder whose lease may have run out asks Redis, which raises LockLostError",
+        "cacheguard/locks/two_tier.py",
+        "        and validity > handle.lease / 3\n",
+        "",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_a_holder_whose_lease_may_have_run_out_releases_in_redis",
+            "tests/test_lock_cohort.py::"
+            "test_async_a_holder_whose_lease_may_have_run_out_releases_in_redis",
+            "tests/test_dogpile_backend.py::"
+            "test_a_hold_whose_lease_may_have_run_out_is_not_passed_on",
+        ),
+        within="may_hand_over",
+    ),
+    Mutant(
+        "lock-renewal-confirms-the-lease",
+        "a renewal by the watchdog confirms the hold for a lease from when it was sent (so "
+        "a renewed hold stays sure to last, and is handed over)",
+        "cacheguard/locks/redis/lease.py",
+        "            handle.confirmed_at = sent\n",
+        "            pass\n",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_a_hold_the_watchdog_renews_is_still_handed_over_past_its_first_lease",
+            "tests/test_lock_cohort.py::test_async_a_hold_the_watchdog_renews_is_still_handed_over",
+        ),
+        within="LeaseBook._settle",
+    ),
+    Mutant(
+        "local-hand-over-keeps-a-downgrade-alone",
+        "a holder that downgraded (holds the read lock too) does not hand the write lock on: "
+        "no writer enters while it reads",
+        "cacheguard/locks/local.py",
+        "            if self._write_depth != 1 or me.number in self._readers or "
+        "not self._successors:",
+        "            if self._write_depth != 1 or not self._successors:",
+        ("tests/test_lock_cohort.py::test_a_downgraded_holder_does_not_hand_over",),
+        within="LocalRWLock.hand_over_write",
+    ),
+    Mutant(
+        "local-interrupted-successor-passes-on",
+        "a successor interrupted after it was handed the write lock passes it to the next "
+        "successor (or frees it), instead of keeping it for nobody",
+        "cacheguard/locks/local.py",
+        "                    dropped = self._writer == n and self._pass_on_handover()\n",
+        "                    dropped = False\n",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_an_interrupted_successor_passes_the_hold_on_or_gives_it_back",
+        ),
+        within="LocalRWLock.acquire_write",
+    ),
+    Mutant(
+        "two-tier-unclaimed-hold-given-back",
+        "a distributed write hold kept for a successor that gave up, with none behind it, is "
+        "given back in Redis, not renewed for nobody",
+        "cacheguard/locks/two_tier.py",
+        "            on_dropped=self._drop_unclaimed,\n",
+        "            on_dropped=None,\n",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_an_interrupted_successor_passes_the_hold_on_or_gives_it_back",
+        ),
+        within="TwoTierRWLock._reset",
+    ),
+    Mutant(
+        "aio-two-tier-cohort-hand-over",
+        "an asyncio two-tier writer releasing while other tasks wait to write hands them its "
+        "distributed write hold, with no round trip",
+        "cacheguard/locks/async_two_tier.py",
+        "                    handed = self._local.hand_over_write(holder=holder)\n",
+        "                    handed = False\n",
+        ("tests/test_lock_cohort.py::test_async_a_handed_over_write_hold_does_not_touch_redis",),
+        within="AsyncTwoTierRWLock.release_write",
+    ),
+    Mutant(
+        "aio-two-tier-cohort-limit",
+        "an asyncio two-tier write hold is handed over at most cohort_limit times in a row",
+        "cacheguard/locks/async_two_tier.py",
+        "                    and self._handovers < self.cohort_limit\n",
+        "",
+        (
+            "tests/test_lock_cohort.py::test_async_the_cohort_limit_lets_another_process_in",
+            "tests/test_lock_cohort.py::test_async_cohort_limit_is_checked",
+        ),
+        within="AsyncTwoTierRWLock.release_write",
+    ),
+    Mutant(
+        "aio-local-hand-over-keeps-a-downgrade-alone",
+        "a task that downgraded does not hand the write lock on: no writer enters while it reads",
+        "cacheguard/locks/async_local.py",
+        "        if self._write_depth != 1 or me in self._readers or not self._successors:",
+        "        if self._write_depth != 1 or not self._successors:",
+        ("tests/test_lock_cohort.py::test_async_a_downgraded_holder_does_not_hand_over",),
+        within="AsyncLocalRWLock.hand_over_write",
+    ),
+    Mutant(
+        "aio-local-cancelled-successor-passes-on",
+        "a task cancelled after it was handed the write lock passes it on (or frees it and "
+        "gives the distributed hold back)",
+        "cacheguard/locks/async_local.py",
+        "            if self._writer is me and self._pass_on_handover() and "
+        "self._on_dropped is not None:",
+        "            if False:",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_async_a_cancelled_successor_passes_the_hold_on_or_gives_it_back",
+        ),
+        within="AsyncLocalRWLock.acquire_write",
+    ),
+    Mutant(
+        "aio-two-tier-unclaimed-hold-given-back",
+        "an asyncio distributed write hold kept for a cancelled successor, with none behind "
+        "it, is given back in Redis",
+        "cacheguard/locks/async_two_tier.py",
+        "on_dropped=self._drop_unclaimed)",
+        "on_dropped=None)",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_async_a_cancelled_successor_passes_the_hold_on_or_gives_it_back",
+        ),
+        within="AsyncTwoTierRWLock.__init__",
+    ),
+    Mutant(
+        "dogpile-waiters-read-without-round-trips",
+        "a dogpile waiter's read under the mutex is answered from what its process saw of "
+        "the key while it waited: one GET per caller before the mutex, none after it",
+        "cacheguard/integrations/dogpile.py",
+        "            known = gate.first_read()  # takes this thread's ticket, if any\n",
+        "            known = None\n",
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_waiters_read_what_was_created_while_they_waited_without_a_round_trip",
+        ),
+        within="CacheGuardBackend.get_serialized",
+    ),
+    Mutant(
+        "dogpile-first-read-seen-after-the-wait-began",
+        "a waiter's read is never answered with what its process saw before it began to "
+        "wait (a write elsewhere meanwhile is seen)",
+        "cacheguard/integrations/dogpile.py",
+        "                or seen.sent < began  # seen before it began to wait\n",
+        "",
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_a_waiters_first_read_never_answers_with_what_was_seen_before_it_waited",
+        ),
+        within="_KeyGate.first_read",
+    ),
+    Mutant(
+        "dogpile-first-read-under-an-unbroken-hold",
+        "a waiter's read is answered from what was seen only under the distributed hold its "
+        "process still has (none let go since, when another process may have created)",
+        "cacheguard/integrations/dogpile.py",
+        "                or seen.hold is not hold  # seen under an earlier hold, since let go\n",
+        "",
+        (
+            "tests/test_dogpile_backend.py::"
+            "test_a_waiters_first_read_is_from_redis_once_the_hold_was_let_go",
+        ),
+        within="_KeyGate.first_read",
+    ),
+    Mutant(
+        "dogpile-first-read-only-first",
+        "only a waiter's first call on the key may be answered from its wait: after its own "
+        "write, its reads go to Redis",
+        "cacheguard/integrations/dogpile.py",
+        'any later read is not its first."""\n        self._tickets.first_read = None\n',
+        'any later read is not its first."""\n',
+        (
+            "tests/test_dogpile_backend.py::test_a_waiter_that_wrote_the_key_reads_it_back_from_redis",
+        ),
+        within="_KeyGate.no_first_read",
+    ),
+    Mutant(
+        "dogpile-passes-only-while-sure-to-last",
+        "a dogpile hold is passed to the next waiter only while sure to last; a holder whose "
+        "lease may have run out lets it go in Redis",
+        "cacheguard/integrations/dogpile.py",
+        "            if hold is not None and may_hand_over(hold) and self.waiting and",
+        "            if hold is not None and not hold.lost and self.waiting and",
+        (
+            "tests/test_dogpile_backend.py::test_a_hold_whose_lease_may_have_run_out_is_not_passed_on",
+        ),
+        within="_KeyGate.release",
     ),
 )
 

@@ -136,6 +136,7 @@ class AsyncCacheGuard(GuardCore):
                 lease=config.lease,
                 timeout=config.wait_timeout,
                 timer=timer,
+                cohort_limit=config.cohort_limit,
             ),
             store_write_lock=async_store_write_locks(write_locks),
             node_of=node_namer(client),

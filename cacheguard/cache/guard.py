@@ -127,6 +127,7 @@ class CacheGuard(GuardCore):
                 lease=config.lease,
                 timeout=config.wait_timeout,
                 timer=timer,
+                cohort_limit=config.cohort_limit,
             ),
             store_write_lock=store_write_locks(write_locks),
             node_of=node_namer(client),

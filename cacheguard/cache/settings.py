@@ -57,6 +57,9 @@ class GuardSettings:
     max_load_time: float = 60.0
     breaker_failures: int = 3
     breaker_cooldown: float = 2.0
+    # Hand-overs of a key's write lock between this process's writers before it
+    # goes back to Redis (see docs/locks.md, "Lock cohorting"); 0: none.
+    cohort_limit: int = 16
     # Replicas that must acknowledge each invalidation (WAIT) before it counts as done;
     # None: one on a Sentinel master or a cluster with replicas, none on one server.
     confirm_replicas: int | None = None
@@ -98,6 +101,9 @@ class GuardSettings:
             "max_load_time": check_positive("max_load_time", self.max_load_time),
             "breaker_failures": check_int("breaker_failures", self.breaker_failures, minimum=1),
             "breaker_cooldown": check_positive("breaker_cooldown", self.breaker_cooldown),
+            "cohort_limit": check_int(
+                "cohort_limit (0 turns hand-overs off)", self.cohort_limit, minimum=0
+            ),
             "confirm_replicas": None
             if self.confirm_replicas is None
             else check_int("confirm_replicas", self.confirm_replicas, minimum=0),

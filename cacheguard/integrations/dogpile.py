@@ -21,10 +21,20 @@ itself when it dies.
 
 A process that holds a key's lock while some of its own threads wait for it
 passes the distributed hold from one to the next without a Redis round trip,
-at most as many times as threads were waiting when it first passed it on; the
-threads that come later queue in Redis behind the other processes. So a stampede
-costs a round trip per process rather than per thread, and no process keeps a
-key from the others for longer than one round of its waiting threads.
+at most as many times as threads were waiting when it first passed it on (and
+only while the hold is sure to last); the threads that come later queue in Redis
+behind the other processes. So a stampede costs a round trip per process rather
+than per thread, and no process keeps a key from the others for longer than one
+round of its waiting threads.
+
+dogpile makes every waiter take the mutex in turn and read the value under it,
+to see whether another thread created it while it waited. That read, the first
+call on the key a thread makes after a blocking ``acquire()``, is answered from
+what this process last read or wrote there, without a round trip, when it did so
+after the thread began to wait and while holding the key's lock in Redis ever
+since: the value as it was at a moment within the caller's wait, which no other
+creator can have changed since. So the waiters of a process pass the lock on at
+the pace of thread switches, not of round trips. Any other read goes to Redis.
 
 Serialization is dogpile's: this is a :class:`~dogpile.cache.api.BytesBackend`,
 so the region's serializer (pickle unless the region names another) writes
@@ -60,7 +70,7 @@ import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import redis
 from dogpile.cache.api import (
@@ -86,7 +96,7 @@ from cacheguard.locks.redis import wire
 from cacheguard.locks.redis.lua import RELEASE
 from cacheguard.locks.redis.rwlock import LockHandle
 from cacheguard.locks.registry import WeakRegistry
-from cacheguard.locks.two_tier import TwoTierRWLock
+from cacheguard.locks.two_tier import TwoTierRWLock, may_hand_over
 from cacheguard.redis.clients import SyncClient, is_cluster, sync_client_from_url
 from cacheguard.redis.errors import REDIS_DOWN, classify
 from cacheguard.redis.keys import ResourceKeys
@@ -225,54 +235,82 @@ class CacheGuardBackend(BytesBackend):
     # -- values ----------------------------------------------------------------------------
 
     def get_serialized(self, key: KeyType) -> SerializedReturnType:
-        name = self._value_key(key)
+        name = _key_name(key)
+        gate = self._gates.peek(name)
+        if gate is not None:
+            known = gate.first_read()  # takes this thread's ticket, if any
+            if known is not None:  # a waiter's read, answered from its wait
+                return NO_VALUE if known.value is None else known.value
+        seen = self._seeing([name], [gate])
         try:
             with _unavailable(f"reading {key!r}"):
-                value: Any = self._client.get(name)  # bytes: the guard refuses decoding clients
+                value: Any = self._client.get(self.guard.keys(name).value)  # bytes
         except redis.ResponseError as exc:
             if str(exc).startswith("WRONGTYPE"):  # another type of key at our name: a miss
                 return NO_VALUE
             raise
+        seen.done([value])
         return NO_VALUE if value is None else value
 
     def get_serialized_multi(self, keys: Iterable[KeyType]) -> Sequence[SerializedReturnType]:
-        names = [self._value_key(key) for key in keys]
-        if not names:
+        seen = self._seeing([_key_name(key) for key in keys])
+        if not seen.names:
             return []
+        names = [self.guard.keys(name).value for name in seen.names]
         with _unavailable(f"reading {len(names)} keys"):
             if is_cluster(self._client):  # the keys live on several nodes
                 values = self._client.mget_nonatomic(names)  # type: ignore[union-attr]
             else:
                 values = self._client.mget(names)
+        seen.done(values)
         return [NO_VALUE if value is None else value for value in values]
 
     def set_serialized(self, key: KeyType, value: bytes) -> None:
-        name = self._value_key(key)
+        name = _key_name(key)
+        seen = self._seeing([name])
         with _unavailable(f"writing {key!r}"):
-            self._client.set(name, _bytes(key, value), px=self._px)
+            self._client.set(self.guard.keys(name).value, _bytes(key, value), px=self._px)
+        seen.done([value])
 
     def set_serialized_multi(self, mapping: Mapping[KeyType, bytes]) -> None:
         if not mapping:
             return
-        items = [(self._value_key(key), _bytes(key, value)) for key, value in mapping.items()]
+        items = [(_key_name(key), _bytes(key, value)) for key, value in mapping.items()]
+        seen = self._seeing([name for name, _ in items])
         with _unavailable(f"writing {len(items)} keys"):
             # One round trip on a server; on a cluster one per node.
             pipe = self._client.pipeline(transaction=False)
             for name, value in items:
-                pipe.set(name, value, px=self._px)
+                pipe.set(self.guard.keys(name).value, value, px=self._px)
             pipe.execute()
+        seen.done([value for _, value in items])
 
     def delete(self, key: KeyType) -> None:
-        resources = [self.guard.keys(_key_name(key))]
-        with _unavailable(f"deleting {key!r}"):
-            self._delete(resources)
+        self._delete_names([_key_name(key)], f"deleting {key!r}")
 
     def delete_multi(self, keys: Iterable[KeyType]) -> None:
-        resources = [self.guard.keys(_key_name(key)) for key in keys]
-        if not resources:
-            return
-        with _unavailable(f"deleting {len(resources)} keys"):
-            self._delete(resources)
+        names = [_key_name(key) for key in keys]
+        if names:
+            self._delete_names(names, f"deleting {len(names)} keys")
+
+    def _delete_names(self, names: list[str], what: str) -> None:
+        seen = self._seeing(names)
+        with _unavailable(what):
+            self._delete([self.guard.keys(name) for name in names])
+        seen.done([None] * len(names))
+
+    def _seeing(self, names: list[str], gates: list[_KeyGate | None] | None = None) -> _Seeing:
+        """About to read or write ``names``: what that call will have seen, for the
+        keys whose mutex is in use here (see :meth:`_KeyGate.first_read`). This is
+        the calling thread's call on each of them, so no later read of theirs is
+        its first (``gates``: looked up already, and so told)."""
+        if gates is None:
+            gates = [self._gates.peek(name) for name in names]
+            for gate in gates:
+                if gate is not None:
+                    gate.no_first_read()
+        holds = [None if gate is None else gate.hold for gate in gates]
+        return _Seeing(names, gates, time.monotonic(), holds)
 
     def _delete(self, resources: Sequence[ResourceKeys]) -> None:
         """Delete the values, and give the keys' fencing counters their lifetime: a
@@ -349,6 +387,36 @@ class CacheGuardMutex(CacheMutex):
         return f"<CacheGuardMutex {self._gate.lock.name!r}>"
 
 
+class _Seen(NamedTuple):
+    """What this process last saw of a key's value in Redis (``None``: none there):
+    read or written by a call sent at ``sent`` (``time.monotonic()``), under the
+    distributed hold ``hold``. So the value was this at some moment after ``sent``."""
+
+    value: bytes | None
+    sent: float
+    hold: LockHandle
+
+
+class _Seeing:
+    """A read or write of some keys under way: told to their gates once it is done."""
+
+    __slots__ = ("gates", "holds", "names", "sent")
+
+    def __init__(
+        self,
+        names: list[str],
+        gates: list[_KeyGate | None],
+        sent: float,
+        holds: list[LockHandle | None],
+    ) -> None:
+        self.names, self.gates, self.sent, self.holds = names, gates, sent, holds
+
+    def done(self, values: Sequence[bytes | None]) -> None:
+        for gate, hold, value in zip(self.gates, self.holds, values, strict=True):
+            if gate is not None and hold is not None:
+                gate.saw(value, self.sent, hold)
+
+
 _gates: weakref.WeakSet[_KeyGate] = weakref.WeakSet()
 
 
@@ -362,18 +430,26 @@ class _KeyGate:
     on the same key, say). Between two local holders it may stay taken (see the
     module docstring): ``passes`` counts the hand-overs it has left. Releasing it
     in Redis gives the key's fencing counter ``fence_ms`` more to live.
+
+    ``seen`` is the key's value as this process last read or wrote it under
+    ``hold``; ``entries`` counts acquisitions, and a thread that took the mutex
+    after waiting keeps a ticket (its entry and when it began to wait) for its
+    first call on the key: :meth:`first_read`.
     """
 
     __slots__ = (
         "__weakref__",
         "_cond",
+        "_entries",
         "_passes",
+        "_tickets",
         "client",
         "fence_ms",
         "hold",
         "holder",
         "holder_id",
         "lock",
+        "seen",
         "waiting",
     )
 
@@ -391,15 +467,23 @@ class _KeyGate:
         self.waiting = 0
         self.hold: LockHandle | None = None
         self._passes: int | None = None  # set when the hold is first passed on
+        self.seen: _Seen | None = None
+        self._entries = 0
+        self._tickets = threading.local()  # .first_read: (entry, began) or None
 
     def acquire(self, mutex: CacheGuardMutex, wait: bool, timeout: float | None) -> bool:
         start = time.monotonic()
         with self._cond:
             if self.holder is not None:
                 if not wait:
+                    self._tickets.first_read = None
                     return False
                 self._wait_turn(timeout, start)
             self.holder = mutex
+            self._entries += 1
+            # Only a caller that waited reads first what it waited for (dogpile's
+            # "did someone create it meanwhile?"); acquire(False) makes no ticket.
+            self._tickets.first_read = (self._entries, start) if wait else None
             kept = self.hold
         if kept is not None and not kept.lost:
             return True  # passed on by the previous holder here: already ours in Redis
@@ -456,7 +540,9 @@ class _KeyGate:
                 # Only the threads waiting now may share this hold; later ones queue in
                 # Redis behind the other processes.
                 self._passes = self.waiting
-            if hold is not None and not hold.lost and self.waiting and self._passes > 0:
+            # Passed on only while sure to last: a holder whose lease may have run out
+            # lets go in Redis, which says so (the warning below).
+            if hold is not None and may_hand_over(hold) and self.waiting and self._passes > 0:
                 self._passes -= 1
                 self.holder = None
                 self._cond.notify()
@@ -467,6 +553,46 @@ class _KeyGate:
                 self._let_go(hold)
         finally:
             self._leave()
+
+    # -- what a waiter's first read may be answered with -----------------------------------
+
+    def first_read(self) -> _Seen | None:
+        """For the calling thread's first call on the key since it waited for the
+        mutex and took it: what this process last saw of the value, if it saw it
+        after the thread began to wait and has held the key's lock in Redis ever
+        since (so no creator elsewhere changed it meanwhile). None: read Redis. The
+        ticket is used up either way."""
+        ticket = getattr(self._tickets, "first_read", None)
+        if ticket is None:
+            return None
+        self._tickets.first_read = None
+        entry, began = ticket
+        with self._cond:
+            seen, hold = self.seen, self.hold
+            if (
+                self.holder is None
+                or self._entries != entry  # its hold of the mutex ended meanwhile
+                or seen is None
+                or hold is None
+                or hold.lost
+                or seen.hold is not hold  # seen under an earlier hold, since let go
+                or seen.sent < began  # seen before it began to wait
+            ):
+                return None
+            return seen
+
+    def no_first_read(self) -> None:
+        """The calling thread makes a call on the key: any later read is not its first."""
+        self._tickets.first_read = None
+
+    def saw(self, value: bytes | None, sent: float, hold: LockHandle) -> None:
+        """A call sent at ``sent``, while ``hold`` was this process's, found or left
+        ``value`` in Redis; kept while that hold lasts, the latest sent first."""
+        with self._cond:
+            if self.hold is not hold:
+                return  # let go meanwhile: it says nothing about the hold there is now
+            if self.seen is None or self.seen.hold is not hold or self.seen.sent <= sent:
+                self.seen = _Seen(value, sent, hold)
 
     def locked(self) -> bool:
         with self._cond:

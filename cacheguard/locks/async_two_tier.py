@@ -9,12 +9,18 @@ it; a shared hold that is lost, or that a remote writer waits behind, is not
 joined (new readers wait for a fresh one). A writer takes the local write lock,
 then the distributed write lock. One owner id per lock instance, so a write
 holder taking the read lock re-enters its own distributed holding.
+
+Lock cohorting, as in the sync lock: a writer releasing while other tasks wait to
+write hands them the local write lock with the distributed hold kept (no round
+trip), at most ``cohort_limit`` times in a row and only while the hold is sure to
+last; then it goes back to Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,15 +32,19 @@ from cacheguard.exceptions import LockNotHeldError, LockTimeout
 from cacheguard.locks.async_local import AsyncLocalRWLock, current_task
 from cacheguard.locks.redis.async_rwlock import AsyncLockHandle, AsyncRedisRWLock
 from cacheguard.locks.registry import WeakRegistry
+from cacheguard.locks.two_tier import DEFAULT_COHORT_LIMIT, check_cohort_limit, may_hand_over
 from cacheguard.redis.clients import AsyncClient
 
 __all__ = ["AsyncLockFactory", "AsyncTwoTierRWLock"]
+
+log = logging.getLogger("cacheguard.lock")
 
 _instance_ids = itertools.count(1)
 
 
 class AsyncTwoTierRWLock:
-    """One event loop's view of a distributed read-write lock, local lock first."""
+    """One event loop's view of a distributed read-write lock, local lock first;
+    ``cohort_limit`` as for :class:`~cacheguard.locks.TwoTierRWLock`."""
 
     def __init__(
         self,
@@ -42,19 +52,23 @@ class AsyncTwoTierRWLock:
         *,
         timer: Callable[[], float] = time.monotonic,
         on_pin: Callable[[AsyncTwoTierRWLock, bool], None] | None = None,
+        cohort_limit: int = DEFAULT_COHORT_LIMIT,
     ) -> None:
         self.remote = remote
         self.name = remote.name
+        self.cohort_limit = check_cohort_limit(cohort_limit)
         self._timer = timer
         self._on_pin = on_pin
         self._instance = next(_instance_ids)
-        self._local = AsyncLocalRWLock(remote.name, timer=timer)
+        self._local = AsyncLocalRWLock(remote.name, timer=timer, on_dropped=self._drop_unclaimed)
         self._gate = asyncio.Lock()  # first-reader-in: one distributed read at a time
         self._readers = 0
         self._read_handle: AsyncLockHandle | None = None
         self._readers_gone: asyncio.Future[None] | None = None  # set when readers hit 0
         self._write_depth = 0
         self._write_handle: AsyncLockHandle | None = None
+        self._handovers = 0  # of the distributed write hold, since it was taken
+        self._giving_back: set[asyncio.Task[None]] = set()
         self._holds = 0
 
     def _count_hold(self, delta: int) -> None:
@@ -136,37 +150,78 @@ class AsyncTwoTierRWLock:
     async def acquire_write(self, timeout: float | None = None) -> AsyncLockHandle:
         limit = self.remote.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
-        await self._local.acquire_write(limit)
+        await self._local.acquire_write(limit, successor=True)
         if self._write_depth == 0:
-            try:
-                self._write_handle = await self.remote.acquire_write(
-                    max(limit - (self._timer() - start), 1e-3), owner=self.owner
-                )
-            except BaseException:
-                self._local.release_write()
-                raise
+            kept = self._write_handle
+            if kept is None or kept.lost:
+                # None, or lost since it was handed over (the loss was announced, and
+                # a lost holding has nothing to give back): take a fresh one.
+                self._write_handle = None
+                self._handovers = 0
+                try:
+                    self._write_handle = await self.remote.acquire_write(
+                        max(limit - (self._timer() - start), 1e-3), owner=self.owner
+                    )
+                except BaseException:
+                    self._local.release_write()
+                    raise
         self._write_depth += 1
         assert self._write_handle is not None
         self._count_hold(+1)
         return self._write_handle
 
     async def release_write(self, *, holder: asyncio.Task[Any] | None = None) -> None:
-        """Release one write hold of this task, or of task ``holder``."""
+        """Release one write hold of this task, or of task ``holder``. The last one
+        hands the lock to the oldest task waiting to write, keeping the distributed
+        hold, while the cohort is under ``cohort_limit`` and the hold is sure to last;
+        else the hold is released in Redis (:class:`LockLostError` if it was gone)."""
         if self._local.writer is None or self._local.writer is not (holder or current_task()):
             raise LockNotHeldError(
                 f"this task does not hold the write lock {self.name!r}",
                 name=self.name,
                 mode="write",
             )
+        handed = False
         try:
             self._write_depth -= 1
             if self._write_depth == 0:
-                handle, self._write_handle = self._write_handle, None
+                handle = self._write_handle
+                if (
+                    handle is not None
+                    and self._handovers < self.cohort_limit
+                    and may_hand_over(handle)
+                ):
+                    handed = self._local.hand_over_write(holder=holder)
+                    if handed:
+                        self._handovers += 1
+                        return
+                self._write_handle = None
+                self._handovers = 0
                 if handle is not None:
                     await handle.release()
         finally:
-            self._local.release_write(holder=holder)
+            if not handed:
+                self._local.release_write(holder=holder)
             self._count_hold(-1)
+
+    def _drop_unclaimed(self) -> None:
+        """A hand-over found nobody to take it (its successor was cancelled before it
+        took the lock, and none waited behind): give back the distributed hold kept
+        for it, in the background (this runs in the cancelled task's unwinding)."""
+        kept = self._write_handle
+        if kept is None or self._local.writer is not None:
+            return
+        self._write_handle = None
+        self._handovers = 0
+        task = asyncio.get_running_loop().create_task(self._give_back(kept))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+
+    async def _give_back(self, handle: AsyncLockHandle) -> None:
+        try:
+            await handle.release()
+        except Exception as exc:  # lost, or Redis away: its lease ends it
+            log.warning("giving back an unclaimed write hold of %r failed: %s", self.name, exc)
 
     # -- context managers -----------------------------------------------------------------
 
@@ -204,11 +259,13 @@ class AsyncLockFactory:
         lease: float = 30.0,
         timeout: float = 30.0,
         timer: Callable[[], float] = time.monotonic,
+        cohort_limit: int = DEFAULT_COHORT_LIMIT,
     ) -> None:
         self.client = client
         self.namespace = namespace
         self.lease = check_positive("lease", lease)
         self.timeout = check_positive("timeout", timeout)
+        self.cohort_limit = check_cohort_limit(cohort_limit)
         self._timer = timer
         self._registry: WeakRegistry[AsyncTwoTierRWLock] = WeakRegistry(self._create)
         self._pinned: dict[str, AsyncTwoTierRWLock] = {}
@@ -228,7 +285,9 @@ class AsyncLockFactory:
             namespace=self.namespace,
             timer=self._timer,
         )
-        return AsyncTwoTierRWLock(remote, timer=self._timer, on_pin=self._pin)
+        return AsyncTwoTierRWLock(
+            remote, timer=self._timer, on_pin=self._pin, cohort_limit=self.cohort_limit
+        )
 
     def _pin(self, lock: AsyncTwoTierRWLock, held: bool) -> None:
         if held:

@@ -10,7 +10,11 @@ Rules, chosen so the lock can sit in front of the distributed one:
 * downgrade allowed: write -> read -> release write leaves a read hold;
 * upgrade refused: a reader asking for the write lock gets
   :class:`LockUpgradeError` at once instead of deadlocking itself;
-* every acquisition can time out (:class:`LockTimeout`).
+* every acquisition can time out (:class:`LockTimeout`);
+* a hand-over: :meth:`LocalRWLock.hand_over_write` passes the write lock straight
+  to the oldest writer waiting as a *successor* (the two-tier lock's writers, which
+  then keep the process's distributed write hold: lock cohorting), with no moment
+  in between where the lock is free.
 
 Holds belong to :class:`~cacheguard._identity.Holder` objects, not threads (see
 ``cacheguard/_identity.py``): an acquisition without ``holder=`` is the context's
@@ -25,6 +29,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -34,6 +39,7 @@ from cacheguard.exceptions import LockNotHeldError, LockTimeout, LockUpgradeErro
 __all__ = ["LocalRWLock"]
 
 AbandonHook = Callable[[int], None]
+DroppedHook = Callable[[], None]
 
 
 class LocalRWLock:
@@ -44,7 +50,9 @@ class LocalRWLock:
         "_cond",
         "_holders",
         "_on_abandoned",
+        "_on_dropped",
         "_readers",
+        "_successors",
         "_timer",
         "_waiting_writers",
         "_write_depth",
@@ -58,6 +66,7 @@ class LocalRWLock:
         *,
         timer: Callable[[], float] = time.monotonic,
         on_abandoned: AbandonHook | None = None,
+        on_dropped: DroppedHook | None = None,
     ) -> None:
         self.name = name
         self._timer = timer
@@ -66,6 +75,10 @@ class LocalRWLock:
         self._write_depth = 0
         self._readers: dict[int, int] = {}
         self._waiting_writers = 0
+        # Waiting writers that take a handed-over write lock, oldest first.
+        self._successors: deque[int] = deque()
+        # Called (outside the lock) when a hand-over found nobody to take it after all.
+        self._on_dropped = on_dropped
         # Holders with a hold here, weakly: a collected one abandoned its holds.
         self._holders: dict[int, weakref.ref[Holder]] = {}
         self._on_abandoned = on_abandoned
@@ -118,14 +131,21 @@ class LocalRWLock:
     # -- writing ---------------------------------------------------------------
 
     def acquire_write(
-        self, timeout: float | None = None, *, holder: Holder | None = None
+        self,
+        timeout: float | None = None,
+        *,
+        holder: Holder | None = None,
+        successor: bool = False,
     ) -> Holder:
         """Take the write lock; a read holder gets :class:`LockUpgradeError`.
 
         Returns the holder the hold belongs to: ``holder`` if given (a hold handed
         between threads, released with ``release_write(holder=...)``), else the
-        context's ambient holder (re-entry) or a new one."""
+        context's ambient holder (re-entry) or a new one. ``successor``: while it
+        waits, a writer releasing with :meth:`hand_over_write` may pass the lock
+        straight to it (oldest successor first)."""
         me = enter_holder(holder)
+        dropped = False
         try:
             with self._cond:
                 n = me.number
@@ -137,23 +157,34 @@ class LocalRWLock:
                     # It would wait for a read hold of its own context.
                     raise LockUpgradeError(name=self.name)
                 self._waiting_writers += 1
+                if successor:
+                    self._successors.append(n)
                 try:
                     self._wait_for(
-                        lambda: self._writer is None and not self._readers,
+                        lambda: self._writer == n or (self._writer is None and not self._readers),
                         timeout,
                         "write",
                     )
+                except BaseException:
+                    # Interrupted after a writer handed us the lock: pass it on.
+                    dropped = self._writer == n and self._pass_on_handover()
+                    raise
                 finally:
                     self._waiting_writers -= 1
+                    if successor and n in self._successors:
+                        self._successors.remove(n)
                     if self._writer is None and self._waiting_writers == 0:
                         # We gave up: readers held off for our sake may go now.
                         self._cond.notify_all()
-                self._writer = n
-                self._write_depth = 1
+                if self._writer != n:  # free, not handed over (which set the depth)
+                    self._writer = n
+                    self._write_depth = 1
                 self._track(me)
                 return me
         except BaseException:
             leave_holder(me)
+            if dropped and self._on_dropped is not None:
+                self._on_dropped()
             raise
 
     def try_acquire_write(self, *, holder: Holder | None = None) -> Holder | None:
@@ -183,6 +214,41 @@ class LocalRWLock:
                 self._cond.notify_all()
         leave_holder(me)
 
+    def hand_over_write(self, *, holder: Holder | None = None) -> bool:
+        """End the write hold of ``holder`` (default: the context's) by passing the
+        write lock straight to the oldest waiting successor (see
+        :meth:`acquire_write`): True if it was handed over. False, and nothing
+        changed, unless this is the holder's last write hold, it holds no read lock
+        (a downgrade: its read hold must stay alone) and a successor waits."""
+        me = holder if holder is not None else ambient_holder()
+        with self._cond:
+            if me is None or self._writer != me.number:
+                raise LockNotHeldError(
+                    f"this holder does not hold the write lock {self.name!r}",
+                    name=self.name,
+                    mode="write",
+                )
+            if self._write_depth != 1 or me.number in self._readers or not self._successors:
+                return False
+            self._writer = self._successors.popleft()  # its depth: the 1 left here
+            self._untrack(me.number)
+            self._cond.notify_all()
+        leave_holder(me)
+        return True
+
+    def _pass_on_handover(self) -> bool:
+        """A successor that was handed the write lock gave up before taking it (the
+        caller holds the lock): pass it to the next successor, else free it. True if
+        it was freed: what the hand-over kept for it has no taker now."""
+        if self._successors:
+            self._writer = self._successors.popleft()
+            self._cond.notify_all()
+            return False
+        self._writer = None
+        self._write_depth = 0
+        self._cond.notify_all()
+        return True
+
     # -- introspection -----------------------------------------------------------
 
     @property
@@ -211,6 +277,11 @@ class LocalRWLock:
         """No holder and no waiting writer (used by registries and tests)."""
         with self._cond:
             return self._writer is None and not self._readers and not self._waiting_writers
+
+    @property
+    def waiting_successors(self) -> int:
+        """Writers waiting that would take a handed-over write lock."""
+        return len(self._successors)
 
     # -- abandoned holds -----------------------------------------------------------
 

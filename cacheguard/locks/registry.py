@@ -39,6 +39,10 @@ class WeakRegistry(Generic[T]):
                 self._objects[name] = obj
             return obj
 
+    def peek(self, name: str) -> T | None:
+        """The object for ``name`` if someone uses it now; never creates one."""
+        return self._objects.get(name)
+
     def __len__(self) -> int:
         return len(self._objects)
 

@@ -38,6 +38,7 @@ class HandleState:
     __slots__ = (
         "__weakref__",
         "_on_lost",
+        "confirmed_at",
         "holder",
         "lock",
         "lost",
@@ -66,6 +67,10 @@ class HandleState:
         self.lost_reason = ""
         self.released = False
         self.writer_waiting = False  # set by renewals: another owner's writer is queued
+        # time.monotonic() when the call that last confirmed the holding (its grant, a
+        # renewal) was sent: a leased holding lasts at least a lease from then. None:
+        # not known (a store without leases, a holding another script granted).
+        self.confirmed_at: float | None = None
         self._on_lost = on_lost
         # The holder whose owner id this hold took (acquired without owner=): its use
         # ends with the release, wherever that happens.

@@ -13,6 +13,17 @@ a writer of another process waiting: new local readers then wait for the
 current ones to leave and take a fresh hold (behind that writer), so a busy
 process cannot starve remote writers.
 
+Lock cohorting: a writer releasing while other local writers wait hands the
+local write lock straight to the oldest of them and keeps the distributed write
+hold for it (no round trip), at most ``cohort_limit`` times in a row; then the
+hold goes back to the store and the next local writer queues there behind the
+other processes. A hold is handed over only while the store's handle says it is
+sure to last (not lost, more than a third of its lease left): a holder whose lease
+may have run out releases in the store, which tells it (``LockLostError``). The
+next holder gets the same handle, and so the same fencing token: one distributed
+holding, held by this process throughout, its holders following each other under
+the local lock.
+
 All distributed holds of one :class:`TwoTierRWLock` use one owner id per
 process, so a write holder taking the read lock (a downgrade) re-enters its own
 distributed holding. Holds belong to holders, not threads (``cacheguard/_identity.py``):
@@ -37,7 +48,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 from cacheguard._identity import (
     Holder,
@@ -47,6 +58,7 @@ from cacheguard._identity import (
     on_fork_in_child,
     process_id,
 )
+from cacheguard.checks import check_int
 from cacheguard.exceptions import LockNotHeldError, LockTimeout
 from cacheguard.locks.local import LocalRWLock
 from cacheguard.locks.redis.rwlock import (
@@ -60,7 +72,7 @@ from cacheguard.locks.redis.watchdog import Watchdog
 from cacheguard.locks.registry import WeakRegistry
 from cacheguard.redis.clients import SyncClient
 
-__all__ = ["LockFactory", "TwoTierRWLock"]
+__all__ = ["DEFAULT_COHORT_LIMIT", "LockFactory", "TwoTierRWLock", "check_cohort_limit"]
 
 log = logging.getLogger("cacheguard.lock")
 
@@ -69,9 +81,37 @@ _all_locks: weakref.WeakSet[TwoTierRWLock] = weakref.WeakSet()
 
 PinCallback = Callable[["TwoTierRWLock", bool], None]
 
+#: Hand-overs of one distributed write hold between local writers before it goes
+#: back to the store: other processes wait at most this many local holds longer
+#: (``GuardSettings.cohort_limit`` has the same default).
+DEFAULT_COHORT_LIMIT: Final = 16
+
+
+def check_cohort_limit(value: object) -> int:
+    """``cohort_limit``: a whole number >= 0 (0: every release goes to the store)."""
+    return check_int("cohort_limit (0 turns hand-overs off)", value, minimum=0)
+
+
+def may_hand_over(handle: Any) -> bool:
+    """Whether a distributed write hold may pass to the next local holder without
+    asking the store: not lost nor released, and sure to last more than a third of
+    its lease (the watchdog renews every third: less means renewals fail). A store
+    whose handles do not say how long they are sure to last (no ``validity``:
+    PostgreSQL, ZooKeeper) is always asked."""
+    validity = getattr(handle, "validity", None)
+    return (
+        validity is not None
+        and not handle.lost
+        and not handle.released
+        and validity > handle.lease / 3
+    )
+
 
 class TwoTierRWLock:
-    """One process's view of a distributed read-write lock, local lock first."""
+    """One process's view of a distributed read-write lock, local lock first.
+
+    ``cohort_limit``: hand-overs of a write hold between local writers before it
+    goes back to the store (see the module docstring)."""
 
     def __init__(
         self,
@@ -79,9 +119,11 @@ class TwoTierRWLock:
         *,
         timer: Callable[[], float] = time.monotonic,
         on_pin: PinCallback | None = None,
+        cohort_limit: int = DEFAULT_COHORT_LIMIT,
     ) -> None:
         self.remote = remote
         self.name = remote.name
+        self.cohort_limit = check_cohort_limit(cohort_limit)
         self._timer = timer
         self._on_pin = on_pin
         self._instance = next(_instance_ids)
@@ -89,14 +131,22 @@ class TwoTierRWLock:
         _all_locks.add(self)
 
     def _reset(self) -> None:
-        self._local = LocalRWLock(self.remote.name, timer=self._timer, on_abandoned=self._abandoned)
+        self._local = LocalRWLock(
+            self.remote.name,
+            timer=self._timer,
+            on_abandoned=self._abandoned,
+            on_dropped=self._drop_unclaimed,
+        )
         # Serialises the first-reader-in / last-reader-out transitions.
         self._gate = threading.Condition(threading.Lock())
         self._readers = 0
         self._read_handle: LockHandle | None = None
-        # Touched only by the holder of the local write lock.
+        # Touched by the holder of the local write lock; the handle also, under
+        # _write_mutex, by whoever finds it kept for a hand-over nobody took.
         self._write_depth = 0
         self._write_handle: LockHandle | None = None
+        self._handovers = 0  # of the distributed write hold, since it was taken
+        self._write_mutex = threading.Lock()
         self._holds = 0  # all holds of this process, for pinning
         self._holds_mutex = threading.Lock()
 
@@ -203,11 +253,13 @@ class TwoTierRWLock:
         with ``release_write(holder=...)``."""
         limit = self.remote.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
-        me = self._local.acquire_write(limit, holder=holder)
+        me = self._local.acquire_write(limit, holder=holder, successor=True)
         if self._write_depth == 0:
             try:
-                self._write_handle = self.remote.acquire_write(
-                    max(limit - (self._timer() - start), 1e-3), owner=self.owner
+                self._write_handle = self._distributed_write(
+                    lambda: self.remote.acquire_write(
+                        max(limit - (self._timer() - start), 1e-3), owner=self.owner
+                    )
                 )
             except BaseException:
                 self._local.release_write(holder=me)
@@ -225,7 +277,9 @@ class TwoTierRWLock:
             return None
         if self._write_depth == 0:
             try:
-                handle = self.remote.try_acquire_write(owner=self.owner)
+                handle = self._distributed_write(
+                    lambda: self.remote.try_acquire_write(owner=self.owner)
+                )
             except BaseException:
                 self._local.release_write(holder=me)
                 raise
@@ -238,8 +292,26 @@ class TwoTierRWLock:
         self._count_hold(+1)
         return self._write_handle
 
+    def _distributed_write(self, take: Callable[[], Any]) -> Any:
+        """The distributed write hold for a new local writer (the caller holds the
+        local write lock): the one a hand-over kept for it, else ``take()``'s."""
+        with self._write_mutex:
+            kept = self._write_handle
+            if kept is not None and not kept.lost:
+                return kept  # handed over: no round trip
+            # None, or lost since it was handed over (the loss was announced, and a
+            # lost holding has nothing left to give back): take a fresh one.
+            self._write_handle = None
+            self._handovers = 0
+        return take()
+
     def release_write(self, *, holder: Holder | None = None) -> None:
-        """Release one write hold of ``holder`` (default: the context's), from any thread."""
+        """Release one write hold of ``holder`` (default: the context's), from any thread.
+
+        The last one hands the lock to the oldest local writer waiting, keeping the
+        distributed hold for it, while the cohort is under ``cohort_limit`` and the
+        hold is sure to last; else the hold is released in the store, which raises
+        :class:`LockLostError` if it was gone."""
         me = holder if holder is not None else ambient_holder()
         if not self._local.holds_write(me):
             raise LockNotHeldError(
@@ -247,15 +319,44 @@ class TwoTierRWLock:
                 name=self.name,
                 mode="write",
             )
+        handed = False
         try:
             self._write_depth -= 1
             if self._write_depth == 0:
-                handle, self._write_handle = self._write_handle, None
+                handle = self._write_handle
+                if (
+                    handle is not None
+                    and self._handovers < self.cohort_limit
+                    and may_hand_over(handle)
+                ):
+                    self._handovers += 1
+                    handed = self._local.hand_over_write(holder=me)
+                    if handed:
+                        return
+                    self._handovers -= 1  # nobody waiting after all
+                self._write_handle = None
+                self._handovers = 0
                 if handle is not None:
                     handle.release()
         finally:
-            self._local.release_write(holder=me)
+            if not handed:
+                self._local.release_write(holder=me)
             self._count_hold(-1)
+
+    def _drop_unclaimed(self) -> None:
+        """A hand-over found nobody to take it (its successor was interrupted before
+        it took the lock, and none waited behind): give back the distributed hold
+        kept for it, unless a new local writer took it up meanwhile."""
+        with self._write_mutex:
+            kept = self._write_handle
+            if kept is None or self._local.writer is not None:
+                return
+            self._write_handle = None
+            self._handovers = 0
+            try:
+                kept.release()
+            except Exception as exc:  # lost, or Redis away: its lease ends it
+                log.warning("giving back an unclaimed write hold of %r failed: %s", self.name, exc)
 
     # -- holds whose holder is gone -------------------------------------------------------
 
@@ -273,9 +374,11 @@ class TwoTierRWLock:
             released: list[LockHandle] = []
             if depth:
                 self._write_depth = 0
-                if self._write_handle is not None:
-                    released.append(self._write_handle)
-                self._write_handle = None
+                with self._write_mutex:
+                    if self._write_handle is not None:
+                        released.append(self._write_handle)
+                    self._write_handle = None
+                    self._handovers = 0
             if reads:
                 self._readers -= reads
                 if self._readers == 0 and self._read_handle is not None:
@@ -333,6 +436,10 @@ class LockFactory:
     ``PostgresRWLock``, ``ZooKeeperRWLock``: the store's own settings apply, and
     ``namespace``, ``lease``, ``watchdog`` and ``on_lost`` here are for Redis only).
 
+    ``cohort_limit``: how many times in a row a lock's write hold goes from one
+    local writer straight to the next without a round trip (lock cohorting, see the
+    module docstring); 0: every release goes to the store.
+
     Instances are kept in a weak registry: a lock lives while someone uses it,
     so touching a million names leaves no million locks behind.
     """
@@ -348,6 +455,7 @@ class LockFactory:
         on_lost: LostCallback | None = None,
         store: Callable[[str], Any] | None = None,
         timer: Callable[[], float] = time.monotonic,
+        cohort_limit: int = DEFAULT_COHORT_LIMIT,
     ) -> None:
         if (client is None) == (store is None):
             raise TypeError(
@@ -364,6 +472,7 @@ class LockFactory:
         self._watchdog = watchdog
         self._on_lost = on_lost
         self._timer = timer
+        self.cohort_limit = check_cohort_limit(cohort_limit)
         self._registry: WeakRegistry[TwoTierRWLock] = WeakRegistry(self._create)
         # Locks someone holds stay referenced here, so the weak registry cannot
         # drop one while held (a handle references only the distributed part).
@@ -379,7 +488,12 @@ class LockFactory:
     def _create(self, name: str) -> TwoTierRWLock:
         if self._store is not None:
             # The store's own settings (lease, namespace, timeout) are the store's.
-            return TwoTierRWLock(self._store(name), timer=self._timer, on_pin=self._pin)
+            return TwoTierRWLock(
+                self._store(name),
+                timer=self._timer,
+                on_pin=self._pin,
+                cohort_limit=self.cohort_limit,
+            )
         assert self.client is not None
         remote = RedisRWLock(
             self.client,
@@ -391,7 +505,9 @@ class LockFactory:
             on_lost=self._on_lost,
             timer=self._timer,
         )
-        return TwoTierRWLock(remote, timer=self._timer, on_pin=self._pin)
+        return TwoTierRWLock(
+            remote, timer=self._timer, on_pin=self._pin, cohort_limit=self.cohort_limit
+        )
 
     def _pin(self, lock: TwoTierRWLock, held: bool) -> None:
         with self._pinned_mutex:

@@ -48,7 +48,7 @@ from cacheguard.locks.async_shape import AsyncRWLockShape, LoopHandle
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.redis import wire
 from cacheguard.locks.redis.async_watchdog import AsyncWatchdog, default_async_watchdog
-from cacheguard.locks.redis.rwlock import check_positive, lock_settings, unavailable
+from cacheguard.locks.redis.rwlock import check_positive, lease_left, lock_settings, unavailable
 from cacheguard.redis.async_notifier import (
     AsyncClusterNotifier,
     AsyncNotifier,
@@ -123,6 +123,12 @@ class AsyncLockHandle(LoopHandle):
     def lease_ms(self) -> int:
         return self.lock.lease_ms
 
+    @property
+    def validity(self) -> float:
+        """Seconds the holding is sure to last even if no renewal succeeds from now
+        (see the sync ``LockHandle.validity``)."""
+        return lease_left(self)
+
     async def renew(self) -> bool:
         """Extend the lease now; ``False`` (and marked lost) if the holding is gone."""
         return await self.lock.renew(self)
@@ -180,9 +186,10 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
         owner = owner or task_owner()
         limit = self.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
+        sent = time.monotonic()
         first = await self._attempt(mode, owner, queue=True)
         if first.granted:  # the uncontended path: one round trip, no generator
-            return self._granted(mode, owner, first.epoch)
+            return self._granted(mode, owner, first.epoch, confirmed_at=sent)
         flow = acquire_flow(
             first,
             name=self.name,
@@ -193,17 +200,23 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
             timer=self._timer,
             backoff=self._backoff,
         )
-        return self._granted(mode, owner, await self._drive(flow, mode, owner))
+        epoch, sent = await self._drive(flow, mode, owner)
+        return self._granted(mode, owner, epoch, confirmed_at=sent)
 
-    async def _drive(self, flow: Generator[Step, Any, int], mode: Mode, owner: str) -> int:
-        """Answer the flow's steps with awaits; I/O errors and cancellation are thrown in."""
+    async def _drive(
+        self, flow: Generator[Step, Any, int], mode: Mode, owner: str
+    ) -> tuple[int, float]:
+        """Answer the flow's steps with awaits; I/O errors and cancellation are thrown in.
+        Returns the epoch granted and when the granting attempt was sent."""
         subscription: AsyncSubscription | None = None
+        sent = 0.0
         try:
             step = next(flow)
             while True:
                 try:
                     reply: Any = None
                     if isinstance(step, TryAcquire):
+                        sent = time.monotonic()
                         reply = await self._attempt(mode, owner, queue=True)
                     elif isinstance(step, Subscribe):
                         channel = self.keys.released_channel
@@ -220,7 +233,7 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
                     step = flow.send(reply)
         except StopIteration as done:
             epoch: int = done.value
-            return epoch
+            return epoch, sent
         finally:
             flow.close()
             if subscription is not None:
@@ -229,10 +242,13 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
     async def _try_once(self, mode: Mode, owner: str | None) -> AsyncLockHandle | None:
         self._binding.check()
         owner = owner or task_owner()
+        sent = time.monotonic()
         attempt = await self._attempt(mode, owner, queue=False)
         if attempt.upgrade:
             raise LockUpgradeError(name=self.name, owner=owner)
-        return self._granted(mode, owner, attempt.epoch) if attempt.granted else None
+        if not attempt.granted:
+            return None
+        return self._granted(mode, owner, attempt.epoch, confirmed_at=sent)
 
     async def _attempt(self, mode: Mode, owner: str, *, queue: bool) -> Attempt:
         """One acquire script call; ``queue`` leaves a waiting writer's mark if busy.
@@ -270,9 +286,16 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
                 self.release_in_background(handle, None)
 
     def _granted(
-        self, mode: Mode, owner: str, token: int, renew_for: float | None = None
+        self,
+        mode: Mode,
+        owner: str,
+        token: int,
+        renew_for: float | None = None,
+        *,
+        confirmed_at: float | None = None,
     ) -> AsyncLockHandle:
         handle = AsyncLockHandle(self, mode, owner, token, self._on_lost)
+        handle.confirmed_at = confirmed_at
         watchdog = self._watchdog_or_default()
         if watchdog is not None:
             # Weakly: a handle dropped unreleased (its task ended holding it) is
@@ -339,6 +362,7 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
             return False
         self._binding.check()
         call = wire.renew_call(self.keys, handle.owner, handle.token, self.lease_ms)
+        sent = time.monotonic()
         renewed = wire.parse_renewal(await self._call(*call))
         handle.writer_waiting = renewed is wire.Renewal.RENEWED_WRITER_WAITS
         if renewed is wire.Renewal.GONE:
@@ -347,6 +371,7 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
                 watchdog.unwatch(handle)
             handle._mark_lost("its holding was gone at renewal")
             return False
+        handle.confirmed_at = sent
         return True
 
     # -- plumbing --------------------------------------------------------------------

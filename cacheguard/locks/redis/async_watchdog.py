@@ -64,13 +64,14 @@ class AsyncWatchdog(LeaseBook[WatchedHandle], LoopTask[list[LeaseEntry[WatchedHa
 
     async def _work(self, due: list[LeaseEntry[WatchedHandle]]) -> None:
         for entries in self._batches(due):
+            sent = time.monotonic()
             try:
                 results = await _run_batch(entries[0].handle.client, entries)
             except REDIS_UNREACHABLE as exc:
                 log.warning("lease renewal failed, will retry: %s", exc)
                 self._after_error(entries)
                 continue
-            self._settle_batch(entries, results)
+            self._settle_batch(entries, results, sent)
 
 
 async def _run_batch(client: AsyncClient, entries: list[LeaseEntry[WatchedHandle]]) -> list[Any]:

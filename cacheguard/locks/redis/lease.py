@@ -35,6 +35,7 @@ class WatchedHandle(Protocol):
     mode: Mode
     token: int
     writer_waiting: bool
+    confirmed_at: float | None
 
     @property
     def client(self) -> Any: ...
@@ -189,12 +190,15 @@ class LeaseBook(Generic[H]):
             by_client.setdefault(id(entry.handle.client), []).append(entry)
         return list(by_client.values())
 
-    def _settle_batch(self, entries: list[LeaseEntry[H]], results: list[Any]) -> None:
+    def _settle_batch(self, entries: list[LeaseEntry[H]], results: list[Any], sent: float) -> None:
+        """``results`` of the round trip sent at ``sent`` (``time.monotonic()``)."""
         now = self._timer()
         for entry, result in zip(entries, results, strict=True):
-            self._settle(entry, result, now)
+            self._settle(entry, result, now, sent)
 
-    def _settle(self, entry: LeaseEntry[H], result: Any, now: float) -> None:
+    def _settle(
+        self, entry: LeaseEntry[H], result: Any, now: float, sent: float | None = None
+    ) -> None:
         handle = entry.handle
         if isinstance(result, Exception):  # an error reply: transient, retry
             log.warning("lease renewal of %r got an error reply, will retry: %s", handle, result)
@@ -209,6 +213,8 @@ class LeaseBook(Generic[H]):
             return
         entry.last_renewed = now
         entry.due = now + handle.lease / 3
+        if sent is not None:  # the lease runs a whole lease from at least then
+            handle.confirmed_at = sent
         handle.writer_waiting = renewal is wire.Renewal.RENEWED_WRITER_WAITS
         self.renewals += 1
 

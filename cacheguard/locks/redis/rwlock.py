@@ -53,6 +53,7 @@ __all__ = [
     "LockSettings",
     "RedisRWLock",
     "check_positive",
+    "lease_left",
     "lock_settings",
     "release_on_exit",
     "unavailable",
@@ -136,6 +137,13 @@ class LockHandle(ThreadedHandle):
     def lease_ms(self) -> int:
         return self.lock.lease_ms
 
+    @property
+    def validity(self) -> float:
+        """Seconds the holding is sure to last even if no renewal succeeds from now:
+        a lease from when its grant or last renewal was sent (0 once that passed, or
+        if not known)."""
+        return lease_left(self)
+
     def renew(self) -> bool:
         """Extend the lease now; ``False`` (and marked lost) if the holding is gone."""
         return self.lock.renew(self)
@@ -193,9 +201,10 @@ class RedisRWLock(RWLockShape[LockHandle]):
         owner = owner or thread_owner()
         limit = self.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
+        sent = time.monotonic()
         first = self._attempt(mode, owner, queue=True)
         if first.granted:  # the uncontended path: one round trip, no generator
-            return self._granted(mode, owner, first.epoch)
+            return self._granted(mode, owner, first.epoch, confirmed_at=sent)
         flow = acquire_flow(
             first,
             name=self.name,
@@ -206,17 +215,21 @@ class RedisRWLock(RWLockShape[LockHandle]):
             timer=self._timer,
             backoff=self._backoff,
         )
-        return self._granted(mode, owner, self._drive(flow, mode, owner))
+        epoch, sent = self._drive(flow, mode, owner)
+        return self._granted(mode, owner, epoch, confirmed_at=sent)
 
-    def _drive(self, flow: Generator[Step, Any, int], mode: Mode, owner: str) -> int:
-        """Answer the flow's steps with blocking I/O; I/O errors are thrown into it."""
+    def _drive(self, flow: Generator[Step, Any, int], mode: Mode, owner: str) -> tuple[int, float]:
+        """Answer the flow's steps with blocking I/O; I/O errors are thrown into it.
+        Returns the epoch granted and when the granting attempt was sent."""
         subscription: Subscription | None = None
+        sent = 0.0
         try:
             step = next(flow)
             while True:
                 try:
                     reply: Any = None
                     if isinstance(step, TryAcquire):
+                        sent = time.monotonic()
                         reply = self._attempt(mode, owner, queue=True)
                     elif isinstance(step, Subscribe):
                         channel = self.keys.released_channel
@@ -233,7 +246,7 @@ class RedisRWLock(RWLockShape[LockHandle]):
                     step = flow.send(reply)
         except StopIteration as done:
             epoch: int = done.value
-            return epoch
+            return epoch, sent
         finally:
             flow.close()
             if subscription is not None:
@@ -241,10 +254,13 @@ class RedisRWLock(RWLockShape[LockHandle]):
 
     def _try_once(self, mode: Mode, owner: str | None) -> LockHandle | None:
         owner = owner or thread_owner()
+        sent = time.monotonic()
         attempt = self._attempt(mode, owner, queue=False)
         if attempt.upgrade:
             raise LockUpgradeError(name=self.name, owner=owner)
-        return self._granted(mode, owner, attempt.epoch) if attempt.granted else None
+        if not attempt.granted:
+            return None
+        return self._granted(mode, owner, attempt.epoch, confirmed_at=sent)
 
     def _attempt(self, mode: Mode, owner: str, *, queue: bool) -> Attempt:
         """One acquire script call; ``queue`` leaves a waiting writer's mark if busy."""
@@ -253,9 +269,16 @@ class RedisRWLock(RWLockShape[LockHandle]):
         return wire.parse_attempt(self._call(*call))
 
     def _granted(
-        self, mode: Mode, owner: str, token: int, renew_for: float | None = None
+        self,
+        mode: Mode,
+        owner: str,
+        token: int,
+        renew_for: float | None = None,
+        *,
+        confirmed_at: float | None = None,
     ) -> LockHandle:
         handle = LockHandle(self, mode, owner, token, self._on_lost)
+        handle.confirmed_at = confirmed_at
         if self._watchdog is not None:
             # Weakly: a handle dropped unreleased (its thread ended holding it) is
             # given back at its next renewal, not renewed for the life of the process.
@@ -312,6 +335,7 @@ class RedisRWLock(RWLockShape[LockHandle]):
         if handle.released or handle.lost:
             return False
         call = wire.renew_call(self.keys, handle.owner, handle.token, self.lease_ms)
+        sent = time.monotonic()
         renewed = wire.parse_renewal(self._call(*call))
         handle.writer_waiting = renewed is wire.Renewal.RENEWED_WRITER_WAITS
         if renewed is wire.Renewal.GONE:
@@ -319,6 +343,7 @@ class RedisRWLock(RWLockShape[LockHandle]):
                 self._watchdog.unwatch(handle)
             handle._mark_lost("its holding was gone at renewal")
             return False
+        handle.confirmed_at = sent
         return True
 
     # -- plumbing --------------------------------------------------------------------
@@ -336,6 +361,16 @@ class RedisRWLock(RWLockShape[LockHandle]):
 
     def __repr__(self) -> str:
         return f"<RedisRWLock {self.name!r} key={self.keys.lock!r} lease={self.lease}s>"
+
+
+def lease_left(handle: HandleState) -> float:
+    """Seconds a Redis holding is sure to last from now without another renewal:
+    its lease from ``confirmed_at`` (the server set its end after that call was
+    sent); 0 once passed or if not known."""
+    if handle.confirmed_at is None:
+        return 0.0
+    lease: float = handle.lock.lease
+    return max(0.0, handle.confirmed_at + lease - time.monotonic())
 
 
 def unavailable(name: str, exc: Exception) -> BackendUnavailable:
