@@ -2731,7 +2731,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
-        within="_Fill.answer",
+        within="FillDriver.answer",
     ),
     Mutant(
         "metrics-async-loads-templated",
@@ -2742,7 +2742,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prometheus.py::test_misses_loads_and_hits_are_labelled_by_template_never_by_key",
         ),
-        within="_Fill.answer",
+        within="AsyncFillDriver.answer",
     ),
     Mutant(
         "metrics-bypass-counted",

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from cacheguard.cache.driver import NO_IO_STEPS, FillState, backend_down, is_loader
+from cacheguard.cache.driver import NO_IO_STEPS, FillDriverState, backend_down, is_loader
 from cacheguard.cache.flows.core import Lock
 from cacheguard.cache.flows.fill import (
     Call,
@@ -84,7 +84,7 @@ class Deferral:
                 self.cancelled = True
 
 
-class _Fill(FillState):
+class AsyncFillDriver(FillDriverState):
     __slots__ = ("deferral",)
 
     def __init__(self, *args: Any) -> None:
@@ -147,7 +147,7 @@ async def drive_fill_async(
     """Run ``flow`` to its end; its outcome and the flight generation below which
     followers may share it (the last seal; 0 for a private outcome). ``template``
     labels the load's events."""
-    fill = _Fill(client, lock, loads, name, load, seal, template)
+    fill = AsyncFillDriver(client, lock, loads, name, load, seal, template)
     try:
         step = next(flow)
         while True:

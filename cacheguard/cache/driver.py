@@ -42,7 +42,7 @@ from cacheguard.steps import Subscribe, Wait
 
 __all__ = [
     "NO_IO_STEPS",
-    "FillState",
+    "FillDriverState",
     "backend_down",
     "drive_fill",
     "get_raw",
@@ -85,11 +85,11 @@ def is_loader(step: object) -> bool:
     return isinstance(step, (Load, LoadUnlocked, LoadShared, RunFill, Gutter, Replay))
 
 
-# Steps answered without I/O, alike in both drivers (FillState.answer_now).
+# Steps answered without I/O, alike in both drivers (FillDriverState.answer_now).
 NO_IO_STEPS: Final = (Seal, Drain, Adopt, Disown, ReleaseLater)
 
 
-class FillState:
+class FillDriverState:
     """What a driver holds while it runs one fill flow (the local read lock, the
     subscription, the fill's read hold), and its answers to the steps that need
     no I/O. The sync driver below and the asyncio one (:mod:`cacheguard.cache.async_driver`)
@@ -151,7 +151,7 @@ class FillState:
             self.lock.local.release_read()
 
 
-class _Fill(FillState):
+class FillDriver(FillDriverState):
     __slots__ = ()
 
     def answer(self, step: Step) -> Any:
@@ -202,7 +202,7 @@ def drive_fill(
     """Run ``flow`` to its end; its outcome and the flight generation below which
     followers may share it (the last seal; 0 for a private outcome). ``template``
     labels the load's events."""
-    fill = _Fill(client, lock, loads, name, load, seal, template)
+    fill = FillDriver(client, lock, loads, name, load, seal, template)
     try:
         step = next(flow)
         while True:

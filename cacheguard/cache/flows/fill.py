@@ -38,6 +38,7 @@ Every loop is bounded by the deadline and by ``max_fill_retries``; none recurses
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import math
@@ -82,6 +83,7 @@ __all__ = [
     "ReleaseLater",
     "Seal",
     "Step",
+    "Verdict",
     "fill_flow",
     "judge",
     "timed_out_flow",
@@ -102,10 +104,21 @@ WAIT_BACKOFF: Final = functools.partial(Backoff, initial=0.5, cap=1.0)
 
 # -- the hit path's choice ------------------------------------------------------------
 
-FRESH, REFRESH, STALE, MISS = 0, 1, 2, 3
+
+class Verdict(enum.IntEnum):
+    """What :func:`judge` says of an entry read from Redis (ordered: serving ones first)."""
+
+    FRESH = 0  # serve it
+    REFRESH = 1  # serve it, and refresh it in the background (early refresh)
+    STALE = 2  # past its life but within the stale window: serve, reload in the background
+    MISS = 3  # fill the key
 
 
-def judge(entry: Entry, now: float, settings: GuardSettings, rng: Callable[[], float]) -> int:
+# The hit path compares them: module-level names, so no enum lookup per hit.
+FRESH, REFRESH, STALE, MISS = Verdict.FRESH, Verdict.REFRESH, Verdict.STALE, Verdict.MISS
+
+
+def judge(entry: Entry, now: float, settings: GuardSettings, rng: Callable[[], float]) -> Verdict:
     """What to do with ``entry`` read at ``now`` (the server's clock, as the entry's
     ``created``): :data:`FRESH` (serve),
     :data:`REFRESH` (serve, refresh in the background), :data:`STALE` (serve within
