@@ -265,3 +265,52 @@ def test_a_value_read_as_an_outbox_write_happens_is_served_after_the_replay(
         client.guard = None
         guard.close()
         client.close()
+
+
+_MANY_DESCRIPTORS = """
+import os, resource, sys
+from cacheguard import CacheGuard
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+wanted = 1200
+if soft < wanted:
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        sys.exit(f"the descriptor limit is {hard}: cannot open 1024 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # a busy server's files
+guard = CacheGuard.from_url(sys.argv[1], namespace=sys.argv[2])
+values = [guard.get_or_load("k", lambda: "v", ttl=30) for _ in range(3)]  # a miss, then hits
+sock = guard.client.connection_pool._available_connections[0]._sock
+assert sock.fileno() >= 1024, sock.fileno()
+print(values, guard.stats().l2_hits)
+"""
+
+
+def test_a_pooled_connection_numbered_past_1024_is_checked_like_any(
+    redis_url: str, namespace: str
+) -> None:
+    """from_url's connection check works on a socket numbered 1024 or more (select
+    refuses those; a busy process has that many files open)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _MANY_DESCRIPTORS, redis_url, namespace],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['v', 'v', 'v'] 2"
+
+
+def test_the_asyncio_pool_knows_it_is_used_up_on_every_redis_py() -> None:
+    """redis-py before 7.2 says "used up" with a plain ConnectionError; the queueing
+    pool must wait then too, and fail at once on any other connection error."""
+    from cacheguard.redis.clients import _pool_used_up
+
+    assert _pool_used_up(redis.ConnectionError("Too many connections"))
+    assert _pool_used_up(redis.exceptions.MaxConnectionsError("Too many connections"))
+    assert not _pool_used_up(redis.ConnectionError("Error 111 connecting: refused."))
+    assert not _pool_used_up(redis.TimeoutError("Too many connections"))

@@ -22,6 +22,7 @@ import redis
 import redis.asyncio
 
 from cacheguard import LockFactory, LockLostError, TwoTierRWLock
+from cacheguard._identity import Holder
 from cacheguard.aio import (
     AsyncCacheGuard,
     AsyncLockFactory,
@@ -30,6 +31,7 @@ from cacheguard.aio import (
 )
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.locks.async_two_tier import AsyncTwoTierRWLock
+from cacheguard.locks.local import LocalRWLock
 from cacheguard.locks.two_tier import DEFAULT_COHORT_LIMIT
 from tests.helpers import make_guard, wait_until
 
@@ -352,6 +354,65 @@ def test_an_interrupted_successor_passes_the_hold_on_or_gives_it_back(
     assert local.is_free()
     with lock.write(timeout=5) as third:
         assert third.token > second.token
+
+
+def test_a_hold_nobody_claims_is_given_back_when_a_plain_local_writer_came_first(
+    client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A successor interrupted after the hand-over frees the local lock; a plain local
+    writer (a session's outbox hold: the local tier alone) that takes it before the
+    give-back runs claims nothing, so the distributed hold kept for the successor is
+    given back, not kept and renewed for nobody."""
+    lock = LockFactory(client, namespace=namespace, lease=60).rwlock("k")
+    successor, local_only = Holder(), Holder()
+    wait_for = LocalRWLock._wait_for
+
+    def interrupted_once_handed_the_lock(self: Any, ready: Any, timeout: Any, mode: str) -> None:
+        wait_for(self, ready, timeout, mode)
+        if self._writer == successor.number:
+            raise KeyboardInterrupt  # e.g. a signal handler raising in that thread
+
+    drop = TwoTierRWLock._drop_unclaimed
+
+    def a_plain_local_writer_comes_first(self: TwoTierRWLock) -> None:
+        took: list[Any] = []
+
+        def take() -> None:
+            try:
+                took.append(lock.local.acquire_write(5, holder=local_only))
+            except BaseException as exc:
+                took.append(exc)
+
+        taker = threading.Thread(target=take)
+        taker.start()
+        taker.join(10)
+        assert took == [local_only]
+        drop(self)
+
+    monkeypatch.setattr(LocalRWLock, "_wait_for", interrupted_once_handed_the_lock)
+    monkeypatch.setattr(TwoTierRWLock, "_drop_unclaimed", a_plain_local_writer_comes_first)
+    lock = LockFactory(client, namespace=namespace, lease=60).rwlock("k")  # binds the hooks
+    first = lock.acquire_write(timeout=5)
+    interrupted: list[BaseException] = []
+
+    def wait_as_successor() -> None:
+        try:
+            lock.acquire_write(timeout=30, holder=successor)
+        except KeyboardInterrupt as exc:
+            interrupted.append(exc)
+
+    waiting = threading.Thread(target=wait_as_successor)
+    waiting.start()
+    assert wait_until(lambda: lock.local.waiting_successors == 1, 10)
+    lock.release_write()  # handed over: the distributed hold is kept for the successor
+    waiting.join(30)
+    assert len(interrupted) == 1
+    assert lock.local.writer == local_only.number
+    assert first.released  # given back at once
+    assert not client.exists(lock.remote.keys.lock)
+    lock.local.release_write(holder=local_only)
+    with lock.write(timeout=5) as again:
+        assert again.token > first.token
 
 
 def test_a_successor_that_ends_holding_gives_the_hold_back(

@@ -191,11 +191,20 @@ def test_a_function_moved_to_another_module_is_found_by_its_anchor(tmp_path: Pat
     site = TOOL.locate(mutant, tree)
     assert (site.file, site.moved_from) == ("cacheguard/flows/acquire.py", "cacheguard/flows.py")
     # a shim left behind under the old name: the code is where the find text is
-    shim = "def acquire_flow() -> int:\n    return _acquire.acquire_flow()\n"
+    shim = (
+        "from cacheguard.flows import acquire as _acquire\n\n\n"
+        "def acquire_flow() -> int:\n    return _acquire.acquire_flow()\n"
+    )
     (tree / "cacheguard/flows.py").write_text(shim, encoding="utf-8")
     site = TOOL.locate(mutant, tree)
     assert site.file == "cacheguard/flows/acquire.py"
     assert "still defines it" in site.note
+    # a same-named definition that the old module does not import is not where its
+    # code went (a twin, say): an error, never a patch there
+    alone = "def acquire_flow() -> int:\n    return 4\n"
+    (tree / "cacheguard/flows.py").write_text(alone, encoding="utf-8")
+    with pytest.raises(TOOL.MutantError, match="find text is not in `acquire_flow`"):
+        TOOL.locate(mutant, tree)
 
 
 def test_an_anchor_defined_in_two_modules_is_ambiguous(tmp_path: Path) -> None:

@@ -3585,8 +3585,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "tasks of an asyncio guard made by from_url wait for a free connection when all "
         "are in use, instead of failing as Redis unavailable",
         "cacheguard/redis/clients.py",
-        "            except redis.exceptions.MaxConnectionsError:\n                pass\n",
-        "            except redis.exceptions.MaxConnectionsError:\n                raise\n",
+        "                if not _pool_used_up(exc):\n                    raise\n",
+        "                raise\n",
         ("tests/test_hit_path.py::test_the_asyncio_pool_makes_tasks_wait_for_a_connection",),
         within="QueueingPool.get_connection",
     ),
@@ -3614,11 +3614,48 @@ MUTANTS: tuple[Mutant, ...] = (
         within="QueueingPool.get_connection",
     ),
     Mutant(
+        "pooled-connection-check-past-1024",
+        "from_url's connection check works on sockets numbered 1024 or more (poll, not "
+        "select, which refuses them)",
+        "cacheguard/redis/clients.py",
+        "    poller = _poll()\n    poller.register(sock, select.POLLIN)\n"
+        "    return bool(poller.poll(0))\n",
+        "    return bool(select.select((sock,), (), (), 0)[0])\n",
+        (
+            "tests/test_hit_path.py::test_a_pooled_connection_numbered_past_1024_is_checked_like_any",
+        ),
+        within="_readable_now",
+    ),
+    Mutant(
+        "asyncio-pool-used-up-on-older-redis-py",
+        "the queueing pool also waits when an older redis-py says its pool is used up with "
+        "a plain ConnectionError",
+        "cacheguard/redis/clients.py",
+        "    return type(error) is redis.ConnectionError and str(error) == "
+        '"Too many connections"\n',
+        "    return False\n",
+        ("tests/test_hit_path.py::test_the_asyncio_pool_knows_it_is_used_up_on_every_redis_py",),
+        within="_pool_used_up",
+    ),
+    Mutant(
+        "two-tier-unclaimed-hold-given-back-past-a-plain-writer",
+        "a hold kept for a successor that gave up is given back even when a plain local "
+        "writer (the local tier alone) took the local lock first",
+        "cacheguard/locks/two_tier.py",
+        "            if kept is None or self._local.writer_claims_hand_overs:\n",
+        "            if kept is None or self._local.writer is not None:\n",
+        (
+            "tests/test_lock_cohort.py::"
+            "test_a_hold_nobody_claims_is_given_back_when_a_plain_local_writer_came_first",
+        ),
+        within="TwoTierRWLock._drop_unclaimed",
+    ),
+    Mutant(
         "pooled-connection-check-sees-data",
         "the one-select check of a pooled TCP connection still sees a reply left unread "
         "and a connection the server closed while it sat idle",
         "cacheguard/redis/clients.py",
-        "            and not select.select((sock,), (), (), 0)[0]\n",
+        "            and not _readable_now(sock)\n",
         "            and True\n",
         (
             "tests/test_hit_path.py::"
@@ -4344,6 +4381,17 @@ def _fits(mutant: Mutant, candidate: Candidate) -> bool:
     return text.count(mutant.find, *_offsets(text, d)) == 1
 
 
+def _imports(text: str, file: str) -> bool:
+    """Does a module whose source is ``text`` import the module at path ``file``?"""
+    dotted = file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    package, _, leaf = dotted.rpartition(".")
+    return (
+        f"import {dotted}" in text
+        or f"from {dotted} import" in text
+        or (f"from {package} import" in text and re.search(rf"\b{leaf}\b", text) is not None)
+    )
+
+
 def _moved(mutant: Mutant, candidate: Candidate, root: Path, note: str = "") -> Site:
     file, text, d = candidate
     site = _span(file, text, mutant.within, d, moved_from=mutant.file)
@@ -4374,8 +4422,14 @@ def locate(mutant: Mutant, root: Path) -> Site:
     if text is not None and here:
         site = _span(mutant.file, text, mutant.within, here[0])
         if text.count(mutant.find, site.start, site.end) == 0:
-            # The definition lost its find text: did its code move, leaving a shim here?
-            fitting = [c for c in defined_elsewhere(mutant, root) if _fits(mutant, c)]
+            # The definition lost its find text: did its code move, leaving a shim here
+            # that imports the module it went to? (Only such a module: a same-named
+            # definition elsewhere, a twin say, is not where this code went.)
+            fitting = [
+                c
+                for c in defined_elsewhere(mutant, root)
+                if _fits(mutant, c) and _imports(text, c[0])
+            ]
             if len(fitting) == 1:
                 shim = f"{mutant.file} still defines it, without the find text"
                 return _moved(mutant, fitting[0], root, shim)

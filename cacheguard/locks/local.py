@@ -57,6 +57,7 @@ class LocalRWLock:
         "_waiting_writers",
         "_write_depth",
         "_writer",
+        "_writer_succeeds",
         "name",
     )
 
@@ -72,6 +73,9 @@ class LocalRWLock:
         self._timer = timer
         self._cond = threading.Condition(threading.Lock())
         self._writer: int | None = None  # holder numbers, never the holders themselves
+        # The writer took the lock as a successor (a two-tier writer, which claims a
+        # distributed hold a hand-over kept); a plain local writer never does.
+        self._writer_succeeds = False
         self._write_depth = 0
         self._readers: dict[int, int] = {}
         self._waiting_writers = 0
@@ -179,6 +183,7 @@ class LocalRWLock:
                 if self._writer != n:  # free, not handed over (which set the depth)
                     self._writer = n
                     self._write_depth = 1
+                    self._writer_succeeds = successor
                 self._track(me)
                 return me
         except BaseException:
@@ -231,6 +236,7 @@ class LocalRWLock:
             if self._write_depth != 1 or me.number in self._readers or not self._successors:
                 return False
             self._writer = self._successors.popleft()  # its depth: the 1 left here
+            self._writer_succeeds = True
             self._untrack(me.number)
             self._cond.notify_all()
         leave_holder(me)
@@ -242,6 +248,7 @@ class LocalRWLock:
         it was freed: what the hand-over kept for it has no taker now."""
         if self._successors:
             self._writer = self._successors.popleft()
+            self._writer_succeeds = True
             self._cond.notify_all()
             return False
         self._writer = None
@@ -255,6 +262,12 @@ class LocalRWLock:
     def writer(self) -> int | None:
         """The number of the holder holding the write lock, if any."""
         return self._writer
+
+    @property
+    def writer_claims_hand_overs(self) -> bool:
+        """Does the write lock's holder (if any) claim what a hand-over kept for it?
+        Only a writer that took it as a successor (:meth:`acquire_write`) does."""
+        return self._writer is not None and self._writer_succeeds
 
     @property
     def write_depth(self) -> int:

@@ -346,10 +346,12 @@ class TwoTierRWLock:
     def _drop_unclaimed(self) -> None:
         """A hand-over found nobody to take it (its successor was interrupted before
         it took the lock, and none waited behind): give back the distributed hold
-        kept for it, unless a new local writer took it up meanwhile."""
+        kept for it, unless a new two-tier writer took the local lock meanwhile (it
+        claims the hold; a plain local writer, such as a session's outbox hold, never
+        does)."""
         with self._write_mutex:
             kept = self._write_handle
-            if kept is None or self._local.writer is not None:
+            if kept is None or self._local.writer_claims_hand_overs:
                 return
             self._write_handle = None
             self._handovers = 0

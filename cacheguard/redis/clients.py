@@ -282,7 +282,9 @@ class QueueingPool(redis.asyncio.ConnectionPool):
     redis-py's ``BlockingConnectionPool`` does the same through a condition and a
     timer armed on every take, which cost about 15 µs a command (profiled on a
     cache hit, ``bench/cache.py``); here a take is the plain pool's, and only a
-    task that finds the pool used up waits (woken one at a time, oldest first)."""
+    task that finds the pool used up waits. A release wakes the oldest waiter, which
+    then takes a connection like any task: one that arrives meanwhile may take it
+    first (the woken one waits again, at the back, within its deadline)."""
 
     def __init__(self, *, timeout: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -294,8 +296,9 @@ class QueueingPool(redis.asyncio.ConnectionPool):
         while True:
             try:
                 return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
-            except redis.exceptions.MaxConnectionsError:
-                pass
+            except redis.ConnectionError as exc:
+                if not _pool_used_up(exc):
+                    raise
             loop = asyncio.get_running_loop()
             if deadline is None:
                 deadline = loop.time() + self.timeout
@@ -326,6 +329,15 @@ class QueueingPool(redis.asyncio.ConnectionPool):
             if not waiter.done():  # a waiter that timed out or was cancelled is done
                 waiter.set_result(True)
                 return
+
+
+def _pool_used_up(error: redis.ConnectionError) -> bool:
+    """Is ``error`` redis-py's asyncio pool having no connection left to give?
+    (MaxConnectionsError from redis-py 7.2; before, a plain ConnectionError.)"""
+    used_up = getattr(redis.exceptions, "MaxConnectionsError", None)
+    if used_up is not None and isinstance(error, used_up):
+        return True
+    return type(error) is redis.ConnectionError and str(error) == "Too many connections"
 
 
 def _expire(waiter: asyncio.Future[bool]) -> None:
@@ -393,13 +405,27 @@ class QuickCheckConnection(redis.Connection):
         buffer = getattr(self._parser, "_buffer", None)  # redis-py's own parsers
         if (
             timeout == 0
+            and _poll is not None
             and sock is not None
             and buffer is not None
             and not buffer.unread_bytes()
-            and not select.select((sock,), (), (), 0)[0]
+            and not _readable_now(sock)
         ):
             return False
         return bool(super().can_read(timeout))
+
+
+# poll, not select: select refuses a descriptor numbered 1024 or more, which a busy
+# process reaches (and Windows has no poll: redis-py's own check runs there).
+_poll = getattr(select, "poll", None)
+
+
+def _readable_now(sock: Any) -> bool:
+    """Has ``sock`` anything to read (or hung up), without waiting?"""
+    assert _poll is not None
+    poller = _poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _sentinel_options(target: Target, options: Mapping[str, Any]) -> dict[str, Any]:
