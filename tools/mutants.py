@@ -922,10 +922,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "refresh with Redis down follows on_backend_error",
         "cacheguard/cache/flows/read.py",
         "    except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)\n"
-        "        return (yield from bypass(state, name, exc, template))\n"
+        "        return (yield from bypass(state, call, exc, fallbacks=False))\n"
         "    return outcome.value",
         "    except ZeroDivisionError as exc:\n"
-        "        return (yield from bypass(state, name, exc, template))\n"
+        "        return (yield from bypass(state, call, exc, fallbacks=False))\n"
         "    return outcome.value",
         ("tests/test_trust.py::test_refresh_follows_on_backend_error",),
         within="refresh_flow",
@@ -1356,7 +1356,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a loader's own OSError or redis.ConnectionError is its error: raised once, "
         "never taken for Redis being down (no bypass that loads again, no breaker count)",
         "cacheguard/cache/driver.py",
-        "    return isinstance(step, (Load, LoadUnlocked, LoadShared, RunFill, Gutter, Replay))\n",
+        "    return isinstance(step, (Load, LoadUnlocked, LoadNow, LoadShared, RunFill, Gutter, "
+        "Replay))\n",
         "    return False\n",
         (
             "tests/test_guard_both_drivers.py::"
@@ -3455,8 +3456,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "while the primary is unreachable a read goes through the gutter's guard: one load "
         "per key across processes per gutter_ttl",
         "cacheguard/cache/flows/read.py",
-        "                value = yield Gutter(*gutter_lifetimes(state, ttl, none_ttl))\n",
-        "                value = yield LOAD_UNLOCKED\n",
+        "                value = yield Gutter(call, *gutter_lifetimes(state, call.ttl, "
+        "call.none_ttl))\n",
+        "                value = yield LoadNow(call)\n",
         (
             "tests/test_outage_settings.py::test_the_gutter_serves_one_load_across_guards_with_entries_capped_at_gutter_ttl[sync]",
             "tests/faults/test_outage_modes.py::test_the_gutter_loads_each_key_once_per_window_across_processes[sync]",
@@ -3739,9 +3741,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "while Redis is down, a caller that joins a load already under way (it may have "
         "started after a write the load did not see) loads again instead of taking its value",
         "cacheguard/cache/flows/read.py",
-        "    value = yield from bypass(state, name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
-        "    return value, sealed\n",
-        "    value = yield from bypass(state, name, exc, template, ttl=ttl, none_ttl=none_ttl)\n"
+        "    return (yield from bypass(state, call, exc, fallbacks=fallbacks)), sealed\n",
+        "    value = yield from bypass(state, call, exc, fallbacks=fallbacks)\n"
         "    return value, state._flights.seal(flight)\n",
         (
             "tests/test_fallback.py::"
@@ -3865,7 +3866,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "while Redis is down, a caller writing the key loads its own view: not remembered, "
         "not shared, not through the gutter",
         "cacheguard/cache/flows/read.py",
-        "    if state.rwlock(name).local.is_write_held_by_me():\n",
+        "    if state.rwlock(call.name).local.is_write_held_by_me():\n",
         "    if False:\n",
         (
             "tests/test_outbox_privacy.py::"
@@ -3951,9 +3952,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "replay-failure-is-no-outage",
         "a read whose replay failed (Redis answers) loads: no remembered value, no gutter",
         "cacheguard/cache/flows/read.py",
-        "                        state, name, flight, None, template, ttl, none_ttl,"
-        " fallbacks=False\n",
-        "                        state, name, flight, None, template, ttl, none_ttl\n",
+        "                        state, call, flight, None, fallbacks=False\n",
+        "                        state, call, flight, None\n",
         (
             "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[sync]",
             "tests/test_fallback.py::test_a_replay_failure_answers_with_on_backend_error_only[async]",

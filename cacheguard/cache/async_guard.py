@@ -40,9 +40,11 @@ from cacheguard.cache.async_driver import Deferral, arun_load, drive_fill_async
 from cacheguard.cache.driver import backend_down, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flows.core import GuardCore, value_key
-from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
+from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
+    LoadNow,
+    Read,
     Replay,
     RunFill,
     WaitFlight,
@@ -51,6 +53,7 @@ from cacheguard.cache.flows.read import (
     peek_entry_flow,
     peek_flow,
     read,
+    read_call,
     refresh_flow,
 )
 from cacheguard.cache.flows.write import (
@@ -219,8 +222,9 @@ class AsyncCacheGuard(GuardCore):
         name = self._name(name)
         lead = hit_lead(self, name, ttl)
         if lead is None:
-            flow = read(self, name, load, ttl, none_ttl, template)
-            return await self._run(flow, name, load, template)
+            return await self._run(
+                read(self, read_call(self, name, load, ttl, none_ttl, template)), name
+            )
         # The hit path, as CacheGuard.get_or_load's (see cache/flows/read.py).
         direct, client = self._direct_get, self.client
         get = direct[1] if direct is not None and direct[0] is client else client.get
@@ -228,10 +232,11 @@ class AsyncCacheGuard(GuardCore):
             raw, error = await get(value_key(self.namespace, name)), None
         except BaseException as exc:
             raw, error = lookup_failed(name, exc)
-        value, rest = hit(self, name, lead, raw, error, load, ttl, none_ttl, template)
+        call = Read(name, load, ttl, none_ttl, template)  # its ttl checked by hit_lead
+        value, rest = hit(self, call, lead, raw, error)
         if rest is None:
             return value
-        return await self._run(rest, name, load, template)
+        return await self._run(rest, name)
 
     async def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
@@ -258,8 +263,8 @@ class AsyncCacheGuard(GuardCore):
         ``on_backend_error`` applies as for reads."""
         self._binding.check()
         name = self._name(name)
-        flow = refresh_flow(self, name, ttl, none_ttl, template)
-        return await self._drive(flow, name, load, template)
+        flow = refresh_flow(self, read_call(self, name, load, ttl, none_ttl, template))
+        return await self._drive(flow, name)
 
     async def watermark(self) -> int:
         """The namespace's invalidation sequence now (see :meth:`CacheGuard.watermark`)."""
@@ -335,18 +340,14 @@ class AsyncCacheGuard(GuardCore):
         self,
         flow: Generator[Any, Any, Any],
         name: str,
-        load: Any = None,
-        template: str | None = None,
     ) -> Any:
         """Run ``flow`` to its end and return its value."""
-        return await self._run(flow, name, load, template)
+        return await self._run(flow, name)
 
     async def _run(
         self,
         flow: Generator[Any, Any, Any],
         name: str,
-        load: Any = None,
-        template: str | None = None,
         *,
         error: BaseException | None = None,
         to_the_end: bool = False,
@@ -354,7 +355,7 @@ class AsyncCacheGuard(GuardCore):
         """Resume ``flow`` (with ``error`` thrown in, if given) and carry out its steps
         until it returns (its value) or asks for the caller's ``with`` block; closed
         unless suspended there. With ``to_the_end``, and for releases, a cancellation
-        waits for the flow's end. ``template`` labels the events of ``load``'s runs."""
+        waits for the flow's end."""
         deferral: Deferral | None = None  # made on the first step that must run through
         step: Any = None
         try:
@@ -365,9 +366,9 @@ class AsyncCacheGuard(GuardCore):
                         reply = await self.client.get(value_key(self.namespace, name))
                     elif to_the_end or isinstance(step, ReleaseWrites):
                         deferral = deferral or Deferral()
-                        reply = await deferral.through(self._answer(step, name, load, template))
+                        reply = await deferral.through(self._answer(step, name))
                     else:
-                        reply = await self._answer(step, name, load, template)
+                        reply = await self._answer(step, name)
                 except REDIS_DOWN as exc:
                     step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
                 except redis.ResponseError as exc:  # a GET of someone else's key: not ours
@@ -390,7 +391,7 @@ class AsyncCacheGuard(GuardCore):
             raise asyncio.CancelledError
         return None
 
-    async def _answer(self, step: Any, name: str, load: Any, template: str | None) -> Any:
+    async def _answer(self, step: Any, name: str) -> Any:
         client = self.client
         if isinstance(step, RunFill):
             return await drive_fill_async(
@@ -398,18 +399,20 @@ class AsyncCacheGuard(GuardCore):
                 client=client,
                 lock=step.lock,
                 loads=self._loads,
-                name=name,
-                load=load,
+                name=step.call.name,
+                load=step.call.load,
                 seal=step.seal,
-                template=template,
+                template=step.call.template,
             )
         if isinstance(step, WaitFlight):
             return await step.flight.wait_async(step.timeout)
-        if isinstance(step, LoadUnlocked):
-            return (await arun_load(self._loads, name, load, template))[0]
+        if isinstance(step, LoadNow):
+            call = step.call
+            return (await arun_load(self._loads, call.name, call.load, call.template))[0]
         if isinstance(step, Gutter):
+            call = step.call
             return await self._gutter.get_or_load(
-                name, load, ttl=step.ttl, none_ttl=step.none_ttl, template=template
+                call.name, call.load, ttl=step.ttl, none_ttl=step.none_ttl, template=call.template
             )
         if isinstance(step, Replay):
             return await self._recovery.arun()
@@ -436,14 +439,8 @@ class AsyncCacheGuard(GuardCore):
             return errors[::-1]
         raise TypeError(f"not a guard step: {step!r}")
 
-    def _start_background(
-        self,
-        flow: Generator[Any, Any, None],
-        name: str,
-        load: Callable[[], Any],
-        template: str | None = None,
-    ) -> bool:
-        self._spawn(self._drive(flow, name, load, template), "cacheguard-refresh")
+    def _start_background(self, flow: Generator[Any, Any, None], name: str) -> bool:
+        self._spawn(self._drive(flow, name), "cacheguard-refresh")
         return True
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:

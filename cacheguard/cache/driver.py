@@ -30,7 +30,7 @@ from cacheguard.cache.flows.fill import (
     Seal,
     Step,
 )
-from cacheguard.cache.flows.read import Gutter, Replay, RunFill
+from cacheguard.cache.flows.read import Gutter, LoadNow, Replay, RunFill
 from cacheguard.cache.loading import Loads
 from cacheguard.cache.outage.shared_loads import AwaitLoad, LoadShared
 from cacheguard.cache.singleflight import VALID_FOR_ALL
@@ -82,7 +82,7 @@ def is_loader(step: object) -> bool:
     driver classified its own Redis errors already; or the outbox replays, whose
     errors are the database's or a guard's)? Its errors then pass as they are: a
     loader's own ``OSError`` is not Redis being down."""
-    return isinstance(step, (Load, LoadUnlocked, LoadShared, RunFill, Gutter, Replay))
+    return isinstance(step, (Load, LoadUnlocked, LoadNow, LoadShared, RunFill, Gutter, Replay))
 
 
 # Steps answered without I/O, alike in both drivers (FillDriverState.answer_now).

@@ -30,9 +30,11 @@ from cacheguard._identity import enter_holder, leave_holder, on_fork_in_child
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flows.core import GuardCore, value_key
-from cacheguard.cache.flows.fill import Call, LoadUnlocked, Lookup
+from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
+    LoadNow,
+    Read,
     Replay,
     RunFill,
     WaitFlight,
@@ -41,6 +43,7 @@ from cacheguard.cache.flows.read import (
     peek_entry_flow,
     peek_flow,
     read,
+    read_call,
     refresh_flow,
 )
 from cacheguard.cache.flows.write import (
@@ -209,8 +212,7 @@ class CacheGuard(GuardCore):
         name = self._name(name)
         lead = hit_lead(self, name, ttl)
         if lead is None:
-            flow = read(self, name, load, ttl, none_ttl, template)
-            return self._run(flow, name, load, template)  # type: ignore[no-any-return]
+            return self._run(read(self, read_call(self, name, load, ttl, none_ttl, template)), name)  # type: ignore[no-any-return]
         # The hit path (see cache/flows/read.py): the leader's GET without the flow,
         # which goes on from its answer unless that is a value to serve at once.
         direct, client = self._direct_get, self.client
@@ -219,10 +221,11 @@ class CacheGuard(GuardCore):
             raw, error = get(value_key(self.namespace, name)), None
         except BaseException as exc:
             raw, error = lookup_failed(name, exc)
-        value, rest = hit(self, name, lead, raw, error, load, ttl, none_ttl, template)
+        call = Read(name, load, ttl, none_ttl, template)  # its ttl checked by hit_lead
+        value, rest = hit(self, call, lead, raw, error)
         if rest is None:
             return value  # type: ignore[no-any-return]
-        return self._run(rest, name, load, template)  # type: ignore[no-any-return]
+        return self._run(rest, name)  # type: ignore[no-any-return]
 
     def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
@@ -249,8 +252,8 @@ class CacheGuard(GuardCore):
         for reads: ``bypass`` returns a fresh load without storing it, ``raise``
         raises :class:`BackendUnavailable`. ``template``: as for :meth:`get_or_load`."""
         name = self._name(name)
-        flow = refresh_flow(self, name, ttl, none_ttl, template)
-        return self._drive(flow, name, load, template)  # type: ignore[no-any-return]
+        flow = refresh_flow(self, read_call(self, name, load, ttl, none_ttl, template))
+        return self._drive(flow, name)  # type: ignore[no-any-return]
 
     def watermark(self) -> int:
         """The namespace's invalidation sequence now: read it *before* a database
@@ -347,24 +350,20 @@ class CacheGuard(GuardCore):
         self,
         flow: Generator[Any, Any, Any],
         name: str,
-        load: Any = None,
-        template: str | None = None,
     ) -> Any:
         """Run ``flow`` to its end and return its value."""
-        return self._run(flow, name, load, template)
+        return self._run(flow, name)
 
     def _run(
         self,
         flow: Generator[Any, Any, Any],
         name: str,
-        load: Any = None,
-        template: str | None = None,
         *,
         error: BaseException | None = None,
     ) -> Any:
         """Resume ``flow`` (with ``error`` thrown in, if given) and carry out its steps
         until it returns (its value) or asks for the caller's ``with`` block; closed
-        unless suspended there. ``template`` labels the events of ``load``'s runs."""
+        unless suspended there."""
         step: Any = None
         try:
             step = flow.send(None) if error is None else flow.throw(error)
@@ -373,7 +372,7 @@ class CacheGuard(GuardCore):
                     if step.__class__ is Lookup:  # the hit path's one step, inline
                         reply = self.client.get(value_key(self.namespace, name))
                     else:
-                        reply = self._answer(step, name, load, template)
+                        reply = self._answer(step, name)
                 except REDIS_DOWN as exc:
                     step = flow.throw(exc if is_loader(step) else backend_down(name, exc))
                 except redis.ResponseError as exc:  # a GET of someone else's key: not ours
@@ -392,7 +391,7 @@ class CacheGuard(GuardCore):
                 flow.close()
         return None
 
-    def _answer(self, step: Any, name: str, load: Any, template: str | None) -> Any:
+    def _answer(self, step: Any, name: str) -> Any:
         client = self.client
         if isinstance(step, RunFill):
             return drive_fill(
@@ -400,18 +399,20 @@ class CacheGuard(GuardCore):
                 client=client,
                 lock=step.lock,
                 loads=self._loads,
-                name=name,
-                load=load,
+                name=step.call.name,
+                load=step.call.load,
                 seal=step.seal,
-                template=template,
+                template=step.call.template,
             )
         if isinstance(step, WaitFlight):
             return step.flight.wait(step.timeout)
-        if isinstance(step, LoadUnlocked):
-            return self._loads.run(name, load, template)[0]
+        if isinstance(step, LoadNow):
+            call = step.call
+            return self._loads.run(call.name, call.load, call.template)[0]
         if isinstance(step, Gutter):
+            call = step.call
             return self._gutter.get_or_load(
-                name, load, ttl=step.ttl, none_ttl=step.none_ttl, template=template
+                call.name, call.load, ttl=step.ttl, none_ttl=step.none_ttl, template=call.template
             )
         if isinstance(step, Replay):
             return self._recovery.run()
@@ -455,15 +456,9 @@ class CacheGuard(GuardCore):
             inner = CacheGuard(gutter, timer=timer, clock=clock, rng=rng, **settings)
         return gutter_guard_made(inner, self._stats)
 
-    def _start_background(
-        self,
-        flow: Generator[Any, Any, None],
-        name: str,
-        load: Callable[[], Any],
-        template: str | None = None,
-    ) -> bool:
+    def _start_background(self, flow: Generator[Any, Any, None], name: str) -> bool:
         try:
-            self._background().submit(self._drive, flow, name, load, template)
+            self._background().submit(self._drive, flow, name)
         except RuntimeError:  # executor shut down (close() or interpreter exit)
             return False
         return True

@@ -69,7 +69,7 @@ class GuardCore:
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         flight_event: Callable[[], Any],
-        run_in_background: Callable[[Generator[Any, Any, None], str, Any, str | None], bool],
+        run_in_background: Callable[[Generator[Any, Any, None], str], bool],
         locks: Any,
         store_write_lock: Callable[[str], Any] | None = None,
         node_of: Callable[[str], str] | None = None,

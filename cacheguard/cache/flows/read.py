@@ -1,7 +1,7 @@
 """The read path's flows, with no I/O in them: ``get_or_load``, ``refresh``, ``peek``.
 
 Each public read of both guards is one generator here; the sync guard and the
-asyncio guard only carry out its steps (:class:`Lookup`, :class:`LoadUnlocked`,
+asyncio guard only carry out its steps (:class:`Lookup`, :class:`LoadNow`,
 :class:`WaitFlight`, :class:`RunFill`) and send the answers back in. Redis
 being down reaches a flow as :class:`BackendUnavailable` with the client's error
 as its ``__cause__``.
@@ -51,14 +51,12 @@ from typing import Any, Final
 from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
 from cacheguard.cache.flows.core import GuardCore, Lock
 from cacheguard.cache.flows.fill import (
-    LOAD_UNLOCKED,
     LOOKUP,
     MISS,
     REFRESH,
     STALE,
     Call,
     FillJob,
-    LoadUnlocked,
     Lookup,
     Outcome,
     Step,
@@ -77,18 +75,57 @@ from cacheguard.exceptions import BackendUnavailable, GuardClosed
 __all__ = [
     "REPLAY",
     "Gutter",
+    "LoadNow",
+    "Read",
     "ReadStep",
     "Replay",
     "RunFill",
     "Sent",
     "WaitFlight",
     "client_error",
+    "read_call",
     "valid_for_all",
 ]
 
 log = logging.getLogger("cacheguard")
 
 LATE_FOLLOWER_REREADS: Final = 2  # shared re-reads for late joiners; stragglers read themselves
+
+
+class Read:
+    """One read of one key (``get_or_load``, ``refresh``): what its flow, and every
+    step that runs its loader, need to know. Made by :func:`read_call`."""
+
+    __slots__ = ("load", "name", "none_ttl", "template", "ttl")
+
+    def __init__(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: float,
+        none_ttl: float | Missing | None,
+        template: str | None,
+    ) -> None:
+        self.name = name
+        self.load = load
+        self.ttl = ttl
+        self.none_ttl = none_ttl
+        self.template = template  # labels the call's events (see cache/stats.py)
+
+    def __repr__(self) -> str:
+        return f"Read({self.name!r}, ttl={self.ttl!r})"
+
+
+def read_call(
+    state: GuardCore,
+    name: str,
+    load: Callable[[], Any],
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None = None,
+) -> Read:
+    """The record of a read of ``name`` (already checked), its ``ttl`` checked."""
+    return Read(name, load, state._ttl(ttl), none_ttl, template)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,16 +146,26 @@ class RunFill:
     lock: Lock
     flow: Generator[Step, Any, Outcome]
     seal: Callable[[], int]
+    call: Read  # whose loader the fill runs, and whose label its events carry
 
 
 @dataclass(frozen=True, slots=True)
 class Gutter:
-    """Step: ``get_or_load`` the key on the gutter guard (its own single flight across
-    processes) with these lifetimes. Answer: the value, or the gutter guard's error
-    (:class:`BackendUnavailable` when the gutter is unreachable too) thrown in."""
+    """Step: ``get_or_load`` the call's key on the gutter guard (its own single flight
+    across processes) with these lifetimes. Answer: the value, or the gutter guard's
+    error (:class:`BackendUnavailable` when the gutter is unreachable too) thrown in."""
 
+    call: Read
     ttl: float
     none_ttl: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadNow:
+    """Step: run the call's loader now, under no lock and storing nothing (Redis is
+    down, or the key's write is our own). Answer: its value, or its error thrown in."""
+
+    call: Read
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +200,7 @@ class _NotReplayed:
 
 NOT_REPLAYED: Final = _NotReplayed()
 
-ReadStep = Lookup | Call | LoadUnlocked | WaitFlight | RunFill | Gutter | Replay
+ReadStep = Lookup | Call | LoadNow | WaitFlight | RunFill | Gutter | Replay
 
 # Outcomes fresh from Redis or the loader: worth remembering for outage_ttl/stale_if_error.
 _FRESH_SOURCES: Final = frozenset({"l2", "loaded", "peer", "unlocked"})
@@ -169,25 +216,19 @@ def valid_for_all() -> int:
     return VALID_FOR_ALL
 
 
-def read(
-    state: GuardCore,
-    name: str,
-    load: Callable[[], Any],
-    ttl: float,
-    none_ttl: float | Missing | None,
-    template: str | None = None,
-) -> Generator[ReadStep, Any, Any]:
+def read(state: GuardCore, call: Read) -> Generator[ReadStep, Any, Any]:
     """The flow of ``get_or_load``: :func:`read_flow`, answered by the last value
     seen instead of an error under ``stale_if_error``."""
-    flow = read_flow(state, name, load, ttl, none_ttl, template)
+    flow = read_flow(state, call)
     if state.settings.stale_if_error:
-        return stale_if_error(state, flow, name, template)
+        return stale_if_error(state, flow, call)
     return flow
 
 
 def stale_if_error(
-    state: GuardCore, flow: Generator[ReadStep, Any, Any], name: str, template: str | None
+    state: GuardCore, flow: Generator[ReadStep, Any, Any], call: Read
 ) -> Generator[ReadStep, Any, Any]:
+    name, template = call.name, call.template
     try:
         return (yield from flow)
     except Exception as exc:
@@ -203,19 +244,12 @@ def stale_if_error(
 
 
 def read_flow(
-    state: GuardCore,
-    name: str,
-    load: Callable[[], Any],
-    ttl: float,
-    none_ttl: float | Missing | None,
-    template: str | None = None,
-    led: tuple[Flight, float, Sent] | None = None,
+    state: GuardCore, call: Read, led: tuple[Flight, float, Sent] | None = None
 ) -> Generator[ReadStep, Any, Any]:
-    """``get_or_load``: the cached value of ``name``, loaded once if missing;
-    ``template`` labels its events (see :mod:`cacheguard.cache.stats`). ``led``:
-    the flight a driver's hit path leads, when its call began, and the GET it
-    sent; the flow goes on from that GET's answer."""
-    ttl = state._ttl(ttl)
+    """``get_or_load``: the cached value of the call's key, loaded once if missing.
+    ``led``: the flight a driver's hit path leads, when its call began, and the GET
+    it sent; the flow goes on from that GET's answer."""
+    name, template = call.name, call.template
     if led is not None:
         flight, start, sent = led
     else:
@@ -236,16 +270,14 @@ def read_flow(
             if lock.local.is_write_held_by_me():
                 # Our own write: the leader waits for us, and what it loads is not our
                 # view. Load privately (see fill_flow's writing_here), storing nothing.
-                flow = fill_flow_of(
-                    state, name, lock, ttl, none_ttl, refresh=False, stale=None, template=template
-                )
-                return (yield RunFill(lock, flow, valid_for_all))[0].value
+                flow = fill_flow_of(state, call, lock, refresh=False, stale=None)
+                return (yield RunFill(lock, flow, valid_for_all, call))[0].value
             left = state.settings.wait_timeout - (state._timer() - start)
             if not (yield WaitFlight(flight, left)):
                 waited = state._timer() - start
-                job = fill_job(state, name, lock, ttl, none_ttl, template)
+                job = fill_job(state, call, lock)
                 flow = timed_out_flow(job, None, waited, since=lambda: start)
-                return (yield RunFill(lock, flow, valid_for_all))[0].value
+                return (yield RunFill(lock, flow, valid_for_all, call))[0].value
             if flight.serves(joined):
                 if flight.error is not None:
                     raise flight.error
@@ -268,9 +300,7 @@ def read_flow(
                 else:  # the same round trip also samples the server's clock
                     raw = yield from timed_lookup(state, name)
             except BackendUnavailable as exc:
-                value, valid_below = yield from bypassed(
-                    state, name, flight, exc.__cause__, template, ttl, none_ttl
-                )
+                value, valid_below = yield from bypassed(state, call, flight, exc.__cause__)
             else:
                 breaker.success()  # closing, it marks the recovery pending
                 if state._recovery.pending:
@@ -279,22 +309,18 @@ def read_flow(
                     # Redis may hold values the outbox's writes replaced: not served,
                     # nor a value remembered or the gutter's (Redis answers: no outage).
                     value, valid_below = yield from bypassed(
-                        state, name, flight, None, template, ttl, none_ttl, fallbacks=False
+                        state, call, flight, None, fallbacks=False
                     )
                 else:
-                    served, entry = judge_read(
-                        state, name, raw, l1_seen, load, ttl, none_ttl, template, seen_ticket
-                    )
+                    served, entry = judge_read(state, call, raw, l1_seen, seen_ticket)
                     if served:
                         value, valid_below = entry.value, sealed  # type: ignore[union-attr]
                     else:
                         value, valid_below = yield from fill_missing(
-                            state, name, flight, entry, l1_seen, ttl, none_ttl, start, template
+                            state, call, flight, entry, l1_seen, start
                         )
         else:
-            value, valid_below = yield from bypassed(
-                state, name, flight, None, template, ttl, none_ttl
-            )
+            value, valid_below = yield from bypassed(state, call, flight, None)
         if flight.has_followers_from(valid_below):
             value, valid_below = yield from reread_for_late_followers(
                 state, name, flight, value, valid_below, template
@@ -336,37 +362,34 @@ def hit_lead(state: GuardCore, name: str, ttl: float) -> tuple[Flight, float] | 
 
 def hit(
     state: GuardCore,
-    name: str,
+    call: Read,
     lead: tuple[Flight, float],
     raw: Any,
     error: BaseException | None,
-    load: Callable[[], Any],
-    ttl: float,
-    none_ttl: float | Missing | None,
-    template: str | None = None,
 ) -> tuple[Any, Generator[ReadStep, Any, Any] | None]:
     """The hit path's end, after its GET (``raw``, or the ``error`` as a driver
     throws it into the flow): ``(value, None)`` when the flow would serve
     ``raw`` at once, else ``(None, flow)``: the flow from that GET's answer, for
     the driver to run. No I/O; the decisions are the flow's own functions."""
     flight, start = lead
+    name = call.name
     try:
         entry = hit_entry(state, name, raw, error)
         if entry is not None:
             now = state._server_clock.now()
             verdict = judge(entry, now, state.settings, state._rng)
             if verdict != MISS:
-                serve(state, name, entry, verdict, now, None, load, ttl, none_ttl, template, 0)
+                serve(state, call, entry, verdict, now, None, 0)
                 sealed = flight.generation  # born sealed for this GET; only we seal
                 if flight.has_followers_from(sealed):
-                    return None, share(state, name, flight, entry.value, sealed, template)
+                    return None, share(state, name, flight, entry.value, sealed, call.template)
                 state._flights.finish(name, flight, entry.value, valid_below=sealed)
                 return entry.value, None
     except BaseException as exc:
         leader_failed(state, name, flight, exc)
         raise
     sent = Sent(raw, error)
-    return None, read_flow(state, name, load, ttl, none_ttl, template, (flight, start, sent))
+    return None, read_flow(state, call, (flight, start, sent))
 
 
 def hit_entry(state: GuardCore, name: str, raw: Any, error: BaseException | None) -> Entry | None:
@@ -402,40 +425,35 @@ def share(
 
 def fill_missing(
     state: GuardCore,
-    name: str,
+    call: Read,
     flight: Flight,
     stale: Entry | None,
     l1_seen: tuple[int, object] | None,
-    ttl: float,
-    none_ttl: float | Missing | None,
     start: float,
-    template: str | None,
 ) -> Generator[ReadStep, Any, tuple[Any, int]]:
     """The leader's GET missed (the call began at ``start``): fill ``name`` (once
     across processes); the value and the generation below which followers may
     take it. ``stale`` is the expired entry, if any, for the stale policy."""
-    state._stats.count("misses", name, 0.0, None, template)
+    name = call.name
+    state._stats.count("misses", name, 0.0, None, call.template)
     lock = state.rwlock(name)  # one instance for the job and the driver: one owner
     seen_ticket = state._seen_ticket(name)
     flow = fill_flow_of(
         state,
-        name,
+        call,
         lock,
-        ttl,
-        none_ttl,
         refresh=False,
         stale=stale,
         budget=state.settings.wait_timeout - (state._timer() - start),
         since=lambda: flight.newest_start,  # of the followers it serves, and its own
-        template=template,
     )
     try:
         outcome, valid_below = yield RunFill(
-            lock, flow, functools.partial(state._flights.seal, flight)
+            lock, flow, functools.partial(state._flights.seal, flight), call
         )
     except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
-        return (yield from bypassed(state, name, flight, exc, template, ttl, none_ttl))
-    keep_filled(state, name, outcome, l1_seen, ttl)
+        return (yield from bypassed(state, call, flight, exc))
+    keep_filled(state, name, outcome, l1_seen, call.ttl)
     if state._last_seen is not None and not outcome.private and outcome.source in _FRESH_SOURCES:
         state._last_seen.note(name, outcome.value, seen_ticket)
     return outcome.value, valid_below
@@ -452,28 +470,22 @@ def timed_lookup(state: GuardCore, name: str) -> Generator[ReadStep, Any, Any]:
 
 def bypassed(
     state: GuardCore,
-    name: str,
+    call: Read,
     flight: Flight,
     exc: BaseException | None,
-    template: str | None,
-    ttl: float,
-    none_ttl: float | Missing | None,
     *,
     fallbacks: bool = True,
 ) -> Generator[ReadStep, Any, tuple[Any, int]]:
-    """:meth:`_bypass` for the flight's leader: its value, for the followers that
+    """:func:`bypass` for the flight's leader: its value, for the followers that
     joined before it was sought (sealed first: one who joins during the load may
     have started after a write the load did not see, and must load again)."""
-    if state.rwlock(name).local.is_write_held_by_me():
+    if state.rwlock(call.name).local.is_write_held_by_me():
         # Our own write's key (guard.write, a tracked transaction): what we load
         # may be uncommitted. Ours alone: not remembered, not shared, no gutter.
-        state._refuse_bypass(name, exc, template)
-        return (yield LOAD_UNLOCKED), 0
+        state._refuse_bypass(call.name, exc, call.template)
+        return (yield LoadNow(call)), 0
     sealed = state._flights.seal(flight)
-    if not fallbacks:  # on_backend_error only
-        return (yield from bypass(state, name, exc, template)), sealed
-    value = yield from bypass(state, name, exc, template, ttl=ttl, none_ttl=none_ttl)
-    return value, sealed
+    return (yield from bypass(state, call, exc, fallbacks=fallbacks)), sealed
 
 
 def replayed_then_reread(
@@ -520,20 +532,15 @@ def reread_for_late_followers(
 
 
 def bypass(
-    state: GuardCore,
-    name: str,
-    exc: BaseException | None,
-    template: str | None = None,
-    *,
-    ttl: float | None = None,
-    none_ttl: float | Missing | None = MISSING,
+    state: GuardCore, call: Read, exc: BaseException | None, *, fallbacks: bool
 ) -> Generator[ReadStep, Any, Any]:
-    """Redis is down (``exc``) or the circuit is open (None). A read (``ttl``
-    given; a refresh means "load now") first reuses a value this process saw
-    within ``outage_ttl``, then asks the gutter; then ``on_backend_error``:
+    """Redis is down (``exc``) or the circuit is open (None). With ``fallbacks`` (a
+    read; a refresh means "load now") a value this process saw within
+    ``outage_ttl`` is reused, else the gutter asked; then ``on_backend_error``:
     load directly, or raise."""
+    name, template = call.name, call.template
     counted = False
-    if ttl is not None:
+    if fallbacks:
         if exc is not None:
             state._backend_failed(name, exc, template=template)
             counted = True
@@ -545,7 +552,7 @@ def bypass(
                 return value
         if state._gutter is not None:
             try:
-                value = yield Gutter(*gutter_lifetimes(state, ttl, none_ttl))
+                value = yield Gutter(call, *gutter_lifetimes(state, call.ttl, call.none_ttl))
             except BackendUnavailable as gutter_down:
                 log.info("the gutter is unreachable too for %r: %s", name, gutter_down)
             else:
@@ -554,7 +561,7 @@ def bypass(
                 return value
     state._refuse_bypass(name, exc, template, failure_counted=counted)
     seen_ticket = state._seen_ticket(name)
-    value = yield LOAD_UNLOCKED
+    value = yield LoadNow(call)
     if state._last_seen is not None:
         state._last_seen.note(name, value, seen_ticket)
     return value
@@ -569,27 +576,18 @@ def gutter_lifetimes(
     return min(ttl, cap), None if lifetime is None else min(lifetime, cap)
 
 
-def refresh_flow(
-    state: GuardCore,
-    name: str,
-    ttl: float,
-    none_ttl: float | Missing | None,
-    template: str | None = None,
-) -> Generator[ReadStep, Any, Any]:
-    """``refresh``: load ``name`` now (under its locks, once across processes) and
-    store it; Redis down or the circuit open: ``on_backend_error``."""
-    ttl = state._ttl(ttl)
-    state._loads.refuse_recursion(name, template)
-    if not state._breaker(name).allow():
-        return (yield from bypass(state, name, None, template))
-    lock = state.rwlock(name)
-    flow = fill_flow_of(
-        state, name, lock, ttl, none_ttl, refresh=True, stale=None, template=template
-    )
+def refresh_flow(state: GuardCore, call: Read) -> Generator[ReadStep, Any, Any]:
+    """``refresh``: load the call's key now (under its locks, once across processes)
+    and store it; Redis down or the circuit open: ``on_backend_error``."""
+    state._loads.refuse_recursion(call.name, call.template)
+    if not state._breaker(call.name).allow():
+        return (yield from bypass(state, call, None, fallbacks=False))
+    lock = state.rwlock(call.name)
+    flow = fill_flow_of(state, call, lock, refresh=True, stale=None)
     try:
-        outcome, _ = yield RunFill(lock, flow, valid_for_all)
+        outcome, _ = yield RunFill(lock, flow, valid_for_all, call)
     except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
-        return (yield from bypass(state, name, exc, template))
+        return (yield from bypass(state, call, exc, fallbacks=False))
     return outcome.value
 
 
@@ -646,50 +644,30 @@ def peek_entry_flow(state: GuardCore, name: str) -> Generator[ReadStep, Any, Any
     return state._decode(name, raw)
 
 
-def refresh_in_background(
-    state: GuardCore,
-    name: str,
-    load: Callable[[], Any],
-    ttl: float,
-    none_ttl: float | Missing | None,
-    template: str | None = None,
-) -> None:
-    """Start one background refresh of ``name`` per process (loop), unless one runs."""
+def refresh_in_background(state: GuardCore, call: Read) -> None:
+    """Start one background refresh of the call's key per process (loop), unless one
+    runs."""
     if state._closed:
         return
-    flight, leader, _ = state._refreshes.join(name)
+    flight, leader, _ = state._refreshes.join(call.name)
     if not leader:
         return
-    flow = background_refresh_flow(state, name, flight, ttl, none_ttl, template)
-    if not state._run_in_background(flow, name, load, template):
+    flow = background_refresh_flow(state, call, flight)
+    if not state._run_in_background(flow, call.name):
         flow.close()
-        state._refreshes.finish(name, flight)
+        state._refreshes.finish(call.name, flight)
 
 
 def background_refresh_flow(
-    state: GuardCore,
-    name: str,
-    flight: Flight,
-    ttl: float,
-    none_ttl: float | Missing | None,
-    template: str | None,
+    state: GuardCore, call: Read, flight: Flight
 ) -> Generator[ReadStep, Any, None]:
+    name = call.name
     try:
         lock = state.rwlock(name)
-        flow = fill_flow_of(
-            state,
-            name,
-            lock,
-            ttl,
-            none_ttl,
-            refresh=True,
-            stale=None,
-            background=True,
-            template=template,
-        )
-        outcome, _ = yield RunFill(lock, flow, valid_for_all)
+        flow = fill_flow_of(state, call, lock, refresh=True, stale=None, background=True)
+        outcome, _ = yield RunFill(lock, flow, valid_for_all, call)
         if outcome.source == "loaded":
-            state._stats.count("early_refreshes", name, 0.0, None, template)
+            state._stats.count("early_refreshes", name, 0.0, None, call.template)
     except GuardClosed:
         log.debug("background refresh of %r dropped: the guard closed", name)
     except Exception:
@@ -700,58 +678,49 @@ def background_refresh_flow(
 
 def judge_read(
     state: GuardCore,
-    name: str,
+    call: Read,
     raw: Any,
     l1_seen: tuple[int, object] | None,
-    load: Callable[[], Any],
-    ttl: float,
-    none_ttl: float | Missing | None,
-    template: str | None,
     seen_ticket: int,
 ) -> tuple[bool, Entry | None]:
     """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
     the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
     past its expiry for the stale policy). ``seen_ticket``: :meth:`GuardCore._seen_ticket`,
     taken before the GET."""
-    entry = state._decode(name, raw, template=template)
+    entry = state._decode(call.name, raw, template=call.template)
     if entry is None:
         return False, None
     now = state._server_clock.now()
     verdict = judge(entry, now, state.settings, state._rng)
-    kept = serve(
-        state, name, entry, verdict, now, l1_seen, load, ttl, none_ttl, template, seen_ticket
-    )
+    kept = serve(state, call, entry, verdict, now, l1_seen, seen_ticket)
     return kept, entry
 
 
 def serve(
     state: GuardCore,
-    name: str,
+    call: Read,
     entry: Entry,
     verdict: Verdict,
     now: float,
     l1_seen: tuple[int, object] | None,
-    load: Callable[[], Any],
-    ttl: float,
-    none_ttl: float | Missing | None,
-    template: str | None,
     seen_ticket: int,
 ) -> bool:
     """Act on :func:`judge`'s ``verdict`` for ``entry`` (judged at ``now``): count
     it, refresh it in the background, keep it in L1 and the fallback memory, as
     the verdict says; True to serve it, False for a miss."""
+    name, template = call.name, call.template
     if verdict <= REFRESH:
         state._stats.count("l2_hits", name, 0.0, None, template)
         if state._last_seen is not None:
             state._last_seen.note(name, entry.value, seen_ticket)
         if verdict == REFRESH:
-            refresh_in_background(state, name, load, ttl, none_ttl, template)
+            refresh_in_background(state, call)
         if l1_seen is not None:
             state._l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
         return True
     if verdict == STALE:  # inside the stale window: serve, reload in the background
         state._stats.count("stale_served", name, 0.0, None, template)
-        refresh_in_background(state, name, load, ttl, none_ttl, template)
+        refresh_in_background(state, call)
         return True
     return False
 
@@ -778,23 +747,20 @@ def peeked(state: GuardCore, entry: Entry | None) -> Any:
 
 def fill_flow_of(
     state: GuardCore,
-    name: str,
+    call: Read,
     lock: Lock,
-    ttl: float,
-    none_ttl: float | Missing | None,
     *,
     refresh: bool,
     stale: Entry | None,
     background: bool = False,
     budget: float | None = None,
     since: Callable[[], float] | None = None,
-    template: str | None = None,
 ) -> Generator[Step, Any, Outcome]:
-    """The fill flow of ``name`` for either driver (a loader asking for its own
-    key is refused here, before any wait); ``since``: see :func:`fill_flow`."""
-    state._loads.refuse_recursion(name, template)
+    """The fill flow of the call's key for either driver (a loader asking for its
+    own key is refused here, before any wait); ``since``: see :func:`fill_flow`."""
+    state._loads.refuse_recursion(call.name, call.template)
     return fill_flow(
-        fill_job(state, name, lock, ttl, none_ttl, template),
+        fill_job(state, call, lock),
         refresh=refresh,
         background=background,
         stale=stale,
@@ -803,22 +769,16 @@ def fill_flow_of(
     )
 
 
-def fill_job(
-    state: GuardCore,
-    name: str,
-    lock: Lock,
-    ttl: float,
-    none_ttl: float | Missing | None,
-    template: str | None = None,
-) -> FillJob:
+def fill_job(state: GuardCore, call: Read, lock: Lock) -> FillJob:
     # The flow counts by name; the template rides along in the callbacks.
+    name, template = call.name, call.template
     return FillJob(
         name=name,
         keys=lock.remote.keys,
         owner=lock.owner,
         settings=state.settings,
-        ttl=ttl,
-        none_ttl=none_ttl,
+        ttl=call.ttl,
+        none_ttl=call.none_ttl,
         writing_here=lock.local.is_write_held_by_me(),
         stamps=functools.partial(state._invalidation.stamps_for, name),
         timer=state._timer,
