@@ -385,7 +385,7 @@ def _l1_hit(url: str) -> Paired:
     value = _menu_rows()
     try:
         deadline = time.monotonic() + 5
-        while "menu:7" not in l1_guard._l1 and time.monotonic() < deadline:  # type: ignore[operator]
+        while "menu:7" not in l1_guard._state.l1 and time.monotonic() < deadline:  # type: ignore[operator]
             l1_guard.get_or_load("menu:7", lambda: value, ttl=3600)  # L1 keeps once subscribed
             time.sleep(0.01)
         n = 50000

@@ -200,7 +200,7 @@ def wait_for_announced_fill(url: str, namespace: str, name: str, in_wait: Any) -
     guard = CacheGuard(
         client_for(url), namespace=namespace, wait_timeout=120, on_timeout="raise", lease=60
     )
-    guard._wait_backoff = functools.partial(Backoff, initial=60.0, cap=60.0)
+    guard._state.wait_backoff = functools.partial(Backoff, initial=60.0, cap=60.0)
     loads: list[int] = []
 
     def load() -> str:

@@ -80,7 +80,7 @@ def build_guard(spec: Spec) -> CacheGuard | AsyncCacheGuard:
 
 def breaker_closed(guard: CacheGuard | AsyncCacheGuard) -> bool:
     """Is Redis this guard's again (every breaker it has closed)?"""
-    breakers = guard._breakers
+    breakers = guard._state.breakers
     return breakers.shared.state == "closed" and all(
         breaker.state == "closed" for breaker in breakers._by_node.values()
     )

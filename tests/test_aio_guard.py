@@ -87,7 +87,7 @@ async def test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on(
     await asyncio.wait_for(started.wait(), 10)
     follower = asyncio.ensure_future(guard.get_or_load("k", quick, ttl=60))
     await asyncio.sleep(0)  # one turn of the loop: the follower runs up to its wait
-    assert guard._flights._flights["k"].event is not None  # it joined the filler's flight
+    assert guard._state.flights._flights["k"].event is not None  # it joined the filler's flight
     filler.cancel()
     with pytest.raises(asyncio.CancelledError):
         await filler
@@ -123,7 +123,7 @@ async def test_a_waiter_cancelled_leaves_nothing_behind(
     assert await filling == "filled"
     assert await other.get_or_load("k", lambda: "waiter", ttl=60) == "filled"
     assert await asyncio.to_thread(lock_free, client, guard, "k")
-    assert len(other._flights) == 0
+    assert len(other._state.flights) == 0
 
 
 async def test_a_cancelled_writer_releases_its_locks(
@@ -201,7 +201,7 @@ async def test_l1_keeps_copies_and_drops_them_on_invalidation(
     )
     try:
         assert await guard.get_or_load("k", lambda: "v1", ttl=60) == "v1"
-        l1 = guard._l1
+        l1 = guard._state.l1
         assert l1 is not None
         # The feed subscribes in a task of the loop; a copy is kept once it is live.
         for _ in range(500):
@@ -236,7 +236,7 @@ async def test_background_work_starts_in_a_context_of_its_own(guard: AsyncCacheG
     async def look() -> None:
         seen.append(_LOADING.get())
 
-    with guard._loads.loading("outer"):
+    with guard._state.loads.loading("outer"):
         assert _LOADING.get()  # the caller is loading "outer"
         guard._spawn(look(), "probe")
     await asyncio.gather(*guard._tasks)

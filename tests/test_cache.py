@@ -686,7 +686,7 @@ def test_bypass_when_redis_is_down() -> None:
     assert len(calls) == 4
     stats = guard.stats()
     assert stats.backend_errors == 2  # then the circuit opened: no more connect attempts
-    assert guard._breaker("k").state in ("open", "half-open")
+    assert guard._state.breaker("k").state in ("open", "half-open")
     assert guard.peek("k") is MISSING
 
     raising = CacheGuard.from_url(f"redis://127.0.0.1:{free_port()}/0", on_backend_error="raise")
@@ -699,13 +699,13 @@ def test_breaker_recovers_when_redis_returns(client: redis.Redis, namespace: str
     guard = make_guard(
         client, namespace, breaker_failures=1, breaker_cooldown=5, timer=lambda: now[0]
     )
-    guard._breaker("k").failure()  # as if Redis had just failed
-    assert guard._breaker("k").state == "open"
+    guard._state.breaker("k").failure()  # as if Redis had just failed
+    assert guard._state.breaker("k").state == "open"
     assert guard.get_or_load("k", lambda: "bypassed", ttl=60) == "bypassed"
     assert guard.peek("k") is MISSING  # the open circuit skipped Redis
     now[0] = 6.0  # cooldown over: the next call probes, succeeds, closes the circuit
     assert guard.get_or_load("k", lambda: "cached", ttl=60) == "cached"
-    assert guard._breaker("k").state == "closed"
+    assert guard._state.breaker("k").state == "closed"
     assert guard.peek("k") == "cached"
 
 
@@ -724,7 +724,7 @@ def test_l1_hits_and_cross_guard_invalidation(client: redis.Redis, namespace: st
     with first.write("k"):
         pass
     deadline = time.monotonic() + 5
-    while "k" in second._l1 and time.monotonic() < deadline:  # type: ignore[operator]
+    while "k" in second._state.l1 and time.monotonic() < deadline:  # type: ignore[operator]
         time.sleep(0.01)
     assert second.get_or_load("k", lambda: "v2", ttl=60) == "v2"  # the broadcast reached it
     first.close()

@@ -51,7 +51,7 @@ def test_unlocked_load_is_not_served_to_a_read_that_started_after_a_write(
         write_exited.set()
 
     def second_read_joined() -> bool:
-        flight = reader._flights._flights.get("k")
+        flight = reader._state.flights._flights.get("k")
         return flight is not None and flight.event is not None
 
     def load() -> str:

@@ -90,7 +90,7 @@ async def test_guards_on_a_sentinel_master_fill_write_and_wake_by_announcement(
 ) -> None:
     filler = make(lease=60)
     waiter = make(lease=60, wait_timeout=120, on_timeout="raise")
-    waiter.guard._wait_backoff = NO_TIMER_WAKE_UP
+    waiter.guard._state.wait_backoff = NO_TIMER_WAKE_UP
     gate = threading.Event()
     slow = Loads("filled", gate=gate)
     filling = asyncio.ensure_future(filler.get_or_load("k", slow, ttl=60))

@@ -106,7 +106,7 @@ async def test_a_waiter_on_a_cluster_is_woken_by_the_fills_sharded_announcement(
     # the shard that owns the key, can wake the waiter within the test's deadline.
     filler = make(lease=60)
     waiter = make(lease=60, wait_timeout=120, on_timeout="raise")
-    waiter.guard._wait_backoff = NO_TIMER_WAKE_UP
+    waiter.guard._state.wait_backoff = NO_TIMER_WAKE_UP
     for name in names_on_every_master(redis_cluster, cluster_ns):
         gate = threading.Event()
         slow = Loads(f"filled {name}", gate=gate)
@@ -132,14 +132,14 @@ async def test_l1_copies_are_dropped_by_an_invalidation_on_any_master(
     for name in names_on_every_master(redis_cluster, cluster_ns):
         for _ in range(200):  # L1 keeps a copy once its feed is subscribed
             await reader.get_or_load(name, lambda: "cached", ttl=60)
-            if name in reader.guard._l1:  # type: ignore[operator]
+            if name in reader.guard._state.l1:  # type: ignore[operator]
                 break
             await asyncio.sleep(0.01)
-        assert name in reader.guard._l1  # type: ignore[operator]
+        assert name in reader.guard._state.l1  # type: ignore[operator]
         await writer.invalidate(name)
         assert await asyncio.to_thread(
             wait_until,
-            lambda name=name: name not in reader.guard._l1,  # type: ignore[operator]
+            lambda name=name: name not in reader.guard._state.l1,  # type: ignore[operator]
             10,
         )
 

@@ -149,7 +149,7 @@ def woken_by_the_announcement(
 ) -> None:
     filler = CacheGuard.from_url(url, namespace=namespace, lease=60)
     waiter = CacheGuard.from_url(url, namespace=namespace, wait_timeout=120, on_timeout="raise")
-    waiter._wait_backoff = NO_TIMER_WAKE_UP
+    waiter._state.wait_backoff = NO_TIMER_WAKE_UP
     try:
         filler.invalidate(name)
         release, fill = start_gated_fill(filler, name, "filled after the failover", hold=60)

@@ -495,7 +495,7 @@ async def test_fills_go_through_the_gutter_once_across_guards(
     # Each guard's leaders read through the gutter (their followers share the value).
     assert all(g.stats().gutter_reads >= 1 for g in guards)
     assert sum(g.stats().loads for g in guards) == 1  # the gutter's load counted here
-    key = guards[0].guard._gutter.keys("menu:list").value  # the gutter's own namespace
+    key = guards[0].guard._state.gutter.keys("menu:list").value  # the gutter's own namespace
     assert 0 < client.pttl(key) <= 2000  # kept gutter_ttl, not the read's 300 s
 
 
@@ -529,7 +529,7 @@ def test_the_gutter_keeps_none_no_longer_than_gutter_ttl(
         dead_url, namespace=namespace, gutter=redis_url, gutter_ttl=1.5, none_ttl=600
     ) as guard:
         assert guard.get_or_load("menu:none", lambda: None, ttl=600) is None
-        assert 0 < client.pttl(guard._gutter.keys("menu:none").value) <= 1500
+        assert 0 < client.pttl(guard._state.gutter.keys("menu:none").value) <= 1500
 
 
 def test_a_gutter_client_of_the_wrong_kind_is_refused(dead_url: str) -> None:
@@ -545,7 +545,7 @@ def test_a_gutter_client_of_the_wrong_kind_is_refused(dead_url: str) -> None:
 async def test_a_read_replays_before_it_serves_from_redis(make: Make, redis_url: str) -> None:
     guard = make(redis_url)
     clock = Clock()
-    guard.guard._recovery._timer = clock  # the retry delay's
+    guard.guard._state.recovery._timer = clock  # the retry delay's
     await guard.get_or_load("menu:7", lambda: "cached", ttl=60)
     order: list[str] = []
     failures = [RuntimeError("the outbox is unreadable")]
@@ -558,7 +558,7 @@ async def test_a_read_replays_before_it_serves_from_redis(make: Make, redis_url:
     async def areplay() -> None:
         replay()
 
-    guard.guard._recovery.add(replay if guard.kind == "sync" else areplay)
+    guard.guard._state.recovery.add(replay if guard.kind == "sync" else areplay)
 
     def load() -> str:
         order.append("load")
@@ -615,7 +615,7 @@ async def test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value(
     assert await asyncio.to_thread(started.wait, 10)
     database["version"] = 2  # a write commits while the leader's load is under way
     follower = asyncio.ensure_future(guard.get_or_load("menu:7", load, ttl=60))
-    flights = guard.guard._flights._flights  # joined: the leader's flight has a follower
+    flights = guard.guard._state.flights._flights  # joined: the leader's flight has a follower
     assert await asyncio.to_thread(
         wait_until,
         lambda: flights.get("menu:7") is not None and flights["menu:7"].newest_follower >= 0,
@@ -661,7 +661,7 @@ async def test_a_gutter_on_the_primary_s_own_server_keeps_to_keys_of_its_own(
     assert await guard.get_or_load("menu:8", lambda: "through the gutter", ttl=60) == (
         "through the gutter"
     )
-    assert client.exists(guard.guard._gutter.keys("menu:8").value)
+    assert client.exists(guard.guard._state.gutter.keys("menu:8").value)
     assert not client.exists(guard.keys("menu:8").value)  # nothing in the primary's keys
     assert client.get(guard.keys("menu:7").value) is not None  # the primary's entry as it was
 
@@ -705,7 +705,7 @@ async def test_l1_is_not_served_while_a_replay_is_pending(make: Make, redis_url:
     def replay() -> None:
         replays.append(1)
 
-    guard.guard._recovery.add(replay if guard.kind == "sync" else areplay)
+    guard.guard._state.recovery.add(replay if guard.kind == "sync" else areplay)
     assert await guard.get_or_load("menu:7", lambda: "cached", ttl=60) == "cached"
     assert len(replays) == 1  # the read went past L1 to Redis and replayed
     assert guard.stats().l1_hits == l1_hits
@@ -723,7 +723,7 @@ def test_peek_entry_replays_before_it_shows_what_redis_holds(
             if failures:
                 raise failures.pop()
 
-        guard._recovery.add(replay)
+        guard._state.recovery.add(replay)
         assert guard.peek_entry("menu:7") is None  # the replay failed: nothing shown
         clock.offset += RETRY_DELAY  # the next attempt after the retry delay
         entry = guard.peek_entry("menu:7")
@@ -745,7 +745,7 @@ async def test_a_replay_failure_answers_with_on_backend_error_only(
     async def areplay() -> None:
         replay()
 
-    guard.guard._recovery.add(replay if guard.kind == "sync" else areplay)
+    guard.guard._state.recovery.add(replay if guard.kind == "sync" else areplay)
     assert await guard.get_or_load("menu:7", lambda: "loaded", ttl=60) == "loaded"
     assert guard.stats().outage_reuses == 0
 
@@ -765,16 +765,16 @@ def test_a_write_that_probes_a_circuit_back_marks_the_replay_pending(
         breaker_cooldown=1.0,
         timer=clock,
     ) as guard:
-        guard._recovery.add(lambda: None)
+        guard._state.recovery.add(lambda: None)
         guard.get_or_load("menu:7", lambda: "cached", ttl=60)  # replays, then serves
-        assert not guard._recovery.pending
+        assert not guard._state.recovery.pending
         proxy.set_mode("blackhole")
         with pytest.raises(BackendUnavailable):
             guard.invalidate("menu:8")  # the circuit opens
-        guard._recovery.run()  # a replay that left the node's rows waiting: "done"
-        assert not guard._recovery.pending
+        guard._state.recovery.run()  # a replay that left the node's rows waiting: "done"
+        assert not guard._state.recovery.pending
         proxy.set_mode("pass")
         proxy.drop_all()
         clock.offset += 1.0
         guard.invalidate("menu:8")  # the probe: a write finds the node back
-        assert guard._recovery.pending
+        assert guard._state.recovery.pending

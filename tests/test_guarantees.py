@@ -146,7 +146,7 @@ def test_a_dead_fillers_fill_ends_with_its_lease_while_others_keep_the_lock_aliv
 
 def _joined_as_follower(guard: Any, name: str) -> bool:
     """Has a caller joined ``name``'s flight after its leader's GET was sent?"""
-    flight = guard._flights._flights.get(name)
+    flight = guard._state.flights._flights.get(name)
     return flight is not None and flight.newest_follower >= 1
 
 

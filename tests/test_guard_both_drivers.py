@@ -316,7 +316,7 @@ async def test_a_waiter_in_another_process_is_woken_by_the_announcement(
     fill with every timer a minute long: only the fill's announcement wakes it."""
     filler = make(lease=60)
     waiter = make(lease=60, wait_timeout=120, on_timeout="raise")
-    waiter.guard._wait_backoff = NO_TIMER_WAKE_UP
+    waiter.guard._state.wait_backoff = NO_TIMER_WAKE_UP
     gate = threading.Event()
     slow = Loads("filled", gate=gate)
     filling = asyncio.ensure_future(filler.get_or_load("k", slow, ttl=60))
@@ -494,4 +494,4 @@ async def test_a_write_failing_in_the_lock_layer_counts_toward_the_circuit(make:
         async with guard.write("k"):
             pass
     assert guard.stats().backend_errors == 1
-    assert guard.guard._breaker("k").state == "open"
+    assert guard.guard._state.breaker("k").state == "open"

@@ -15,7 +15,7 @@ import redis.asyncio
 
 from cacheguard import CacheGuard
 from cacheguard.aio import AsyncCacheGuard
-from cacheguard.cache.flows.core import value_key
+from cacheguard.cache.flows.state import value_key
 from cacheguard.cache.settings import client_options
 from cacheguard.redis.clients import (
     QueueingPool,
@@ -77,7 +77,7 @@ def test_a_from_url_hit_with_redis_down_is_a_backend_error_and_a_bypass(namespac
         assert guard.get_or_load("k", lambda: "loaded", ttl=60) == "loaded"
         stats = guard.stats()
         assert (stats.backend_errors, stats.bypasses, stats.loads) == (1, 1, 1)
-        guard._server_clock.resample_at = float("inf")  # as if sampled: the hit path's GET
+        guard._state.server_clock.resample_at = float("inf")  # as if sampled: the hit path's GET
         assert guard.get_or_load("k", lambda: "again", ttl=60) == "again"
         stats = guard.stats()
         assert (stats.backend_errors, stats.bypasses, stats.loads) == (2, 2, 2)
@@ -195,7 +195,7 @@ def test_an_open_circuit_keeps_a_hit_off_redis(redis_url: str, namespace: str) -
     )
     try:
         assert guard.get_or_load("k", lambda: "cached", ttl=60) == "cached"
-        guard._breaker("k").failure()  # as if Redis had just failed another call
+        guard._state.breaker("k").failure()  # as if Redis had just failed another call
         assert guard.get_or_load("k", lambda: "bypassed", ttl=60) == "bypassed"
         stats = guard.stats()
         assert (stats.bypasses, stats.l2_hits) == (1, 0)
@@ -242,7 +242,7 @@ class _MarksDuringGet(redis.Redis):
     def get(self, name: object) -> object:
         type(self).gets += 1
         if self.guard is not None:
-            self.guard._recovery.mark()
+            self.guard._state.recovery.mark()
         return super().get(name)  # type: ignore[arg-type]
 
 
@@ -253,7 +253,7 @@ def test_a_value_read_as_an_outbox_write_happens_is_served_after_the_replay(
     guard = CacheGuard(client, namespace=namespace)
     replays: list[int] = []
     try:
-        guard._recovery.add(lambda: replays.append(1))  # replays pending at once, as at start
+        guard._state.recovery.add(lambda: replays.append(1))  # replays pending at once, as at start
         assert guard.get_or_load("k", lambda: "v1", ttl=60) == "v1"
         assert len(replays) == 1
         _MarksDuringGet.gets = 0

@@ -246,7 +246,7 @@ async def test_the_fallback_memory_keeps_fallback_maxsize_names(
     for load in loads[:2]:  # the oldest two were evicted
         with pytest.raises(BackendUnavailable):
             await read(guard, load)
-    assert len(guard.guard._last_seen) == 3  # type: ignore[arg-type]
+    assert len(guard.guard._state.last_seen) == 3  # type: ignore[arg-type]
 
 
 # -- the gutter ---------------------------------------------------------------------------

@@ -329,7 +329,7 @@ def test_a_guard_replays_at_start_up(
     engine.dispose()
     stack = OutboxStack(server.url, namespace, db_url, table, outbox, poll=3600)
     try:
-        assert stack.guard._recovery.pending
+        assert stack.guard._state.recovery.pending
         assert stack.name_of(2) == "soups"
         assert stack.depth() == 0
     finally:
@@ -354,7 +354,7 @@ def test_readers_of_a_guard_whose_replay_cannot_reach_the_database_share_one_att
     sa.event.listen(engine, "do_connect", lambda *args: attempts.append(1))
     guard = CacheGuard.from_url(server.url, namespace=namespace, **FAST)
     offset = [0.0]
-    guard._recovery._timer = lambda: time.monotonic() + offset[0]  # the retry delay's clock
+    guard._state.recovery._timer = lambda: time.monotonic() + offset[0]  # the retry delay's clock
     tracker = track_models(
         guard,
         sessionmaker(engine),
@@ -407,7 +407,7 @@ def test_a_sqlite_transaction_reading_through_a_pending_guard_does_not_wait_for_
             connection.execute(sa.insert(stack.outbox), [
                 {"namespace": namespace, "kind": "key", "name": "menu:3"}
             ])  # fmt: skip
-        stack.guard._recovery.mark()  # this guard saw Redis fail
+        stack.guard._state.recovery.mark()  # this guard saw Redis fail
         before = stack.guard.stats()
         with stack.sessions.begin() as session:
             session.get(stack.menu, 2).name = "soups"
@@ -455,7 +455,7 @@ def test_a_replay_waits_for_the_rows_another_replayer_holds(
             .with_for_update()
         ).all()  # fmt: skip
         assert len(held) == 3
-        stack.guard._recovery.mark()  # this guard saw Redis fail
+        stack.guard._state.recovery.mark()  # this guard saw Redis fail
         read: list[str | None] = []
         reader = threading.Thread(target=lambda: read.append(stack.name_of(2)))
         reader.start()
@@ -499,7 +499,7 @@ def test_a_replay_waits_for_held_rows_at_most_wait_timeout(
             sa.select(stack.outbox.c.id).where(stack.outbox.c.namespace == namespace)
             .with_for_update()
         ).all()  # fmt: skip
-        stack.guard._recovery.mark()
+        stack.guard._state.recovery.mark()
         read: list[str | None] = []
         reader = threading.Thread(target=lambda: read.append(stack.name_of(2)), daemon=True)
         reader.start()
@@ -778,10 +778,10 @@ def test_remove_and_close_stop_the_poller_and_unregister_the_replay(
     poller = stack.tracker._outbox._poller  # type: ignore[union-attr]
     assert poller._thread is not None
     assert poller._thread.is_alive()
-    assert len(stack.guard._recovery.hooks) == 1
+    assert len(stack.guard._state.recovery.hooks) == 1
     stack.tracker.remove()
     assert not poller._thread.is_alive()
-    assert stack.guard._recovery.hooks == ()
+    assert stack.guard._state.recovery.hooks == ()
     stack.guard.close()
     stack.engine.dispose()
 
@@ -843,7 +843,7 @@ def test_the_asyncio_poller_starts_only_on_the_loop_the_guard_is_bound_to(
 def _forked_child_polls(queue: Any, stack: OutboxStack) -> None:
     stack.engine.dispose(close=False)  # the parent's connections stay the parent's
     names = [t.name for t in threading.enumerate()]
-    pending = stack.guard._recovery.pending
+    pending = stack.guard._state.recovery.pending
     stack.name_of(2)  # the first read replays, which starts the child's poller
     thread = stack.tracker._outbox._poller._thread  # type: ignore[union-attr]
     queue.put((names, pending, thread is not None and thread.is_alive()))
@@ -890,7 +890,7 @@ def test_bad_outbox_configurations_are_refused(db_url: str, table: str) -> None:
             AsyncOutboxReplayer(guard, engine)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="Engine"):
             OutboxReplayer(guard, "db")  # type: ignore[arg-type]
-        assert guard._recovery.hooks == ()  # nothing half-installed
+        assert guard._state.recovery.hooks == ()  # nothing half-installed
     finally:
         guard.close()
         engine.dispose()

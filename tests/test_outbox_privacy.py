@@ -136,7 +136,7 @@ def test_a_fill_in_such_a_transaction_after_redis_returns_stores_nothing(
                 return session.get(Menu, 1).name  # type: ignore[union-attr]
 
             deadline = time.monotonic() + 10
-            while guard._breaker("menu:1").state == "open":  # a condition with a deadline
+            while guard._state.breaker("menu:1").state == "open":  # a condition with a deadline
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             assert guard.get_or_load("menu:1", own_view, ttl=60) == "DIRTY"

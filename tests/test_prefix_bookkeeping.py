@@ -105,7 +105,7 @@ def test_a_forgotten_prefix_invalidation_is_still_honoured(
         guard.invalidate_prefix(f"tenant:{i}:")
         if i == 17:
             between = guard.watermark()  # after every forgotten one, before tenant:18's
-    assert len(guard._invalidation.prefixes) == 3  # tenant:17:, 18: and 19:
+    assert len(guard._state.invalidation.prefixes) == 3  # tenant:17:, 18: and 19:
 
     def load_from(snapshot: int, value: str) -> str:
         note_snapshot(snapshot)
@@ -124,4 +124,4 @@ def test_a_forgotten_prefix_invalidation_is_still_honoured(
     # Past version_ttl every stamp has expired in Redis; the kept ones are dropped.
     timer.now += guard.settings.version_ttl + 1
     guard.invalidate_prefix("other:")
-    assert len(guard._invalidation.prefixes) == 1
+    assert len(guard._state.invalidation.prefixes) == 1

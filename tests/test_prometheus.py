@@ -238,7 +238,7 @@ async def test_every_counter_is_wired(make: Make, registry: CollectorRegistry) -
         "stores_rejected": ("cacheguard_stores_rejected_total", {}),
         "values_too_large": ("cacheguard_values_too_large_total", {}),
     }
-    recorder = guard.guard._stats
+    recorder = guard.guard._state.recorder
     for times, kind in enumerate(kinds, start=1):
         for _ in range(times):  # a different number each: a crossed wire shows
             recorder.count(kind, f"key:{times}", 0.25, None, f"t{times}")

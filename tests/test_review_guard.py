@@ -90,7 +90,7 @@ def test_a_sync_writer_reads_its_own_view_while_another_thread_leads_the_key(
         with guard.write("k"):
             reader = threading.Thread(target=other_thread)
             reader.start()
-            assert wait_until(lambda: "k" in guard._flights._flights, 10)
+            assert wait_until(lambda: "k" in guard._state.flights._flights, 10)
             assert guard.get_or_load("k", lambda: "mine", ttl=60) == "mine"
         reader.join(30)
         assert got["reader"] == "committed"  # loaded after the write: not the writer's
@@ -122,10 +122,10 @@ def test_followers_of_an_interrupted_sync_leader_carry_on(redis_url: str, namesp
     leader = threading.Thread(target=run, args=("leader", interrupted))
     leader.start()
     try:
-        assert wait_until(lambda: "k" in guard._flights._flights, 10)
+        assert wait_until(lambda: "k" in guard._state.flights._flights, 10)
         follower = threading.Thread(target=run, args=("follower", lambda: "loaded again"))
         follower.start()
-        assert wait_until(lambda: guard._flights._flights["k"].event is not None, 10)
+        assert wait_until(lambda: guard._state.flights._flights["k"].event is not None, 10)
         go.set()
         leader.join(30)
         follower.join(30)
@@ -143,10 +143,10 @@ async def test_an_async_writer_reads_its_own_view_while_another_task_leads_the_k
     async with aguard.write("k"):
         reader = asyncio.ensure_future(aguard.get_or_load("k", lambda: "committed", ttl=60))
         for _ in range(100):
-            if "k" in aguard._flights._flights:
+            if "k" in aguard._state.flights._flights:
                 break
             await asyncio.sleep(0)
-        assert "k" in aguard._flights._flights
+        assert "k" in aguard._state.flights._flights
         mine = await in_this_task(aguard.get_or_load("k", lambda: "mine", ttl=60), 10)
         assert mine == "mine"
     assert await asyncio.wait_for(reader, 10) == "committed"
@@ -195,7 +195,7 @@ async def test_a_filler_cancelled_twice_during_fill_begin_still_ends_its_fill(
         await filler
     assert calls == []  # a cancelled task does not go on to load
     assert await asyncio.to_thread(lock_free, client, aguard, "k")  # lease: 120 s
-    assert len(aguard._flights) == 0
+    assert len(aguard._state.flights) == 0
     assert aguard.rwlock("k").local.is_free()
     assert await in_this_task(aguard.get_or_load("k", lambda: "next", ttl=60), 10) == "next"
 

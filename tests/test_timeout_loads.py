@@ -89,7 +89,7 @@ class Counted:
 
 def members(guard: Guard) -> int:
     """How many callers take the outcome of the key's running shared load."""
-    wave = guard.guard._shared_loads._loading.get("k")
+    wave = guard.guard._state.shared_loads._loading.get("k")
     return 0 if wave is None else wave.members
 
 
@@ -149,7 +149,7 @@ async def test_timed_out_callers_share_one_load_and_later_ones_the_next(make: Ma
     assert load.calls == 2
     stats = reader.stats()
     assert (stats.loads, stats.shared_timeout_loads) == (2, 10)
-    assert len(reader.guard._shared_loads) == 0
+    assert len(reader.guard._state.shared_loads) == 0
 
 
 async def test_a_loaders_error_is_shared_with_the_callers_of_its_load(make: Make) -> None:
@@ -163,7 +163,7 @@ async def test_a_loaders_error_is_shared_with_the_callers_of_its_load(make: Make
     assert all(isinstance(result, ZeroDivisionError) for result in results), results
     assert load.calls == 1  # a failing database is not asked again by each caller
     assert reader.stats().shared_timeout_loads == 4
-    assert len(reader.guard._shared_loads) == 0
+    assert len(reader.guard._state.shared_loads) == 0
 
 
 async def test_the_callers_of_an_interrupted_load_go_on_without_it(make: Make) -> None:
@@ -189,7 +189,7 @@ async def test_the_callers_of_an_interrupted_load_go_on_without_it(make: Make) -
     assert sum(isinstance(result, stopped) for result in results) == 1, results
     assert sorted(r for r in results if not isinstance(r, BaseException)) == [2] * 4
     assert load.calls == 2
-    assert len(reader.guard._shared_loads) == 0
+    assert len(reader.guard._state.shared_loads) == 0
 
 
 async def test_loaders_reading_each_others_keys_do_not_wait_forever(make: Make) -> None:
@@ -225,13 +225,13 @@ async def test_loaders_reading_each_others_keys_do_not_wait_forever(make: Make) 
         ]
         _, waiting = await asyncio.wait(calls, timeout=20)
         if waiting:  # they wait for each other: end the loads they wait for, so the test ends
-            shared = guard._shared_loads
+            shared = guard._state.shared_loads
             for key, wave in list(shared._loading.items()):
                 shared.finish(key, wave, interrupted=True)
         results = await asyncio.gather(*calls, return_exceptions=True)
     assert not waiting, "the calls waited for each other's loads for good"
     assert [type(result) for result in results] == [RecursiveLoadError] * 2, results
-    assert len(guard._shared_loads) == 0
+    assert len(guard._state.shared_loads) == 0
 
 
 # -- a writer's own load is never shared ---------------------------------------------------------

@@ -105,7 +105,7 @@ def _forked_reader(url: str, guard: CacheGuard, ready: Any, report: Any) -> None
     kept = False
     while not kept and time.monotonic() < deadline:
         guard.get_or_load("k", lambda: "child-load", ttl=600)
-        kept = guard._l1 is not None and "k" in guard._l1
+        kept = guard._state.l1 is not None and "k" in guard._state.l1
         time.sleep(0.01)
     ready.send("kept" if kept else "L1 took no copy in the child")
     if report.poll(10):  # the parent has written
@@ -162,7 +162,7 @@ def test_l1_survives_racing_threads(
                 assert guard.get_or_load(name, lambda n=name: n, ttl=60) == name
                 assert guard.peek(name) in (name, MISSING)
                 if i % 9 == index:
-                    guard._l1.drop([name])  # what an invalidation message does
+                    guard._state.l1.drop([name])  # what an invalidation message does
 
         run_threads(8, work)
     finally:
@@ -180,10 +180,10 @@ def test_an_l1_copy_never_outlives_its_entry(
         loads.append(1)
         return len(loads)
 
-    assert wait_until(lambda: guard._l1.guard() is not None)  # the L1 feed is live
+    assert wait_until(lambda: guard._state.l1.guard() is not None)  # the L1 feed is live
     assert guard.get_or_load("k", load, ttl=0.3) == 1
-    assert guard._l1 is not None
-    assert "k" in guard._l1
+    assert guard._state.l1 is not None
+    assert "k" in guard._state.l1
     assert wait_until(lambda: not client.exists(guard.keys("k").value))
     assert guard.get_or_load("k", load, ttl=0.3) == 2  # not the L1 copy of an expired entry
 
@@ -193,15 +193,15 @@ def test_l1_refuses_a_copy_read_before_an_invalidation(
 ) -> None:
     guard = make_guard(client, namespace, l1_maxsize=100, l1_ttl=30)
     guards.append(guard)
-    assert wait_until(lambda: guard._l1.guard() is not None)
+    assert wait_until(lambda: guard._state.l1.guard() is not None)
     guard.get_or_load("k", lambda: "old", ttl=60)
-    assert guard._l1 is not None
-    guard._l1.tier.clear()
-    seen = guard._l1.guard()  # a reader takes this, then reads "old" from Redis ...
+    assert guard._state.l1 is not None
+    guard._state.l1.tier.clear()
+    seen = guard._state.l1.guard()  # a reader takes this, then reads "old" from Redis ...
     assert seen is not None
     guard.invalidate("k")  # ... a writer invalidates meanwhile ...
-    guard._l1.keep("k", "old", 60, seen)  # ... and the reader tries to keep its copy
-    assert "k" not in guard._l1
+    guard._state.l1.keep("k", "old", 60, seen)  # ... and the reader tries to keep its copy
+    assert "k" not in guard._state.l1
 
 
 # -- loads ------------------------------------------------------------------------------
@@ -407,10 +407,10 @@ def test_a_write_of_several_keys_can_be_the_probe_of_a_half_open_circuit(
     guard = make_guard(
         client, namespace, breaker_failures=1, breaker_cooldown=5, timer=lambda: now[0]
     )
-    guard._breaker("a").failure()
+    guard._state.breaker("a").failure()
     with pytest.raises(BackendUnavailable, match="circuit open"), guard.write("a", "b"):
         pass
     now[0] = 6.0  # cooldown over: this write is the probe
     with guard.write("a", "b"):
         pass
-    assert guard._breaker("a").state == "closed"
+    assert guard._state.breaker("a").state == "closed"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from cacheguard.cache.flows.core import GuardCore
 from cacheguard.cache.flows.fill import Call
+from cacheguard.cache.flows.state import GuardState
 from cacheguard.cache.flows.write import (
     AcquireWrite,
     Body,
@@ -43,7 +43,7 @@ class Locks:
         return f"write lock of {name}"  # only handed to the driver
 
 
-def guard(*, cluster: bool = True, shared: bool = False, **settings: Any) -> GuardCore:
+def guard(*, cluster: bool = True, shared: bool = False, **settings: Any) -> GuardState:
     """The flows of a guard whose keys live on node "keys" and whose sequence lives
     on node "sequence" (a cluster; ``shared``: on node "keys" too), or of a guard on
     one server."""
@@ -51,7 +51,7 @@ def guard(*, cluster: bool = True, shared: bool = False, **settings: Any) -> Gua
     def node_of(key: str) -> str:
         return "sequence" if key == "ns:wm" and not shared else "keys"
 
-    return GuardCore(
+    return GuardState(
         GuardSettings(namespace="ns", breaker_failures=2, breaker_cooldown=60, **settings),
         flight_event=threading.Event,
         run_in_background=lambda *args: False,

@@ -719,7 +719,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox-replay-before-serving",
         "a guard that saw Redis fail replays the outbox before it serves a value read from Redis",
         "cacheguard/cache/flows/read.py",
-        "                if state._recovery.pending:\n"
+        "                if state.recovery.pending:\n"
         "                    raw = yield from replayed_then_reread(state, name, template)\n",
         "                if False:\n"
         "                    raw = yield from replayed_then_reread(state, name, template)\n",
@@ -912,7 +912,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "breaker-guards-peek",
         "an open circuit keeps peek off Redis",
         "cacheguard/cache/flows/read.py",
-        '    closed = state._circuit_open(f"reading {name!r}", (name,))\n',
+        '    closed = state.circuit_open(f"reading {name!r}", (name,))\n',
         "    closed = None\n",
         ("tests/test_trust.py::test_every_entry_point_honours_an_open_circuit",),
         within="peek_flow",
@@ -1089,8 +1089,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "an entry's age is judged by the Redis server's clock: a host whose clock is off "
         "loads nothing again",
         "cacheguard/cache/flows/read.py",
-        "    now = state._server_clock.now()\n    verdict = judge(",
-        "    now = state._clock()\n    verdict = judge(",
+        "    now = state.server_clock.now()\n    verdict = judge(",
+        "    now = state.clock()\n    verdict = judge(",
         (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min fast]",
@@ -1104,7 +1104,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a read samples the server's clock in its GET's round trip when its last sample "
         "is old (or there is none), before it judges an entry",
         "cacheguard/cache/flows/read.py",
-        "if state._timer() < state._server_clock.resample_at:",
+        "if state.timer() < state.server_clock.resample_at:",
         "if True:",
         (
             "tests/test_clock_skew.py::"
@@ -1119,8 +1119,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a fill stamps its entry (and judges what fill_begin returns) by the server's clock, "
         "so entries a skewed host writes are fresh to the others",
         "cacheguard/cache/flows/read.py",
-        "        clock=state._server_clock.now,\n",
-        "        clock=state._clock,\n",
+        "        clock=state.server_clock.now,\n",
+        "        clock=state.clock,\n",
         (
             "tests/test_clock_skew.py::"
             "test_a_host_whose_clock_is_off_loads_nothing_again[sync-10 min slow]",
@@ -1247,8 +1247,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "loads); they do not inherit its cancellation or its KeyboardInterrupt",
         "cacheguard/cache/flows/read.py",
         "    if isinstance(exc, Exception):\n"
-        "        state._flights.finish(name, flight, error=exc)\n",
-        "    if True:\n        state._flights.finish(name, flight, error=exc)\n",
+        "        state.flights.finish(name, flight, error=exc)\n",
+        "    if True:\n        state.flights.finish(name, flight, error=exc)\n",
         (
             "tests/test_aio_guard.py::"
             "test_a_filler_cancelled_mid_load_ends_its_fill_and_followers_carry_on",
@@ -1571,7 +1571,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "few acknowledge it, the write fails before its body",
         "cacheguard/cache/flows/write.py",
         "        results = yield Pipelined(tuple(invalidation.calls(names, stamp)), "
-        "state._confirm())\n",
+        "state.confirm())\n",
         "        results = yield Pipelined(tuple(invalidation.calls(names, stamp)), None)\n",
         (
             "tests/test_write_path_scripted.py::"
@@ -1610,7 +1610,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a write whose lock script fails counts toward the circuit breaker and "
         "backend_errors, like any Redis failure",
         "cacheguard/cache/flows/write.py",
-        "                state._backend_failed(name, client_error(exc))\n                raise\n",
+        "                state.backend_failed(name, client_error(exc))\n                raise\n",
         "                raise\n",
         (
             "tests/test_guard_both_drivers.py::"
@@ -1622,14 +1622,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "circuit-asks-each-breaker-once",
         "a call needing several keys asks each node's breaker once, so a multi-key write "
         "can be the probe of a half-open circuit",
-        "cacheguard/cache/flows/core.py",
+        "cacheguard/cache/flows/state.py",
         "        breakers = {id(breaker): breaker for breaker in needed}.values()\n",
         "        breakers = needed\n",
         (
             "tests/test_trust.py::"
             "test_a_write_of_several_keys_can_be_the_probe_of_a_half_open_circuit",
         ),
-        within="GuardCore._circuit_open",
+        within="GuardState.circuit_open",
     ),
     # -- the invalidation sequence's shard down (issue #13) -------------------------------------
     Mutant(
@@ -1637,7 +1637,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "on a cluster, an invalidation goes through while the namespace's sequence shard is "
         "down (it poisons the versions): writes of keys on healthy shards succeed",
         "cacheguard/cache/flows/write.py",
-        "    strict = required or state._breakers.single\n",
+        "    strict = required or state.breakers.single\n",
         "    strict = True\n",
         (
             "tests/test_write_path_scripted.py::"
@@ -1651,9 +1651,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "write-needs-only-its-keys-nodes",
         "a write is not refused because the sequence's circuit is open",
         "cacheguard/cache/flows/write.py",
-        "closed = state._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered)",
-        "closed = state._circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered, "
-        "state._invalidation.watermark_key)",
+        "closed = state.circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered)",
+        "closed = state.circuit_open(f\"writing {', '.join(map(repr, ordered))}\", ordered, "
+        "state.invalidation.watermark_key)",
         (
             "tests/test_write_path_scripted.py::"
             "test_a_dead_sequence_opens_its_own_circuit_and_is_not_asked_again",
@@ -1705,7 +1705,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "stamps-are-confirmed",
         "an invalidation number is confirmed by replicas before it is used",
         "cacheguard/cache/flows/write.py",
-        "yield Pipelined((invalidation.next_stamp(),), state._confirm())",
+        "yield Pipelined((invalidation.next_stamp(),), state.confirm())",
         "yield Pipelined((invalidation.next_stamp(),), None)",
         (
             "tests/test_write_path_scripted.py::"
@@ -1717,7 +1717,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "watermark-read-is-confirmed",
         "a snapshot watermark counts only numbers replicas hold",
         "cacheguard/cache/flows/write.py",
-        "yield Pipelined((invalidation.read_watermark(),), state._confirm())",
+        "yield Pipelined((invalidation.read_watermark(),), state.confirm())",
         "yield Pipelined((invalidation.read_watermark(),), None)",
         ("tests/test_write_path_scripted.py::test_the_watermark_is_read_as_a_confirmed_write",),
         within="watermark_flow",
@@ -1783,7 +1783,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "sequence-failure-counted-once",
         "a dead node holding both the sequence and the keys counts one failure per call",
         "cacheguard/cache/flows/write.py",
-        "    if breaker not in [state._breaker(name) for name in names]:\n",
+        "    if breaker not in [state.breaker(name) for name in names]:\n",
         "    if True:\n",
         (
             "tests/test_write_path_scripted.py::"
@@ -2718,8 +2718,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "metrics-fill-events-templated",
         "the fill flow's events (lock waits among them) carry the key's template",
         "cacheguard/cache/flows/read.py",
-        "count=functools.partial(state._stats.count, template=template),",
-        "count=state._stats.count,",
+        "count=functools.partial(state.recorder.count, template=template),",
+        "count=state.recorder.count,",
         ("tests/test_prometheus.py::test_a_stampede_of_several_guards_counts_lock_waits",),
         within="fill_job",
     ),
@@ -2748,18 +2748,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "metrics-bypass-counted",
         "a call answered by the loader because Redis failed or its circuit is open counts a bypass",
-        "cacheguard/cache/flows/core.py",
-        '        self._stats.count("bypasses", name, 0.0, None, template)\n',
+        "cacheguard/cache/flows/state.py",
+        '        self.recorder.count("bypasses", name, 0.0, None, template)\n',
         "",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
-        within="GuardCore._refuse_bypass",
+        within="GuardState.refuse_bypass",
     ),
     Mutant(
         "metrics-bypass-backend-error-templated",
         "the backend error behind a bypass carries the key's template",
         "cacheguard/cache/flows/read.py",
-        "            state._backend_failed(name, exc, template=template)\n",
-        "            state._backend_failed(name, exc)\n",
+        "            state.backend_failed(name, exc, template=template)\n",
+        "            state.backend_failed(name, exc)\n",
         ("tests/test_prometheus.py::test_a_bypass_with_redis_unreachable_is_counted",),
         within="bypass",
     ),
@@ -3198,20 +3198,20 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "close-leaves-a-client-passed-in",
         "a guard leaves a client passed in open when it closes",
-        "cacheguard/cache/flows/core.py",
-        "        self._owns_client = False  # from_url made the client: close() closes it\n",
-        "        self._owns_client = True\n",
+        "cacheguard/cache/flows/state.py",
+        "        self.owns_client = False  # from_url made the client: close() closes it\n",
+        "        self.owns_client = True\n",
         ("tests/test_shutdown.py::test_close_leaves_a_client_passed_in_open[sync]",),
-        within="GuardCore.__init__",
+        within="GuardState.__init__",
     ),
     Mutant(
         "closed-guard-refuses-calls",
         "a closed guard refuses every call that would talk to Redis with GuardClosed",
-        "cacheguard/cache/flows/core.py",
-        "        if self._closed:\n            raise GuardClosed(",
+        "cacheguard/cache/flows/state.py",
+        "        if self.closed:\n            raise GuardClosed(",
         "        if False:\n            raise GuardClosed(",
         ("tests/test_shutdown.py::test_a_closed_guard_refuses_calls_and_opens_nothing[sync]",),
-        within="GuardCore._check_open",
+        within="GuardState.check_open",
     ),
     Mutant(
         "notifier-drops-a-connection-made-while-closing",
@@ -3268,20 +3268,20 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "bad-key-names-refused-before-redis",
         "a bad key name (None, bytes, empty, a lone surrogate) is refused before Redis is touched",
-        "cacheguard/cache/flows/core.py",
-        "        return check_name(name, self._max_key_length)\n",
+        "cacheguard/cache/flows/state.py",
+        "        return check_name(name, self.max_key_length)\n",
         "        return name  # type: ignore[return-value]\n",
         (
             "tests/test_bad_input.py::test_bad_names_are_refused_before_redis[sync-None-get_or_load]",
         ),
-        within="GuardCore._checked_name",
+        within="GuardState.checked_name",
     ),
     Mutant(
         "get-or-load-applies-max-key-length",
         "get_or_load shortens a name longer than max_key_length, as every entry point does",
         "cacheguard/cache/guard.py",
-        "        name = self._name(name)\n        lead = hit_lead(self, ",
-        "        lead = hit_lead(self, ",
+        "        name = self._state.key_name(name)\n        lead = hit_lead(self._state, ",
+        "        lead = hit_lead(self._state, ",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[sync]",),
         within="CacheGuard.get_or_load",
     ),
@@ -3289,8 +3289,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "aio-get-or-load-applies-max-key-length",
         "the asyncio get_or_load shortens a name longer than max_key_length, as the sync one",
         "cacheguard/cache/async_guard.py",
-        "        name = self._name(name)\n        lead = hit_lead(self, ",
-        "        lead = hit_lead(self, ",
+        "        name = self._state.key_name(name)\n        lead = hit_lead(self._state, ",
+        "        lead = hit_lead(self._state, ",
         ("tests/test_bad_input.py::test_max_key_length_shortens_every_entry_point_alike[async]",),
         within="AsyncCacheGuard.get_or_load",
     ),
@@ -3334,7 +3334,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "while Redis is unreachable a read reuses a value this process saw within "
         "outage_ttl instead of loading: one load per key per process per window",
         "cacheguard/cache/flows/read.py",
-        "        seen = state._last_seen\n        if seen is not None:\n",
+        "        seen = state.last_seen\n        if seen is not None:\n",
         "        seen = None\n        if seen is not None:\n",
         (
             "tests/test_outage_settings.py::test_outage_reuse_serves_a_value_seen_within_outage_ttl_then_loads_once_more[sync]",
@@ -3359,8 +3359,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a value served by outage reuse is not noted again: its age, the staleness bound, "
         "runs from when it was first seen",
         "cacheguard/cache/flows/read.py",
-        '                state._stats.count("outage_reuses", name, 0.0, None, template)\n',
-        '                state._stats.count("outage_reuses", name, 0.0, None, template)\n'
+        '                state.recorder.count("outage_reuses", name, 0.0, None, template)\n',
+        '                state.recorder.count("outage_reuses", name, 0.0, None, template)\n'
         "                seen.note(name, value, seen.ticket(name))\n",
         (
             "tests/test_outage_settings.py::test_a_value_reused_keeps_the_age_it_was_first_seen_with[sync]",
@@ -3371,7 +3371,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "redis-hit-is-seen",
         "a value read from Redis is noted as seen (the next outage reuses the newest value)",
         "cacheguard/cache/flows/read.py",
-        "            state._last_seen.note(name, entry.value, seen_ticket)\n",
+        "            state.last_seen.note(name, entry.value, seen_ticket)\n",
         "            pass\n",
         (
             "tests/test_outage_settings.py::test_after_recovery_values_come_from_redis_not_from_reuse[sync]",
@@ -3382,20 +3382,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "writes-drop-from-reuse",
         "an invalidation or write in this process drops its names from outage reuse and "
         "stale_if_error",
-        "cacheguard/cache/flows/core.py",
-        "        if self._last_seen is not None:\n            self._last_seen.drop(names)\n",
+        "cacheguard/cache/flows/state.py",
+        "        if self.last_seen is not None:\n            self.last_seen.drop(names)\n",
         "",
         (
             "tests/test_outage_settings.py::test_a_write_or_invalidation_here_drops_the_name_from_reuse[sync]",
         ),
-        within="GuardCore._forget_here",
+        within="GuardState.forget_here",
     ),
     Mutant(
         "refused-write-drops-from-reuse",
         "a write Redis refuses (down, circuit open) still drops its names from reuse first: "
         "it may reach the database another way",
         "cacheguard/cache/flows/write.py",
-        "    state._forget_here(ordered)\n",
+        "    state.forget_here(ordered)\n",
         "",
         (
             "tests/test_outage_settings.py::test_a_write_or_invalidation_here_drops_the_name_from_reuse[async]",
@@ -3431,8 +3431,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "stale-if-error-bound",
         "stale_if_error serves a value seen at most stale_if_error s ago, never older",
         "cacheguard/cache/flows/read.py",
-        "        value = state._last_seen.within(name, state.settings.stale_if_error)\n",
-        "        value = state._last_seen.within(name, 1e9)\n",
+        "        value = state.last_seen.within(name, state.settings.stale_if_error)\n",
+        "        value = state.last_seen.within(name, 1e9)\n",
         (
             "tests/test_outage_settings.py::test_backend_unavailable_under_raise_is_answered_by_the_last_value_seen[sync]",
             "tests/faults/test_outage_modes.py::test_no_read_is_older_than_a_committed_write_beyond_the_bound"
@@ -3445,9 +3445,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a value served by stale_if_error is not noted again: repeated stale serves never "
         "stretch the bound",
         "cacheguard/cache/flows/read.py",
-        '        state._stats.count("stale_on_error", name, 0.0, exc, template)\n',
-        '        state._stats.count("stale_on_error", name, 0.0, exc, template)\n'
-        "        state._last_seen.note(name, value, state._last_seen.ticket(name))\n",
+        '        state.recorder.count("stale_on_error", name, 0.0, exc, template)\n',
+        '        state.recorder.count("stale_on_error", name, 0.0, exc, template)\n'
+        "        state.last_seen.note(name, value, state.last_seen.ticket(name))\n",
         ("tests/test_outage_settings.py::test_a_value_served_stale_keeps_its_age[sync]",),
         within="stale_if_error",
     ),
@@ -3539,7 +3539,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a hit path's GET is sent only while the key's circuit is closed (an open circuit "
         "keeps the call off Redis, a half-open one lets the flow take its one probe)",
         "cacheguard/cache/flows/read.py",
-        "        or not state._breaker(name).closed\n",
+        "        or not state.breaker(name).closed\n",
         "        or False\n",
         ("tests/test_hit_path.py::test_an_open_circuit_keeps_a_hit_off_redis",),
         within="hit_lead",
@@ -3559,7 +3559,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a value the hit path read while outbox replays are pending is not served: the "
         "flow replays first and reads again",
         "cacheguard/cache/flows/read.py",
-        "    if raw.__class__ is not bytes or state._recovery.pending:\n",
+        "    if raw.__class__ is not bytes or state.recovery.pending:\n",
         "    if raw.__class__ is not bytes:\n",
         (
             "tests/test_hit_path.py::"
@@ -3743,7 +3743,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "cacheguard/cache/flows/read.py",
         "    return (yield from bypass(state, call, exc, fallbacks=fallbacks)), sealed\n",
         "    value = yield from bypass(state, call, exc, fallbacks=fallbacks)\n"
-        "    return value, state._flights.seal(flight)\n",
+        "    return value, state.flights.seal(flight)\n",
         (
             "tests/test_fallback.py::"
             "test_a_caller_joining_a_bypass_load_under_way_does_not_take_its_value[sync]",
@@ -3821,16 +3821,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "timeout-loads-presumed-hung",
         "no caller waits for a shared load for good: one running max_load_time is presumed "
         "hung (loaders reading each other's keys in a cycle end instead of waiting forever)",
-        "cacheguard/cache/flows/core.py",
-        "        self._shared_loads = SharedLoads(flight_event, timer, settings.max_load_time)\n",
-        "        self._shared_loads = SharedLoads(flight_event, timer)\n",
+        "cacheguard/cache/flows/state.py",
+        "        self.shared_loads = SharedLoads(flight_event, timer, settings.max_load_time)\n",
+        "        self.shared_loads = SharedLoads(flight_event, timer)\n",
         (
             "tests/test_timeout_loads.py::"
             "test_loaders_reading_each_others_keys_do_not_wait_forever[sync]",
             "tests/test_timeout_loads.py::"
             "test_loaders_reading_each_others_keys_do_not_wait_forever[async]",
         ),
-        within="GuardCore.__init__",
+        within="GuardState.__init__",
     ),
     Mutant(
         "timeout-loads-interrupted-runner",
@@ -3892,7 +3892,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the gutter stores loads whose database snapshot the primary could not number "
         "(it is never invalidated)",
         "cacheguard/cache/outage/gutter.py",
-        "    guard._checks_snapshots = False  # type: ignore[attr-defined]\n",
+        "    guard._state.checks_snapshots = False  # type: ignore[attr-defined]\n",
         "",
         (
             "tests/test_fallback.py::test_the_gutter_stores_loads_whose_snapshot_the_primary_could_not_number[sync]",
@@ -3916,7 +3916,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "l1-skipped-while-replay-pending",
         "an L1 copy is not served while outbox replays are pending",
         "cacheguard/cache/flows/read.py",
-        "    if l1 is not None and not state._recovery.pending:  # L1 may predate outbox writes\n",
+        "    if l1 is not None and not state.recovery.pending:  # L1 may predate outbox writes\n",
         "    if l1 is not None:\n",
         (
             "tests/test_fallback.py::test_l1_is_not_served_while_a_replay_is_pending[sync]",
@@ -3942,7 +3942,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "peek-entry-replays",
         "peek_entry replays pending outbox writes before it shows what Redis holds",
         "cacheguard/cache/flows/read.py",
-        "    if state._recovery.pending:\n"
+        "    if state.recovery.pending:\n"
         "        raw = yield from replayed_then_reread(state, name, None)\n",
         "    if False:\n        raw = yield from replayed_then_reread(state, name, None)\n",
         ("tests/test_fallback.py::test_peek_entry_replays_before_it_shows_what_redis_holds",),
@@ -3964,8 +3964,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "circuit-closing-marks-replay",
         "a circuit that closes after it was open, whichever call probed it (a write's too), "
         "makes the guard replay its outbox before it serves from Redis again",
-        "cacheguard/cache/flows/core.py",
-        "            on_close=self._recovery.mark,\n",
+        "cacheguard/cache/flows/state.py",
+        "            on_close=self.recovery.mark,\n",
         "",
         (
             "tests/test_fallback.py::"
@@ -3973,7 +3973,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_breaker.py::"
             "test_a_circuit_closing_after_it_was_open_calls_on_close_whoever_probed",
         ),
-        within="GuardCore.__init__",
+        within="GuardState.__init__",
     ),
     Mutant(
         "asyncio-local-release-on-its-loop",

@@ -5,7 +5,7 @@
 * ``decorator``                   -- ``@cached_with_lock``, for both guards
 * ``driver`` / ``async_driver``   -- run the flows' steps with blocking calls / awaits
 * ``flows/``                      -- every decision, sans I/O: the fill, read and write flows
-  and ``GuardCore``, the parts both guards share
+  and ``GuardState``, the one state they run over (a guard holds one)
 * ``outage/``                     -- what a guard does while Redis is down: breaker,
   last-seen values, gutter, outbox recovery, shared timed-out loads
 * ``settings``, ``stats``         -- one validated settings record; counters and the hook

@@ -20,7 +20,6 @@ import redis
 import redis.asyncio
 
 from cacheguard.cache.driver import NO_IO_STEPS, FillDriverState, backend_down, is_loader
-from cacheguard.cache.flows.core import Lock
 from cacheguard.cache.flows.fill import (
     Call,
     HoldLocal,
@@ -31,6 +30,7 @@ from cacheguard.cache.flows.fill import (
     ReadStamps,
     Step,
 )
+from cacheguard.cache.flows.state import Lock
 from cacheguard.cache.loading import Loads
 from cacheguard.cache.outage.shared_loads import AwaitLoad, LoadShared
 from cacheguard.cache.watermark import collecting

@@ -1,7 +1,7 @@
 """AsyncCacheGuard: the read-through cache and its write path on asyncio.
 
 The twin of :class:`cacheguard.CacheGuard`, on the same
-:class:`~cacheguard.cache.flows.core.GuardCore` and the same fill flow, with awaits:
+:class:`~cacheguard.cache.flows.state.GuardState` and the same fill flow, with awaits:
 
 ::
 
@@ -39,7 +39,6 @@ from cacheguard._loop import LoopBinding
 from cacheguard.cache.async_driver import Deferral, arun_load, drive_fill_async
 from cacheguard.cache.driver import backend_down, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flows.core import GuardCore, value_key
 from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
@@ -56,6 +55,7 @@ from cacheguard.cache.flows.read import (
     read_call,
     refresh_flow,
 )
+from cacheguard.cache.flows.state import GuardState, value_key
 from cacheguard.cache.flows.write import (
     BODY,
     AcquireWrite,
@@ -71,6 +71,7 @@ from cacheguard.cache.flows.write import (
 from cacheguard.cache.l1 import L1Feed, Listener, LocalTier
 from cacheguard.cache.outage.gutter import gutter_guard_made, gutter_settings
 from cacheguard.cache.settings import GuardSettings, client_options
+from cacheguard.cache.stats import EventHook, Stats
 from cacheguard.cache.write_locks import (
     AsyncStoreWriteLock,
     WriteLockStore,
@@ -91,6 +92,7 @@ from cacheguard.redis.clients import (
     replicas_expected,
 )
 from cacheguard.redis.errors import REDIS_DOWN, classify
+from cacheguard.redis.keys import ResourceKeys
 
 __all__ = ["AsyncCacheGuard"]
 
@@ -99,7 +101,7 @@ log = logging.getLogger("cacheguard")
 T = TypeVar("T")
 
 
-class AsyncCacheGuard(GuardCore):
+class AsyncCacheGuard:
     """A read-through cache on Redis for asyncio: each missing key loaded once,
     by one task of one process, while every other caller awaits its value.
 
@@ -125,7 +127,7 @@ class AsyncCacheGuard(GuardCore):
         config = GuardSettings(**settings)
         if gutter is not None and not isinstance(gutter, str):
             check_async_client(gutter, "AsyncCacheGuard's gutter")
-        super().__init__(
+        self._state = GuardState(
             config,
             on_event=on_event,
             timer=timer,
@@ -150,18 +152,18 @@ class AsyncCacheGuard(GuardCore):
         self._tasks: set[asyncio.Task[Any]] = set()  # background refreshes, L1 subscribing
         if config.l1_maxsize:
             # Subscribed on first use, from inside the loop.
-            self._l1 = L1Feed(
+            self._state.l1 = L1Feed(
                 LocalTier(maxsize=config.l1_maxsize, ttl=config.l1_ttl, timer=timer),
                 self._listen_l1,
             )
         if gutter is not None:
             settings = gutter_settings(config)
-            self._gutter = (
+            self._state.gutter = (
                 AsyncCacheGuard.from_url(gutter, timer=timer, clock=clock, rng=rng, **settings)
                 if isinstance(gutter, str)
                 else AsyncCacheGuard(gutter, timer=timer, clock=clock, rng=rng, **settings)
             )  # see cacheguard/cache/outage/gutter.py; closed with this guard
-            gutter_guard_made(self._gutter, self._stats)
+            gutter_guard_made(self._state.gutter, self._state.recorder)
 
     @classmethod
     def from_url(
@@ -190,22 +192,60 @@ class AsyncCacheGuard(GuardCore):
             url, client_options(connect_timeout, socket_timeout), max_connections
         )
         guard = cls(client, **settings)  # (refused: the client never connected, holds nothing)
-        guard._owns_client = True
+        guard._state.owns_client = True
         get = direct_aget(client)
         if get is not None:
-            guard._direct_get = (client, get)
+            guard._state.direct_get = (client, get)
         return guard
 
     # -- public API -----------------------------------------------------------------
 
+    # -- the state's public face -----------------------------------------------------------
+
+    @property
+    def settings(self) -> GuardSettings:
+        """This guard's settings: one frozen record (see :class:`GuardSettings`)."""
+        return self._state.settings
+
+    @property
+    def namespace(self) -> str:
+        """The prefix of every key this guard writes."""
+        return self._state.namespace
+
+    def stats(self) -> Stats:
+        """What the guard did so far: a snapshot of its counters."""
+        return self._state.stats()
+
+    def add_event_hook(self, hook: EventHook) -> None:
+        """Call ``hook(event)`` with every :class:`~cacheguard.CacheEvent` from now on,
+        besides ``on_event`` (thread-safe; adding a hook twice adds it once). Hooks
+        run in the calling thread (or on the loop) and must be quick; one that raises
+        is logged and never fails the cache call."""
+        self._state.add_event_hook(hook)
+
+    def remove_event_hook(self, hook: EventHook) -> None:
+        """Stop calling ``hook``; :class:`ValueError` if it is not a hook of this guard."""
+        self._state.remove_event_hook(hook)
+
+    def keys(self, name: str) -> ResourceKeys:
+        """The Redis keys of resource ``name`` (its value, lock, fence ...)."""
+        return self._state.keys(name)
+
+    def watch_prefix(self, prefix: str) -> None:
+        """Make fills of keys under ``prefix`` honour its prefix invalidations (see
+        ``invalidate_prefix``) in this process, for good. The SQLAlchemy hooks watch
+        their templates' prefixes; ``invalidate_prefix`` makes its process honour its
+        own stamp for as long as the stamp lives (``version_ttl``)."""
+        self._state.watch_prefix(prefix)
+
     def rwlock(self, name: str) -> AsyncTwoTierRWLock:
         """The two-tier read-write lock of resource ``name`` (shared in this loop)."""
-        return super().rwlock(name)  # type: ignore[no-any-return]
+        return self._state.rwlock(name)  # type: ignore[no-any-return]
 
     def write_lock(self, name: str) -> AsyncTwoTierRWLock | AsyncStoreWriteLock:
         """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
         lock, or the ``write_locks`` store's (an asyncio store: its calls are awaited)."""
-        return super().write_lock(name)  # type: ignore[no-any-return]
+        return self._state.write_lock(name)  # type: ignore[no-any-return]
 
     async def get_or_load(
         self,
@@ -219,21 +259,20 @@ class AsyncCacheGuard(GuardCore):
         """The cached value of ``name``, loaded by ``load()`` once if missing."""
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
-        name = self._name(name)
-        lead = hit_lead(self, name, ttl)
+        name = self._state.key_name(name)
+        lead = hit_lead(self._state, name, ttl)
         if lead is None:
-            return await self._run(
-                read(self, read_call(self, name, load, ttl, none_ttl, template)), name
-            )
+            call = read_call(self._state, name, load, ttl, none_ttl, template)
+            return await self._run(read(self._state, call), name)
         # The hit path, as CacheGuard.get_or_load's (see cache/flows/read.py).
-        direct, client = self._direct_get, self.client
+        direct, client = self._state.direct_get, self.client
         get = direct[1] if direct is not None and direct[0] is client else client.get
         try:
-            raw, error = await get(value_key(self.namespace, name)), None
+            raw, error = await get(value_key(self._state.namespace, name)), None
         except BaseException as exc:
             raw, error = lookup_failed(name, exc)
         call = Read(name, load, ttl, none_ttl, template)  # its ttl checked by hit_lead
-        value, rest = hit(self, call, lead, raw, error)
+        value, rest = hit(self._state, call, lead, raw, error)
         if rest is None:
             return value
         return await self._run(rest, name)
@@ -241,14 +280,14 @@ class AsyncCacheGuard(GuardCore):
     async def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
         self._binding.check()
-        name = self._name(name)
-        return await self._drive(peek_flow(self, name, template), name)
+        name = self._state.key_name(name)
+        return await self._drive(peek_flow(self._state, name, template), name)
 
     async def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
         self._binding.check()
-        name = self._name(name)
-        return await self._drive(peek_entry_flow(self, name), name)  # type: ignore[no-any-return]
+        name = self._state.key_name(name)
+        return await self._drive(peek_entry_flow(self._state, name), name)  # type: ignore[no-any-return]
 
     async def refresh(
         self,
@@ -262,29 +301,31 @@ class AsyncCacheGuard(GuardCore):
         """Load ``name`` now (under its locks, once across processes) and store it;
         ``on_backend_error`` applies as for reads."""
         self._binding.check()
-        name = self._name(name)
-        flow = refresh_flow(self, read_call(self, name, load, ttl, none_ttl, template))
+        name = self._state.key_name(name)
+        flow = refresh_flow(
+            self._state, read_call(self._state, name, load, ttl, none_ttl, template)
+        )
         return await self._drive(flow, name)
 
     async def watermark(self) -> int:
         """The namespace's invalidation sequence now (see :meth:`CacheGuard.watermark`)."""
         self._binding.check()
-        self._check_open()
-        return await self._drive(watermark_flow(self), "the watermark")  # type: ignore[no-any-return]
+        self._state.check_open()
+        return await self._drive(watermark_flow(self._state), "the watermark")  # type: ignore[no-any-return]
 
     async def invalidate(self, *names: str, template: str | None = None) -> None:
         """Stamp ``names`` with the next invalidation number and delete them, without
         taking locks (see :meth:`CacheGuard.invalidate`)."""
         self._binding.check()
-        names = self._names(names)
-        await self._drive(invalidate_flow(self, names, template=template), ", ".join(names))
+        names = self._state.key_names(names)
+        await self._drive(invalidate_flow(self._state, names, template=template), ", ".join(names))
 
     async def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix`` (a SCAN; see
         :meth:`CacheGuard.invalidate_prefix`); returns how many."""
         self._binding.check()
-        prefix = self._prefix(prefix)
-        return await self._drive(invalidate_prefix_flow(self, prefix), f"{prefix}*")  # type: ignore[no-any-return]
+        prefix = self._state.key_prefix(prefix)
+        return await self._drive(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @asynccontextmanager
     async def write(self, *names: str, timeout: float | None = None) -> AsyncIterator[None]:
@@ -293,8 +334,8 @@ class AsyncCacheGuard(GuardCore):
         raised or was cancelled), release; then :class:`LockLostError` if a lock
         was lost meanwhile (see :meth:`CacheGuard.write`)."""
         self._binding.check()
-        names = self._names(names)
-        flow = write_flow(self, names, timeout, current_task())  # the exit may run elsewhere
+        names = self._state.key_names(names)
+        flow = write_flow(self._state, names, timeout, current_task())  # the exit may run elsewhere
         await self._run(flow, "the write")  # up to the body; raising, it holds nothing
         try:
             yield
@@ -311,19 +352,19 @@ class AsyncCacheGuard(GuardCore):
         left open (it is yours). Closing again does nothing.
 
         Afterwards every call that would talk to Redis raises :class:`GuardClosed`."""
-        if self._closed:
+        if self._state.closed:
             return
-        self._closed = True
-        if self._l1 is not None:
-            self._l1.close()
+        self._state.closed = True
+        if self._state.l1 is not None:
+            self._state.l1.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._gutter is not None:
-            await self._gutter.aclose()
-        if self._owns_client:
+        if self._state.gutter is not None:
+            await self._state.gutter.aclose()
+        if self._state.owns_client:
             await aclose_notifiers_of(self.client)
             await aclose_node_clients(self.client)  # a cluster's per-node pipelines
             await aclose_async_client(self.client)
@@ -363,7 +404,7 @@ class AsyncCacheGuard(GuardCore):
             while step is not BODY:
                 try:
                     if step.__class__ is Lookup:  # the hit path's one step, inline
-                        reply = await self.client.get(value_key(self.namespace, name))
+                        reply = await self.client.get(value_key(self._state.namespace, name))
                     elif to_the_end or isinstance(step, ReleaseWrites):
                         deferral = deferral or Deferral()
                         reply = await deferral.through(self._answer(step, name))
@@ -398,7 +439,7 @@ class AsyncCacheGuard(GuardCore):
                 step.flow,
                 client=client,
                 lock=step.lock,
-                loads=self._loads,
+                loads=self._state.loads,
                 name=step.call.name,
                 load=step.call.load,
                 seal=step.seal,
@@ -408,14 +449,14 @@ class AsyncCacheGuard(GuardCore):
             return await step.flight.wait_async(step.timeout)
         if isinstance(step, LoadNow):
             call = step.call
-            return (await arun_load(self._loads, call.name, call.load, call.template))[0]
+            return (await arun_load(self._state.loads, call.name, call.load, call.template))[0]
         if isinstance(step, Gutter):
             call = step.call
-            return await self._gutter.get_or_load(
+            return await self._state.gutter.get_or_load(
                 call.name, call.load, ttl=step.ttl, none_ttl=step.none_ttl, template=call.template
             )
         if isinstance(step, Replay):
-            return await self._recovery.arun()
+            return await self._state.recovery.arun()
         if isinstance(step, Command):
             return await client.execute_command(*step.args)
         if isinstance(step, Pipelined):
@@ -466,11 +507,11 @@ class AsyncCacheGuard(GuardCore):
         return None
 
     async def _subscribe_l1(self, timeout: float) -> None:
-        l1 = self._l1
+        l1 = self._state.l1
         assert l1 is not None
         try:
             listener = await async_notifier_for(self.client).listen(
-                self._invalidation.l1_channel,
+                self._state.invalidation.l1_channel,
                 l1.on_message,
                 timeout=max(timeout, 5.0),
                 on_gap=l1.on_gap,

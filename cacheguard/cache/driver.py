@@ -14,7 +14,6 @@ from typing import Any, Final
 
 import redis
 
-from cacheguard.cache.flows.core import Lock
 from cacheguard.cache.flows.fill import (
     Adopt,
     Call,
@@ -31,6 +30,7 @@ from cacheguard.cache.flows.fill import (
     Step,
 )
 from cacheguard.cache.flows.read import Gutter, LoadNow, Replay, RunFill
+from cacheguard.cache.flows.state import Lock
 from cacheguard.cache.loading import Loads
 from cacheguard.cache.outage.shared_loads import AwaitLoad, LoadShared
 from cacheguard.cache.singleflight import VALID_FOR_ALL

@@ -8,7 +8,7 @@ invalidate, the body, invalidate again, release.
 
 Every decision is in the flows (:mod:`~cacheguard.cache.flows.read`,
 :mod:`~cacheguard.cache.flows.write`, :mod:`~cacheguard.cache.flows.fill`) and in
-:class:`~cacheguard.cache.flows.core.GuardCore`; this guard is their blocking driver:
+:class:`~cacheguard.cache.flows.state.GuardState`; this guard is their blocking driver:
 each public method runs one flow, and ``_answer`` carries out its steps.
 :class:`cacheguard.aio.AsyncCacheGuard` is its asyncio twin.
 """
@@ -29,7 +29,6 @@ import redis
 from cacheguard._identity import enter_holder, leave_holder, on_fork_in_child
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flows.core import GuardCore, value_key
 from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
@@ -46,6 +45,7 @@ from cacheguard.cache.flows.read import (
     read_call,
     refresh_flow,
 )
+from cacheguard.cache.flows.state import GuardState, value_key
 from cacheguard.cache.flows.write import (
     BODY,
     AcquireWrite,
@@ -63,6 +63,7 @@ from cacheguard.cache.outage.gutter import gutter_guard_made, gutter_settings
 from cacheguard.cache.outage.shared_loads import SharedLoads
 from cacheguard.cache.settings import BackendPolicy, GuardSettings, client_options
 from cacheguard.cache.singleflight import SingleFlight
+from cacheguard.cache.stats import EventHook, Stats
 from cacheguard.cache.write_locks import (
     StoreWriteLock,
     WriteLockStore,
@@ -79,6 +80,7 @@ from cacheguard.redis.clients import (
     sync_client_from_url,
 )
 from cacheguard.redis.errors import REDIS_DOWN, classify
+from cacheguard.redis.keys import ResourceKeys
 from cacheguard.redis.notifier import close_notifier_of, notifier_for
 from cacheguard.redis.scripts import run_pipelined
 
@@ -88,7 +90,7 @@ __all__ = ["MISSING", "BackendPolicy", "CacheGuard"]
 T = TypeVar("T")
 
 
-class CacheGuard(GuardCore):
+class CacheGuard:
     """A read-through cache on Redis that loads each missing key once, everywhere.
 
     Every keyword but the last six is a setting of :class:`GuardSettings` (see
@@ -116,7 +118,7 @@ class CacheGuard(GuardCore):
         config = GuardSettings(**settings)
         if gutter is not None and not isinstance(gutter, str):
             check_sync_client(gutter, "CacheGuard's gutter")
-        super().__init__(
+        self._state = GuardState(
             config,
             on_event=on_event,
             timer=timer,
@@ -140,17 +142,17 @@ class CacheGuard(GuardCore):
         self._executor: ThreadPoolExecutor | None = None
         self._executor_mutex = threading.Lock()
         if gutter is not None:
-            self._gutter = self._gutter_guard(gutter, config, timer, clock, rng)
+            self._state.gutter = self._gutter_guard(gutter, config, timer, clock, rng)
         if config.l1_maxsize:
-            self._l1 = L1Feed(
+            self._state.l1 = L1Feed(
                 LocalTier(maxsize=config.l1_maxsize, ttl=config.l1_ttl, timer=timer),
                 self._listen_l1,
             )
             try:
-                self._l1.start(timeout=5.0)
+                self._state.l1.start(timeout=5.0)
             except BaseException:
-                if self._gutter is not None:
-                    self._gutter.close()
+                if self._state.gutter is not None:
+                    self._state.gutter.close()
                 raise
         _guards.add(self)
 
@@ -178,22 +180,60 @@ class CacheGuard(GuardCore):
         except BaseException:
             close_sync_client(client)  # a bad setting leaves no connection behind
             raise
-        guard._owns_client = True
+        guard._state.owns_client = True
         get = direct_get(client)
         if get is not None:
-            guard._direct_get = (client, get)
+            guard._state.direct_get = (client, get)
         return guard
 
     # -- public API -----------------------------------------------------------------
 
+    # -- the state's public face -----------------------------------------------------------
+
+    @property
+    def settings(self) -> GuardSettings:
+        """This guard's settings: one frozen record (see :class:`GuardSettings`)."""
+        return self._state.settings
+
+    @property
+    def namespace(self) -> str:
+        """The prefix of every key this guard writes."""
+        return self._state.namespace
+
+    def stats(self) -> Stats:
+        """What the guard did so far: a snapshot of its counters."""
+        return self._state.stats()
+
+    def add_event_hook(self, hook: EventHook) -> None:
+        """Call ``hook(event)`` with every :class:`~cacheguard.CacheEvent` from now on,
+        besides ``on_event`` (thread-safe; adding a hook twice adds it once). Hooks
+        run in the calling thread (or on the loop) and must be quick; one that raises
+        is logged and never fails the cache call."""
+        self._state.add_event_hook(hook)
+
+    def remove_event_hook(self, hook: EventHook) -> None:
+        """Stop calling ``hook``; :class:`ValueError` if it is not a hook of this guard."""
+        self._state.remove_event_hook(hook)
+
+    def keys(self, name: str) -> ResourceKeys:
+        """The Redis keys of resource ``name`` (its value, lock, fence ...)."""
+        return self._state.keys(name)
+
+    def watch_prefix(self, prefix: str) -> None:
+        """Make fills of keys under ``prefix`` honour its prefix invalidations (see
+        ``invalidate_prefix``) in this process, for good. The SQLAlchemy hooks watch
+        their templates' prefixes; ``invalidate_prefix`` makes its process honour its
+        own stamp for as long as the stamp lives (``version_ttl``)."""
+        self._state.watch_prefix(prefix)
+
     def rwlock(self, name: str) -> TwoTierRWLock:
         """The two-tier read-write lock of resource ``name`` (shared in this process)."""
-        return super().rwlock(name)  # type: ignore[no-any-return]
+        return self._state.rwlock(name)  # type: ignore[no-any-return]
 
     def write_lock(self, name: str) -> TwoTierRWLock | StoreWriteLock:
         """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
         lock, or the ``write_locks`` store's lock (see :mod:`cacheguard.cache.write_locks`)."""
-        return super().write_lock(name)  # type: ignore[no-any-return]
+        return self._state.write_lock(name)  # type: ignore[no-any-return]
 
     def get_or_load(
         self,
@@ -209,33 +249,34 @@ class CacheGuard(GuardCore):
         ``template`` names the family of keys ``name`` belongs to (``"menu:{id}"``)
         in this call's events, for metrics labels; loaders pass their own. Without
         it the events carry None (see :mod:`cacheguard.cache.stats`)."""
-        name = self._name(name)
-        lead = hit_lead(self, name, ttl)
+        name = self._state.key_name(name)
+        lead = hit_lead(self._state, name, ttl)
         if lead is None:
-            return self._run(read(self, read_call(self, name, load, ttl, none_ttl, template)), name)  # type: ignore[no-any-return]
+            call = read_call(self._state, name, load, ttl, none_ttl, template)
+            return self._run(read(self._state, call), name)  # type: ignore[no-any-return]
         # The hit path (see cache/flows/read.py): the leader's GET without the flow,
         # which goes on from its answer unless that is a value to serve at once.
-        direct, client = self._direct_get, self.client
+        direct, client = self._state.direct_get, self.client
         get = direct[1] if direct is not None and direct[0] is client else client.get
         try:
-            raw, error = get(value_key(self.namespace, name)), None
+            raw, error = get(value_key(self._state.namespace, name)), None
         except BaseException as exc:
             raw, error = lookup_failed(name, exc)
         call = Read(name, load, ttl, none_ttl, template)  # its ttl checked by hit_lead
-        value, rest = hit(self, call, lead, raw, error)
+        value, rest = hit(self._state, call, lead, raw, error)
         if rest is None:
             return value  # type: ignore[no-any-return]
         return self._run(rest, name)  # type: ignore[no-any-return]
 
     def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
-        name = self._name(name)
-        return self._drive(peek_flow(self, name, template), name)
+        name = self._state.key_name(name)
+        return self._drive(peek_flow(self._state, name, template), name)
 
     def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
-        name = self._name(name)
-        return self._drive(peek_entry_flow(self, name), name)  # type: ignore[no-any-return]
+        name = self._state.key_name(name)
+        return self._drive(peek_entry_flow(self._state, name), name)  # type: ignore[no-any-return]
 
     def refresh(
         self,
@@ -251,8 +292,10 @@ class CacheGuard(GuardCore):
         With Redis unreachable (or the circuit open) ``on_backend_error`` applies as
         for reads: ``bypass`` returns a fresh load without storing it, ``raise``
         raises :class:`BackendUnavailable`. ``template``: as for :meth:`get_or_load`."""
-        name = self._name(name)
-        flow = refresh_flow(self, read_call(self, name, load, ttl, none_ttl, template))
+        name = self._state.key_name(name)
+        flow = refresh_flow(
+            self._state, read_call(self._state, name, load, ttl, none_ttl, template)
+        )
         return self._drive(flow, name)  # type: ignore[no-any-return]
 
     def watermark(self) -> int:
@@ -260,8 +303,8 @@ class CacheGuard(GuardCore):
         snapshot is taken and a fill from that snapshot cannot store a value that
         a later invalidation replaced (see ``cache/watermark.py``). Raises
         :class:`BackendUnavailable` when Redis is unreachable."""
-        self._check_open()
-        return self._drive(watermark_flow(self), "the watermark")  # type: ignore[no-any-return]
+        self._state.check_open()
+        return self._drive(watermark_flow(self._state), "the watermark")  # type: ignore[no-any-return]
 
     def invalidate(self, *names: str, template: str | None = None) -> None:
         """Stamp ``names`` with the next invalidation number and delete them,
@@ -273,16 +316,16 @@ class CacheGuard(GuardCore):
         once, in other processes through pub/sub). ``template``: the names' key
         template, for the events' labels (as for :meth:`get_or_load`).
         """
-        names = self._names(names)
-        self._drive(invalidate_flow(self, names, template=template), ", ".join(names))
+        names = self._state.key_names(names)
+        self._drive(invalidate_flow(self._state, names, template=template), ", ".join(names))
 
     def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix``: values and fills
         in flight. Walks the keyspace with SCAN (cost grows with the whole keyspace),
         so it is the fallback for changes whose keys cannot be listed; the number of
         keys invalidated is returned."""
-        prefix = self._prefix(prefix)
-        return self._drive(invalidate_prefix_flow(self, prefix), f"{prefix}*")  # type: ignore[no-any-return]
+        prefix = self._state.key_prefix(prefix)
+        return self._drive(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @contextmanager
     def write(self, *names: str, timeout: float | None = None) -> Iterator[None]:
@@ -295,12 +338,12 @@ class CacheGuard(GuardCore):
         :class:`LockLostError`; if the body raised, its error wins, with the loss
         as a note.
         """
-        names = self._names(names)
+        names = self._state.key_names(names)
         # The holds are this block's holder's (the context's, so nested calls in the
         # body re-enter), not the thread's: the exit may run in another thread.
         holder = enter_holder()
         try:
-            flow = write_flow(self, names, timeout, holder)
+            flow = write_flow(self._state, names, timeout, holder)
             self._run(flow, "the write")  # up to the body; raising, it holds nothing
             try:
                 yield
@@ -322,19 +365,19 @@ class CacheGuard(GuardCore):
         refreshes already running (queued ones are dropped). Calls under way in
         other threads are not waited for: one may still use the client (and open a
         connection) as it ends, so close after your own calls have returned."""
-        if self._closed:
+        if self._state.closed:
             return
-        self._closed = True
-        if self._l1 is not None:
-            self._l1.close()
+        self._state.closed = True
+        if self._state.l1 is not None:
+            self._state.l1.close()
         with self._executor_mutex:
             executor, self._executor = self._executor, None
         if executor is not None:
-            owned = self._owns_client
+            owned = self._state.owns_client
             executor.shutdown(wait=owned, cancel_futures=owned)
-        if self._gutter is not None:
-            self._gutter.close()
-        if self._owns_client:
+        if self._state.gutter is not None:
+            self._state.gutter.close()
+        if self._state.owns_client:
             close_notifier_of(self.client)
             close_sync_client(self.client)
 
@@ -370,7 +413,7 @@ class CacheGuard(GuardCore):
             while step is not BODY:
                 try:
                     if step.__class__ is Lookup:  # the hit path's one step, inline
-                        reply = self.client.get(value_key(self.namespace, name))
+                        reply = self.client.get(value_key(self._state.namespace, name))
                     else:
                         reply = self._answer(step, name)
                 except REDIS_DOWN as exc:
@@ -398,7 +441,7 @@ class CacheGuard(GuardCore):
                 step.flow,
                 client=client,
                 lock=step.lock,
-                loads=self._loads,
+                loads=self._state.loads,
                 name=step.call.name,
                 load=step.call.load,
                 seal=step.seal,
@@ -408,14 +451,14 @@ class CacheGuard(GuardCore):
             return step.flight.wait(step.timeout)
         if isinstance(step, LoadNow):
             call = step.call
-            return self._loads.run(call.name, call.load, call.template)[0]
+            return self._state.loads.run(call.name, call.load, call.template)[0]
         if isinstance(step, Gutter):
             call = step.call
-            return self._gutter.get_or_load(
+            return self._state.gutter.get_or_load(
                 call.name, call.load, ttl=step.ttl, none_ttl=step.none_ttl, template=call.template
             )
         if isinstance(step, Replay):
-            return self._recovery.run()
+            return self._state.recovery.run()
         if isinstance(step, Command):
             return client.execute_command(*step.args)  # type: ignore[no-untyped-call]
         if isinstance(step, Pipelined):
@@ -454,7 +497,7 @@ class CacheGuard(GuardCore):
             inner = CacheGuard.from_url(gutter, timer=timer, clock=clock, rng=rng, **settings)
         else:
             inner = CacheGuard(gutter, timer=timer, clock=clock, rng=rng, **settings)
-        return gutter_guard_made(inner, self._stats)
+        return gutter_guard_made(inner, self._state.recorder)
 
     def _start_background(self, flow: Generator[Any, Any, None], name: str) -> bool:
         try:
@@ -472,12 +515,12 @@ class CacheGuard(GuardCore):
             return self._executor
 
     def _listen_l1(self, timeout: float) -> Listener:
-        assert self._l1 is not None
+        assert self._state.l1 is not None
         return notifier_for(self.client).listen(
-            self._invalidation.l1_channel,
-            self._l1.on_message,
+            self._state.invalidation.l1_channel,
+            self._state.l1.on_message,
             timeout=timeout,
-            on_gap=self._l1.on_gap,
+            on_gap=self._state.l1.on_gap,
         )
 
 
@@ -488,16 +531,16 @@ def _reset_after_fork() -> None:
     for guard in list(_guards):
         guard._executor = None  # the parent's worker threads do not exist here
         guard._executor_mutex = threading.Lock()
-        guard._invalidation.reset_after_fork()
-        if guard._l1 is not None:
-            guard._l1.reset_after_fork()
-        guard._flights = SingleFlight()
-        guard._refreshes = SingleFlight()
-        guard._recovery.reset_after_fork()
-        if guard._last_seen is not None:
-            guard._last_seen.reset_after_fork()
-        guard._shared_loads = SharedLoads(
-            threading.Event, guard._timer, guard.settings.max_load_time
+        guard._state.invalidation.reset_after_fork()
+        if guard._state.l1 is not None:
+            guard._state.l1.reset_after_fork()
+        guard._state.flights = SingleFlight()
+        guard._state.refreshes = SingleFlight()
+        guard._state.recovery.reset_after_fork()
+        if guard._state.last_seen is not None:
+            guard._state.last_seen.reset_after_fork()
+        guard._state.shared_loads = SharedLoads(
+            threading.Event, guard._state.timer, guard.settings.max_load_time
         )
 
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -40,7 +40,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from cacheguard.cache.flows.core import GuardCore
+from cacheguard.cache.flows.state import GuardState
 from cacheguard.cache.stats import CacheEvent
 
 __all__ = ["UNTEMPLATED", "CacheMetrics"]
@@ -108,7 +108,19 @@ _COUNTED: Final = {
 }
 _TIERS: Final = {"l1_hits": "l1", "l2_hits": "l2"}
 
-G = TypeVar("G", bound=GuardCore)
+
+class Instrumentable(Protocol):
+    """What :meth:`CacheMetrics.instrument` needs of a guard (either guard has it)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    def add_event_hook(self, hook: Callable[[CacheEvent], None]) -> None: ...
+
+    def remove_event_hook(self, hook: Callable[[CacheEvent], None]) -> None: ...
+
+
+G = TypeVar("G", bound=Instrumentable)
 
 
 def multiprocess_mode() -> bool:
@@ -177,7 +189,7 @@ class CacheMetrics:
         )
         self._register()
         self._mutex = threading.Lock()
-        self._hooks: weakref.WeakKeyDictionary[GuardCore, _GuardHook] = weakref.WeakKeyDictionary()
+        self._hooks: weakref.WeakKeyDictionary[Any, _GuardHook] = weakref.WeakKeyDictionary()
         self._closed = False
 
     def _register(self) -> None:
@@ -198,7 +210,7 @@ class CacheMetrics:
         """Count ``guard``'s events from now on (a :class:`~cacheguard.CacheGuard` or an
         :class:`~cacheguard.aio.AsyncCacheGuard`); returns the guard. Instrumenting a
         guard twice counts it once."""
-        if not isinstance(guard, GuardCore):
+        if not isinstance(getattr(guard, "_state", None), GuardState):  # either guard
             raise TypeError(
                 f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}"
             )
@@ -212,7 +224,7 @@ class CacheMetrics:
             self._hooks[guard] = hook
         return guard
 
-    def uninstrument(self, guard: GuardCore) -> None:
+    def uninstrument(self, guard: Instrumentable) -> None:
         """Stop counting ``guard``'s events (its samples so far stay)."""
         with self._mutex:
             hook = self._hooks.pop(guard, None)

@@ -3,5 +3,5 @@
 * ``fill``  -- the fill algorithm and the hit's verdict
 * ``read``  -- ``get_or_load``, ``refresh``, ``peek`` as flows
 * ``write`` -- ``write``, ``invalidate``, ``invalidate_prefix`` as flows
-* ``core``  -- ``GuardCore``: the parts and decisions both guards share
+* ``state`` -- ``GuardState``: the one state the flows run over (a guard holds one)
 """

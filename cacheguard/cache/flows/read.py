@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
-from cacheguard.cache.flows.core import GuardCore, Lock
 from cacheguard.cache.flows.fill import (
     LOOKUP,
     MISS,
@@ -65,6 +64,7 @@ from cacheguard.cache.flows.fill import (
     judge,
     timed_out_flow,
 )
+from cacheguard.cache.flows.state import GuardState, Lock
 from cacheguard.cache.l1 import ABSENT
 from cacheguard.cache.outage.fallback import NOT_SEEN, from_loader
 from cacheguard.cache.outage.recovery import ReplayFailed
@@ -117,7 +117,7 @@ class Read:
 
 
 def read_call(
-    state: GuardCore,
+    state: GuardState,
     name: str,
     load: Callable[[], Any],
     ttl: float,
@@ -125,7 +125,7 @@ def read_call(
     template: str | None = None,
 ) -> Read:
     """The record of a read of ``name`` (already checked), its ``ttl`` checked."""
-    return Read(name, load, state._ttl(ttl), none_ttl, template)
+    return Read(name, load, state.checked_ttl(ttl), none_ttl, template)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +216,7 @@ def valid_for_all() -> int:
     return VALID_FOR_ALL
 
 
-def read(state: GuardCore, call: Read) -> Generator[ReadStep, Any, Any]:
+def read(state: GuardState, call: Read) -> Generator[ReadStep, Any, Any]:
     """The flow of ``get_or_load``: :func:`read_flow`, answered by the last value
     seen instead of an error under ``stale_if_error``."""
     flow = read_flow(state, call)
@@ -226,7 +226,7 @@ def read(state: GuardCore, call: Read) -> Generator[ReadStep, Any, Any]:
 
 
 def stale_if_error(
-    state: GuardCore, flow: Generator[ReadStep, Any, Any], call: Read
+    state: GuardState, flow: Generator[ReadStep, Any, Any], call: Read
 ) -> Generator[ReadStep, Any, Any]:
     name, template = call.name, call.template
     try:
@@ -234,17 +234,17 @@ def stale_if_error(
     except Exception as exc:
         if not (isinstance(exc, BackendUnavailable) or from_loader(exc)):
             raise  # the cache's own refusals (LockTimeout, bad input...) stand
-        assert state._last_seen is not None
-        value = state._last_seen.within(name, state.settings.stale_if_error)
+        assert state.last_seen is not None
+        value = state.last_seen.within(name, state.settings.stale_if_error)
         if value is NOT_SEEN:
             raise
-        state._stats.count("stale_on_error", name, 0.0, exc, template)
+        state.recorder.count("stale_on_error", name, 0.0, exc, template)
         log.info("served the last value seen of %r instead of %r", name, exc)
         return value
 
 
 def read_flow(
-    state: GuardCore, call: Read, led: tuple[Flight, float, Sent] | None = None
+    state: GuardState, call: Read, led: tuple[Flight, float, Sent] | None = None
 ) -> Generator[ReadStep, Any, Any]:
     """``get_or_load``: the cached value of the call's key, loaded once if missing.
     ``led``: the flight a driver's hit path leads, when its call began, and the GET
@@ -254,27 +254,27 @@ def read_flow(
         flight, start, sent = led
     else:
         sent = None
-        l1 = state._l1
-        if l1 is not None and not state._recovery.pending:  # L1 may predate outbox writes
+        l1 = state.l1
+        if l1 is not None and not state.recovery.pending:  # L1 may predate outbox writes
             kept = l1.tier.get(name)
             if kept is not ABSENT:
-                state._stats.count("l1_hits", name, 0.0, None, template)
+                state.recorder.count("l1_hits", name, 0.0, None, template)
                 return kept
-        start = state._timer()
+        start = state.timer()
         while True:  # bounded: every pass waits on a leader that was already running
-            flight, leader, joined = state._flights.join(name, start)
+            flight, leader, joined = state.flights.join(name, start)
             if leader:
                 break
-            state._loads.refuse_recursion(name, template)  # the leader may be our loader
+            state.loads.refuse_recursion(name, template)  # the leader may be our loader
             lock = state.rwlock(name)
             if lock.local.is_write_held_by_me():
                 # Our own write: the leader waits for us, and what it loads is not our
                 # view. Load privately (see fill_flow's writing_here), storing nothing.
                 flow = fill_flow_of(state, call, lock, refresh=False, stale=None)
                 return (yield RunFill(lock, flow, valid_for_all, call))[0].value
-            left = state.settings.wait_timeout - (state._timer() - start)
+            left = state.settings.wait_timeout - (state.timer() - start)
             if not (yield WaitFlight(flight, left)):
-                waited = state._timer() - start
+                waited = state.timer() - start
                 job = fill_job(state, call, lock)
                 flow = timed_out_flow(job, None, waited, since=lambda: start)
                 return (yield RunFill(lock, flow, valid_for_all, call))[0].value
@@ -287,15 +287,15 @@ def read_flow(
     try:
         # The leader's read. The hit is written out here, not in a sub-flow: a
         # generator less for the calls that take the flow (L1 on, say).
-        breaker = state._breaker(name)
+        breaker = state.breaker(name)
         if sent is not None or breaker.allow():  # a sent GET was allowed already
-            l1_seen = state._l1_seen() if state._l1 is not None else None  # before the GET
-            seen_ticket = state._seen_ticket(name) if state._last_seen is not None else 0
+            l1_seen = state.l1_seen() if state.l1 is not None else None  # before the GET
+            seen_ticket = state.seen_ticket(name) if state.last_seen is not None else 0
             sealed = flight.generation  # flights are born sealed for this first GET
             try:
                 if sent is not None:
                     raw = sent.reply()
-                elif state._timer() < state._server_clock.resample_at:
+                elif state.timer() < state.server_clock.resample_at:
                     raw = yield LOOKUP
                 else:  # the same round trip also samples the server's clock
                     raw = yield from timed_lookup(state, name)
@@ -303,7 +303,7 @@ def read_flow(
                 value, valid_below = yield from bypassed(state, call, flight, exc.__cause__)
             else:
                 breaker.success()  # closing, it marks the recovery pending
-                if state._recovery.pending:
+                if state.recovery.pending:
                     raw = yield from replayed_then_reread(state, name, template)
                 if raw is NOT_REPLAYED:
                     # Redis may hold values the outbox's writes replaced: not served,
@@ -328,40 +328,40 @@ def read_flow(
     except BaseException as exc:
         leader_failed(state, name, flight, exc)
         raise
-    state._flights.finish(name, flight, value, valid_below=valid_below)
+    state.flights.finish(name, flight, value, valid_below=valid_below)
     return value
 
 
-def leader_failed(state: GuardCore, name: str, flight: Flight, exc: BaseException) -> None:
+def leader_failed(state: GuardState, name: str, flight: Flight, exc: BaseException) -> None:
     """The leader of ``flight`` raised ``exc``: an error is its followers' too; a
     cancellation or an interrupt is not an outcome to share (they go on)."""
     if isinstance(exc, Exception):
-        state._flights.finish(name, flight, error=exc)
+        state.flights.finish(name, flight, error=exc)
     else:
-        state._flights.finish(name, flight, valid_below=0)
+        state.flights.finish(name, flight, valid_below=0)
 
 
-def hit_lead(state: GuardCore, name: str, ttl: float) -> tuple[Flight, float] | None:
+def hit_lead(state: GuardState, name: str, ttl: float) -> tuple[Flight, float] | None:
     """The hit path's start (see the module docstring), before its GET: the new
     flight of ``name`` this call leads and when the call began, when the flow
     would go straight to a plain GET; None when the flow runs from its start."""
-    state._ttl(ttl)  # refused before anything, as the flow does first
+    state.checked_ttl(ttl)  # refused before anything, as the flow does first
     if (
-        state._l1 is not None
-        or state._last_seen is not None
-        or state._recovery.pending
-        or not state._breaker(name).closed
+        state.l1 is not None
+        or state.last_seen is not None
+        or state.recovery.pending
+        or not state.breaker(name).closed
     ):
         return None
-    start = state._timer()
-    if start >= state._server_clock.resample_at:  # the flow's GET samples the clock
+    start = state.timer()
+    if start >= state.server_clock.resample_at:  # the flow's GET samples the clock
         return None
-    flight = state._flights.lead(name, start)
+    flight = state.flights.lead(name, start)
     return None if flight is None else (flight, start)
 
 
 def hit(
-    state: GuardCore,
+    state: GuardState,
     call: Read,
     lead: tuple[Flight, float],
     raw: Any,
@@ -376,14 +376,14 @@ def hit(
     try:
         entry = hit_entry(state, name, raw, error)
         if entry is not None:
-            now = state._server_clock.now()
-            verdict = judge(entry, now, state.settings, state._rng)
+            now = state.server_clock.now()
+            verdict = judge(entry, now, state.settings, state.rng)
             if verdict != MISS:
                 serve(state, call, entry, verdict, now, None, 0)
                 sealed = flight.generation  # born sealed for this GET; only we seal
                 if flight.has_followers_from(sealed):
                     return None, share(state, name, flight, entry.value, sealed, call.template)
-                state._flights.finish(name, flight, entry.value, valid_below=sealed)
+                state.flights.finish(name, flight, entry.value, valid_below=sealed)
                 return entry.value, None
     except BaseException as exc:
         leader_failed(state, name, flight, exc)
@@ -392,14 +392,14 @@ def hit(
     return None, read_flow(state, call, (flight, start, sent))
 
 
-def hit_entry(state: GuardCore, name: str, raw: Any, error: BaseException | None) -> Entry | None:
+def hit_entry(state: GuardState, name: str, raw: Any, error: BaseException | None) -> Entry | None:
     """The entry the hit path's GET read, if the flow would judge it next: the GET
     answered (the circuit is told, as the flow does), no outbox replay is pending,
     and the bytes decode (what does not is the flow's to count)."""
     if error is not None:
         return None
-    state._breaker(name).success()
-    if raw.__class__ is not bytes or state._recovery.pending:
+    state.breaker(name).success()
+    if raw.__class__ is not bytes or state.recovery.pending:
         return None
     try:
         return unpack_entry(state.settings.codec, raw)
@@ -408,7 +408,7 @@ def hit_entry(state: GuardCore, name: str, raw: Any, error: BaseException | None
 
 
 def share(
-    state: GuardCore, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
+    state: GuardState, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
 ) -> Generator[ReadStep, Any, Any]:
     """The end of :func:`read_flow` for a value the hit path served: followers
     joined after its GET was sent (see :meth:`_reread_for_late_followers`)."""
@@ -419,12 +419,12 @@ def share(
     except BaseException as exc:
         leader_failed(state, name, flight, exc)
         raise
-    state._flights.finish(name, flight, value, valid_below=valid_below)
+    state.flights.finish(name, flight, value, valid_below=valid_below)
     return value
 
 
 def fill_missing(
-    state: GuardCore,
+    state: GuardState,
     call: Read,
     flight: Flight,
     stale: Entry | None,
@@ -435,41 +435,41 @@ def fill_missing(
     across processes); the value and the generation below which followers may
     take it. ``stale`` is the expired entry, if any, for the stale policy."""
     name = call.name
-    state._stats.count("misses", name, 0.0, None, call.template)
+    state.recorder.count("misses", name, 0.0, None, call.template)
     lock = state.rwlock(name)  # one instance for the job and the driver: one owner
-    seen_ticket = state._seen_ticket(name)
+    seen_ticket = state.seen_ticket(name)
     flow = fill_flow_of(
         state,
         call,
         lock,
         refresh=False,
         stale=stale,
-        budget=state.settings.wait_timeout - (state._timer() - start),
+        budget=state.settings.wait_timeout - (state.timer() - start),
         since=lambda: flight.newest_start,  # of the followers it serves, and its own
     )
     try:
         outcome, valid_below = yield RunFill(
-            lock, flow, functools.partial(state._flights.seal, flight), call
+            lock, flow, functools.partial(state.flights.seal, flight), call
         )
     except BackendUnavailable as exc:  # raised before any load ran (see fill_flow)
         return (yield from bypassed(state, call, flight, exc))
     keep_filled(state, name, outcome, l1_seen, call.ttl)
-    if state._last_seen is not None and not outcome.private and outcome.source in _FRESH_SOURCES:
-        state._last_seen.note(name, outcome.value, seen_ticket)
+    if state.last_seen is not None and not outcome.private and outcome.source in _FRESH_SOURCES:
+        state.last_seen.note(name, outcome.value, seen_ticket)
     return outcome.value, valid_below
 
 
-def timed_lookup(state: GuardCore, name: str) -> Generator[ReadStep, Any, Any]:
+def timed_lookup(state: GuardState, name: str) -> Generator[ReadStep, Any, Any]:
     """The GET of ``name``'s value with the server's clock, sampled for judging
     entries' ages (see :mod:`cacheguard.cache.server_clock`): one round trip."""
-    sent = state._timer()
+    sent = state.timer()
     raw, server = parse_timed_get((yield Call(timed_get_call(state.keys(name)))))
-    state._server_clock.sample(server, (sent + state._timer()) / 2)
+    state.server_clock.sample(server, (sent + state.timer()) / 2)
     return raw
 
 
 def bypassed(
-    state: GuardCore,
+    state: GuardState,
     call: Read,
     flight: Flight,
     exc: BaseException | None,
@@ -482,14 +482,14 @@ def bypassed(
     if state.rwlock(call.name).local.is_write_held_by_me():
         # Our own write's key (guard.write, a tracked transaction): what we load
         # may be uncommitted. Ours alone: not remembered, not shared, no gutter.
-        state._refuse_bypass(call.name, exc, call.template)
+        state.refuse_bypass(call.name, exc, call.template)
         return (yield LoadNow(call)), 0
-    sealed = state._flights.seal(flight)
+    sealed = state.flights.seal(flight)
     return (yield from bypass(state, call, exc, fallbacks=fallbacks)), sealed
 
 
 def replayed_then_reread(
-    state: GuardCore, name: str, template: str | None
+    state: GuardState, name: str, template: str | None
 ) -> Generator[ReadStep, Any, Any]:
     """Run the pending outbox replays, then GET ``name`` again: the value read
     before them may be one the outbox's writes replaced (their invalidation
@@ -498,7 +498,7 @@ def replayed_then_reread(
     try:
         yield REPLAY
     except Exception as exc:
-        state._stats.count("replay_failures", name, 0.0, exc, template)
+        state.recorder.count("replay_failures", name, 0.0, exc, template)
         # Logged once per failed run; the reads it turns away meanwhile are counted.
         if not isinstance(exc, ReplayFailed):
             log.warning("outbox replay failed, %r is not served from Redis: %s", name, exc)
@@ -506,24 +506,24 @@ def replayed_then_reread(
     try:
         return (yield LOOKUP)
     except BackendUnavailable as exc:
-        state._backend_failed(name, client_error(exc), template=template)
+        state.backend_failed(name, client_error(exc), template=template)
         return NOT_REPLAYED
 
 
 def reread_for_late_followers(
-    state: GuardCore, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
+    state: GuardState, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
 ) -> Generator[ReadStep, Any, tuple[Any, int]]:
     """Some followers joined after our read was sent; one more shared GET serves
     them all (instead of each re-reading). Bounded; stragglers read themselves."""
     for _ in range(LATE_FOLLOWER_REREADS):
-        if state._recovery.pending:
+        if state.recovery.pending:
             break  # not before the outbox replays ran: late followers read themselves
-        sealed = state._flights.seal(flight)
+        sealed = state.flights.seal(flight)
         try:
-            entry = state._decode(name, (yield LOOKUP), template=template)
+            entry = state.decode(name, (yield LOOKUP), template=template)
         except BackendUnavailable:
             break
-        if entry is None or state._server_clock.now() >= entry.expires_at:
+        if entry is None or state.server_clock.now() >= entry.expires_at:
             break  # invalidated again: late followers must load it themselves
         value, valid_below = entry.value, sealed
         if not flight.has_followers_from(sealed):
@@ -532,7 +532,7 @@ def reread_for_late_followers(
 
 
 def bypass(
-    state: GuardCore, call: Read, exc: BaseException | None, *, fallbacks: bool
+    state: GuardState, call: Read, exc: BaseException | None, *, fallbacks: bool
 ) -> Generator[ReadStep, Any, Any]:
     """Redis is down (``exc``) or the circuit is open (None). With ``fallbacks`` (a
     read; a refresh means "load now") a value this process saw within
@@ -542,33 +542,33 @@ def bypass(
     counted = False
     if fallbacks:
         if exc is not None:
-            state._backend_failed(name, exc, template=template)
+            state.backend_failed(name, exc, template=template)
             counted = True
-        seen = state._last_seen
+        seen = state.last_seen
         if seen is not None:
             value = seen.within(name, state.settings.outage_ttl)
             if value is not NOT_SEEN:
-                state._stats.count("outage_reuses", name, 0.0, None, template)
+                state.recorder.count("outage_reuses", name, 0.0, None, template)
                 return value
-        if state._gutter is not None:
+        if state.gutter is not None:
             try:
                 value = yield Gutter(call, *gutter_lifetimes(state, call.ttl, call.none_ttl))
             except BackendUnavailable as gutter_down:
                 log.info("the gutter is unreachable too for %r: %s", name, gutter_down)
             else:
                 # Not remembered: it may be gutter_ttl old already.
-                state._stats.count("gutter_reads", name, 0.0, None, template)
+                state.recorder.count("gutter_reads", name, 0.0, None, template)
                 return value
-    state._refuse_bypass(name, exc, template, failure_counted=counted)
-    seen_ticket = state._seen_ticket(name)
+    state.refuse_bypass(name, exc, template, failure_counted=counted)
+    seen_ticket = state.seen_ticket(name)
     value = yield LoadNow(call)
-    if state._last_seen is not None:
-        state._last_seen.note(name, value, seen_ticket)
+    if state.last_seen is not None:
+        state.last_seen.note(name, value, seen_ticket)
     return value
 
 
 def gutter_lifetimes(
-    state: GuardCore, ttl: float, none_ttl: float | Missing | None
+    state: GuardState, ttl: float, none_ttl: float | Missing | None
 ) -> tuple[float, float | None]:
     """A read's lifetimes cut to ``gutter_ttl``: the gutter's staleness bound."""
     cap = state.settings.gutter_ttl
@@ -576,11 +576,11 @@ def gutter_lifetimes(
     return min(ttl, cap), None if lifetime is None else min(lifetime, cap)
 
 
-def refresh_flow(state: GuardCore, call: Read) -> Generator[ReadStep, Any, Any]:
+def refresh_flow(state: GuardState, call: Read) -> Generator[ReadStep, Any, Any]:
     """``refresh``: load the call's key now (under its locks, once across processes)
     and store it; Redis down or the circuit open: ``on_backend_error``."""
-    state._loads.refuse_recursion(call.name, call.template)
-    if not state._breaker(call.name).allow():
+    state.loads.refuse_recursion(call.name, call.template)
+    if not state.breaker(call.name).allow():
         return (yield from bypass(state, call, None, fallbacks=False))
     lock = state.rwlock(call.name)
     flow = fill_flow_of(state, call, lock, refresh=True, stale=None)
@@ -592,15 +592,15 @@ def refresh_flow(state: GuardCore, call: Read) -> Generator[ReadStep, Any, Any]:
 
 
 def peek_flow(
-    state: GuardCore, name: str, template: str | None = None
+    state: GuardState, name: str, template: str | None = None
 ) -> Generator[ReadStep, Any, Any]:
     """``peek``: the cached value of ``name`` or MISSING; never loads, never locks."""
-    if state._l1 is not None and not state._recovery.pending:
-        value = state._l1.tier.get(name)
+    if state.l1 is not None and not state.recovery.pending:
+        value = state.l1.tier.get(name)
         if value is not ABSENT:
             return value
     raising = state.settings.on_backend_error == "raise"
-    closed = state._circuit_open(f"reading {name!r}", (name,))
+    closed = state.circuit_open(f"reading {name!r}", (name,))
     if closed is not None:
         if raising:
             raise closed
@@ -608,58 +608,58 @@ def peek_flow(
     try:
         raw = (
             (yield LOOKUP)
-            if not state._server_clock.due()
+            if not state.server_clock.due()
             else (yield from timed_lookup(state, name))
         )
-        entry = state._decode(name, raw, template=template)
+        entry = state.decode(name, raw, template=template)
     except BackendUnavailable as exc:
-        state._backend_failed(name, client_error(exc), template=template)
+        state.backend_failed(name, client_error(exc), template=template)
         if raising:
             raise BackendUnavailable(
                 f"Redis unreachable reading {name!r}: {client_error(exc)}"
             ) from client_error(exc)
         return MISSING
-    state._breaker(name).success()
-    if state._recovery.pending:
+    state.breaker(name).success()
+    if state.recovery.pending:
         raw = yield from replayed_then_reread(state, name, template)
         if raw is NOT_REPLAYED:
             if raising:
                 raise BackendUnavailable(f"outbox replay failed before reading {name!r}")
             return MISSING
-        entry = state._decode(name, raw, template=template)
+        entry = state.decode(name, raw, template=template)
     return peeked(state, entry)
 
 
-def peek_entry_flow(state: GuardCore, name: str) -> Generator[ReadStep, Any, Any]:
+def peek_entry_flow(state: GuardState, name: str) -> Generator[ReadStep, Any, Any]:
     """``peek_entry``: the stored entry even past its expiry, or None (also while
     pending outbox replays fail: what Redis holds may be replaced)."""
     try:
         raw = yield LOOKUP
     except BackendUnavailable:
         return None
-    if state._recovery.pending:
+    if state.recovery.pending:
         raw = yield from replayed_then_reread(state, name, None)
         if raw is NOT_REPLAYED:
             return None
-    return state._decode(name, raw)
+    return state.decode(name, raw)
 
 
-def refresh_in_background(state: GuardCore, call: Read) -> None:
+def refresh_in_background(state: GuardState, call: Read) -> None:
     """Start one background refresh of the call's key per process (loop), unless one
     runs."""
-    if state._closed:
+    if state.closed:
         return
-    flight, leader, _ = state._refreshes.join(call.name)
+    flight, leader, _ = state.refreshes.join(call.name)
     if not leader:
         return
     flow = background_refresh_flow(state, call, flight)
-    if not state._run_in_background(flow, call.name):
+    if not state.run_in_background(flow, call.name):
         flow.close()
-        state._refreshes.finish(call.name, flight)
+        state.refreshes.finish(call.name, flight)
 
 
 def background_refresh_flow(
-    state: GuardCore, call: Read, flight: Flight
+    state: GuardState, call: Read, flight: Flight
 ) -> Generator[ReadStep, Any, None]:
     name = call.name
     try:
@@ -667,17 +667,17 @@ def background_refresh_flow(
         flow = fill_flow_of(state, call, lock, refresh=True, stale=None, background=True)
         outcome, _ = yield RunFill(lock, flow, valid_for_all, call)
         if outcome.source == "loaded":
-            state._stats.count("early_refreshes", name, 0.0, None, call.template)
+            state.recorder.count("early_refreshes", name, 0.0, None, call.template)
     except GuardClosed:
         log.debug("background refresh of %r dropped: the guard closed", name)
     except Exception:
         log.exception("background refresh of %r failed", name)
     finally:
-        state._refreshes.finish(name, flight)
+        state.refreshes.finish(name, flight)
 
 
 def judge_read(
-    state: GuardCore,
+    state: GuardState,
     call: Read,
     raw: Any,
     l1_seen: tuple[int, object] | None,
@@ -685,19 +685,19 @@ def judge_read(
 ) -> tuple[bool, Entry | None]:
     """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
     the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
-    past its expiry for the stale policy). ``seen_ticket``: :meth:`GuardCore._seen_ticket`,
+    past its expiry for the stale policy). ``seen_ticket``: :meth:`GuardState._seen_ticket`,
     taken before the GET."""
-    entry = state._decode(call.name, raw, template=call.template)
+    entry = state.decode(call.name, raw, template=call.template)
     if entry is None:
         return False, None
-    now = state._server_clock.now()
-    verdict = judge(entry, now, state.settings, state._rng)
+    now = state.server_clock.now()
+    verdict = judge(entry, now, state.settings, state.rng)
     kept = serve(state, call, entry, verdict, now, l1_seen, seen_ticket)
     return kept, entry
 
 
 def serve(
-    state: GuardCore,
+    state: GuardState,
     call: Read,
     entry: Entry,
     verdict: Verdict,
@@ -710,43 +710,43 @@ def serve(
     the verdict says; True to serve it, False for a miss."""
     name, template = call.name, call.template
     if verdict <= REFRESH:
-        state._stats.count("l2_hits", name, 0.0, None, template)
-        if state._last_seen is not None:
-            state._last_seen.note(name, entry.value, seen_ticket)
+        state.recorder.count("l2_hits", name, 0.0, None, template)
+        if state.last_seen is not None:
+            state.last_seen.note(name, entry.value, seen_ticket)
         if verdict == REFRESH:
             refresh_in_background(state, call)
         if l1_seen is not None:
-            state._l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
+            state.l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
         return True
     if verdict == STALE:  # inside the stale window: serve, reload in the background
-        state._stats.count("stale_served", name, 0.0, None, template)
+        state.recorder.count("stale_served", name, 0.0, None, template)
         refresh_in_background(state, call)
         return True
     return False
 
 
 def keep_filled(
-    state: GuardCore, name: str, outcome: Outcome, l1_seen: tuple[int, object] | None, ttl: float
+    state: GuardState, name: str, outcome: Outcome, l1_seen: tuple[int, object] | None, ttl: float
 ) -> None:
     """Keep a fill's outcome in L1, for as long as its entry lives."""
     if l1_seen is None or outcome.source not in ("l2", "loaded", "peer"):
         return
     if outcome.entry is not None:
-        lifetime = outcome.entry.expires_at - state._server_clock.now()
+        lifetime = outcome.entry.expires_at - state.server_clock.now()
     else:  # our own store: its TTL was jittered, never below this floor
         lifetime = ttl * (1 - state.settings.ttl_jitter)
     if lifetime > 0:
-        state._l1.keep(name, outcome.value, lifetime, l1_seen)  # type: ignore[union-attr]
+        state.l1.keep(name, outcome.value, lifetime, l1_seen)  # type: ignore[union-attr]
 
 
-def peeked(state: GuardCore, entry: Entry | None) -> Any:
-    if entry is None or state._server_clock.now() >= entry.expires_at:
+def peeked(state: GuardState, entry: Entry | None) -> Any:
+    if entry is None or state.server_clock.now() >= entry.expires_at:
         return MISSING
     return entry.value
 
 
 def fill_flow_of(
-    state: GuardCore,
+    state: GuardState,
     call: Read,
     lock: Lock,
     *,
@@ -758,7 +758,7 @@ def fill_flow_of(
 ) -> Generator[Step, Any, Outcome]:
     """The fill flow of the call's key for either driver (a loader asking for its
     own key is refused here, before any wait); ``since``: see :func:`fill_flow`."""
-    state._loads.refuse_recursion(call.name, call.template)
+    state.loads.refuse_recursion(call.name, call.template)
     return fill_flow(
         fill_job(state, call, lock),
         refresh=refresh,
@@ -769,7 +769,7 @@ def fill_flow_of(
     )
 
 
-def fill_job(state: GuardCore, call: Read, lock: Lock) -> FillJob:
+def fill_job(state: GuardState, call: Read, lock: Lock) -> FillJob:
     # The flow counts by name; the template rides along in the callbacks.
     name, template = call.name, call.template
     return FillJob(
@@ -780,18 +780,18 @@ def fill_job(state: GuardCore, call: Read, lock: Lock) -> FillJob:
         ttl=call.ttl,
         none_ttl=call.none_ttl,
         writing_here=lock.local.is_write_held_by_me(),
-        stamps=functools.partial(state._invalidation.stamps_for, name),
-        timer=state._timer,
-        clock=state._server_clock.now,
-        saw_server_clock=state._server_clock.sample,
-        rng=state._rng,
-        count=functools.partial(state._stats.count, template=template),
-        decode=functools.partial(state._decode, name, template=template),
-        decode_quiet=functools.partial(state._decode, name, count=False),
-        backend_failed=functools.partial(state._backend_failed, template=template),
-        shared_loads=state._shared_loads,
-        backoff=state._wait_backoff,
-        replay_pending=state._replay_pending,
-        checks_snapshots=state._checks_snapshots,
+        stamps=functools.partial(state.invalidation.stamps_for, name),
+        timer=state.timer,
+        clock=state.server_clock.now,
+        saw_server_clock=state.server_clock.sample,
+        rng=state.rng,
+        count=functools.partial(state.recorder.count, template=template),
+        decode=functools.partial(state.decode, name, template=template),
+        decode_quiet=functools.partial(state.decode, name, count=False),
+        backend_failed=functools.partial(state.backend_failed, template=template),
+        shared_loads=state.shared_loads,
+        backoff=state.wait_backoff,
+        replay_pending=state.replay_pending,
+        checks_snapshots=state.checks_snapshots,
     )
     # -- what each guard provides --------------------------------------------------------

@@ -3,7 +3,7 @@
 
 As for the read path (:mod:`cacheguard.cache.flows.read`), each public call of
 both guards is one generator function here, over the guard's state (a
-:class:`~cacheguard.cache.flows.core.GuardCore`); the guards only carry out its steps.
+:class:`~cacheguard.cache.flows.state.GuardState`); the guards only carry out its steps.
 ``write`` yields :data:`BODY` where the caller's ``with`` block runs: the
 driver suspends the flow there, runs the block, and resumes it with the
 block's error thrown in, if any.
@@ -32,9 +32,9 @@ from typing import Any, Final
 
 from redis.exceptions import OutOfMemoryError
 
-from cacheguard.cache.flows.core import GuardCore, add_note, closing_failed_note
 from cacheguard.cache.flows.fill import Call
 from cacheguard.cache.flows.read import client_error
+from cacheguard.cache.flows.state import GuardState, add_note, closing_failed_note
 from cacheguard.cache.invalidation import SCAN_BATCH
 from cacheguard.exceptions import BackendUnavailable, LockLostError, WriteNotConfirmed
 from cacheguard.redis.errors import REDIS_DOWN, backend_down
@@ -117,7 +117,7 @@ WriteStep = Command | Pipelined | Call | Scan | AcquireWrite | ReleaseWrites | B
 
 
 def write_flow(
-    state: GuardCore, names: Iterable[str], timeout: float | None, holder: Any
+    state: GuardState, names: Iterable[str], timeout: float | None, holder: Any
 ) -> Generator[WriteStep, Any, None]:
     """``write``: ``holder`` is whom the holds are for (the exit may run in another
     thread than the enter: ASGI servers run a sync dependency's enter and exit in
@@ -128,10 +128,10 @@ def write_flow(
     # Dropped before Redis is asked: a write refused because Redis is down may
     # still reach the database (an outbox, a caller's fallback), so this
     # process must not reuse what it saw of the names (outage_ttl).
-    state._forget_here(ordered)
+    state.forget_here(ordered)
     # The nodes of the write's keys; not the invalidation sequence's (without it
     # the invalidations poison instead, see stamp_flow).
-    closed = state._circuit_open(f"writing {', '.join(map(repr, ordered))}", ordered)
+    closed = state.circuit_open(f"writing {', '.join(map(repr, ordered))}", ordered)
     if closed is not None:
         raise closed
     held: list[Any] = []
@@ -142,7 +142,7 @@ def write_flow(
             try:
                 handle = yield AcquireWrite(lock, timeout, holder)
             except BackendUnavailable as exc:  # the lock layer's: count it here too
-                state._backend_failed(name, client_error(exc))
+                state.backend_failed(name, client_error(exc))
                 raise
             held.append(lock)
             handles.append(handle)
@@ -174,7 +174,7 @@ def write_flow(
 
 
 def release_writes(
-    state: GuardCore, held: list[Any], handles: list[Any], holder: Any
+    state: GuardState, held: list[Any], handles: list[Any], holder: Any
 ) -> Generator[WriteStep, Any, list[LockLostError]]:
     """Release ``held`` (last first); the losses: locks whose release found the
     holding gone, or whose handle a renewal had marked lost."""
@@ -189,7 +189,7 @@ def release_writes(
 
 
 def invalidate_flow(
-    state: GuardCore,
+    state: GuardState,
     names: list[str] | tuple[str, ...],
     *,
     checked: bool = False,
@@ -203,15 +203,15 @@ def invalidate_flow(
     (the names' key template, if known) labels the events."""
     if not names:
         return
-    state._forget_here(names)
+    state.forget_here(names)
     what = f"invalidating {', '.join(map(repr, names))}"
-    closed = None if checked else state._circuit_open(what, names)
+    closed = None if checked else state.circuit_open(what, names)
     if closed is not None:
         raise closed
-    invalidation = state._invalidation
+    invalidation = state.invalidation
     stamp = yield from stamp_flow(state, what, names, template=template)
     try:
-        results = yield Pipelined(tuple(invalidation.calls(names, stamp)), state._confirm())
+        results = yield Pipelined(tuple(invalidation.calls(names, stamp)), state.confirm())
     except BackendUnavailable as exc:
         failure = unavailable(state, what, exc, names[0], template=template)
         raise failure from client_error(exc)
@@ -220,13 +220,13 @@ def invalidate_flow(
     failed: BackendUnavailable | None = None
     for name, result in zip(names, results, strict=True):
         if isinstance(result, WriteNotConfirmed):  # the master is up: no breaker failure
-            state._stats.count("backend_errors", name, 0.0, result, template)
+            state.recorder.count("backend_errors", name, 0.0, result, template)
             failed = result
         elif isinstance(result, REDIS_DOWN):
             failed = unavailable(state, what, backend_down(name, result), name, template=template)
             failed.__cause__ = result
         elif not isinstance(result, Exception):
-            state._breaker(name).success()
+            state.breaker(name).success()
     if stamp is not None:  # also when some keys failed: those that went through count
         yield from tend_sequence(state, names, results, stamp)
     if failed is not None:
@@ -237,7 +237,7 @@ def invalidate_flow(
 
 
 def stamp_flow(
-    state: GuardCore,
+    state: GuardState,
     what: str,
     names: list[str] | tuple[str, ...],
     *,
@@ -250,19 +250,19 @@ def stamp_flow(
     Only on a cluster: on one server (or a Sentinel master) the keys live on that
     node too, so its failure is the caller's; ``required``: the caller needs a
     number (a prefix stamp)."""
-    invalidation = state._invalidation
+    invalidation = state.invalidation
     sequence = invalidation.watermark_key
-    breaker = state._breakers.of(sequence)
-    strict = required or state._breakers.single
-    if not any(state._breaker(name) is breaker for name in names):  # not asked yet
-        closed = state._circuit_open(what, key=sequence)
+    breaker = state.breakers.of(sequence)
+    strict = required or state.breakers.single
+    if not any(state.breaker(name) is breaker for name in names):  # not asked yet
+        closed = state.circuit_open(what, key=sequence)
         if closed is not None:
             if strict:
                 raise closed
             log.warning("%s: the invalidation sequence's circuit is open, poisoning", what)
             return None
     try:
-        (result,) = yield Pipelined((invalidation.next_stamp(),), state._confirm())
+        (result,) = yield Pipelined((invalidation.next_stamp(),), state.confirm())
     except BackendUnavailable as exc:
         result = exc
     if isinstance(result, OutOfMemoryError) and not required:
@@ -279,7 +279,7 @@ def stamp_flow(
         return result
     if isinstance(result, WriteNotConfirmed):  # the master is up: no breaker failure
         subject = names[0] if names else sequence
-        state._stats.count("backend_errors", subject, 0.0, result, template)
+        state.recorder.count("backend_errors", subject, 0.0, result, template)
         if strict:
             raise result
         log.warning("%s: the invalidation number is unconfirmed, poisoning", what)
@@ -293,9 +293,9 @@ def stamp_flow(
         raise unavailable(
             state, what, result, names[0] if names else sequence, key=sequence, template=template
         ) from client_error(result)
-    if breaker not in [state._breaker(name) for name in names]:
+    if breaker not in [state.breaker(name) for name in names]:
         # (On a node of the keys too, their own failing calls count it.)
-        state._backend_failed(
+        state.backend_failed(
             names[0] if names else sequence, result, key=sequence, template=template
         )
     log.warning("%s: the invalidation sequence's node is unreachable, poisoning", what)
@@ -303,13 +303,13 @@ def stamp_flow(
 
 
 def tend_sequence(
-    state: GuardCore, names: list[str] | tuple[str, ...], results: list[Any], stamp: int
+    state: GuardState, names: list[str] | tuple[str, ...], results: list[Any], stamp: int
 ) -> Generator[WriteStep, Any, None]:
     """After an invalidation that went through: lift the sequence to a version
     that ran ahead of ``stamp``, and heal the versions it found poisoned, with a
     number taken after its own poisoned write (see INVALIDATE). Best effort: a
     version left poisoned only keeps tracked fills of its key from storing."""
-    invalidation = state._invalidation
+    invalidation = state.invalidation
     try:
         lift = invalidation.lift(results, stamp)
         if lift is not None:  # a version ran ahead of the sequence: lift the sequence
@@ -319,7 +319,7 @@ def tend_sequence(
             heal = yield from stamp_flow(state, "healing poisoned versions", names)
             if heal is not None:
                 healed = yield Pipelined(
-                    tuple(invalidation.heal_calls(poisoned, heal)), state._confirm()
+                    tuple(invalidation.heal_calls(poisoned, heal)), state.confirm()
                 )
                 # A heal to the real version a poison carried may be above the number.
                 lift = invalidation.lift(healed, heal)
@@ -329,16 +329,16 @@ def tend_sequence(
         log.warning("the invalidation sequence was not tended: %s", exc)
 
 
-def invalidate_prefix_flow(state: GuardCore, prefix: str) -> Generator[WriteStep, Any, int]:
+def invalidate_prefix_flow(state: GuardState, prefix: str) -> Generator[WriteStep, Any, int]:
     """``invalidate_prefix``: every key whose name starts with ``prefix`` (a SCAN
     of the whole keyspace); returns how many."""
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
-    invalidation = state._invalidation
+    invalidation = state.invalidation
     names: set[str] = set()
     what = f"scanning {prefix!r}*"
-    if state._last_seen is not None:  # names this process saw that SCAN may miss
-        state._last_seen.drop_prefix(prefix)
+    if state.last_seen is not None:  # names this process saw that SCAN may miss
+        state.last_seen.drop_prefix(prefix)
     # Stamped first: a fill of a key the SCAN cannot see (no value, no fill yet)
     # from a snapshot older than this stamp will not store. The stamp must be a
     # number: a prefix stamp cannot be poisoned.
@@ -364,33 +364,33 @@ def invalidate_prefix_flow(state: GuardCore, prefix: str) -> Generator[WriteStep
     return len(ordered)
 
 
-def watermark_flow(state: GuardCore) -> Generator[WriteStep, Any, int]:
+def watermark_flow(state: GuardState) -> Generator[WriteStep, Any, int]:
     """``watermark``: the namespace's invalidation sequence now, confirmed like the
     invalidations (a watermark counting numbers that a failover could lose would
     let an old snapshot's fill pass a later write's stamp)."""
-    invalidation = state._invalidation
+    invalidation = state.invalidation
     key = invalidation.watermark_key
     what = "reading the watermark"
-    closed = state._circuit_open(what, key=key)
+    closed = state.circuit_open(what, key=key)
     if closed is not None:
         raise closed
     try:
-        (result,) = yield Pipelined((invalidation.read_watermark(),), state._confirm())
+        (result,) = yield Pipelined((invalidation.read_watermark(),), state.confirm())
     except BackendUnavailable as exc:
         raise unavailable(state, what, exc, key, key=key) from client_error(exc)
     if isinstance(result, WriteNotConfirmed):
-        state._stats.count("backend_errors", key, error=result)
+        state.recorder.count("backend_errors", key, error=result)
         raise result
     if isinstance(result, REDIS_DOWN):
         raise unavailable(state, what, backend_down(key, result), key, key=key) from result
     if isinstance(result, Exception):
         raise result
-    state._breakers.of(key).success()
+    state.breakers.of(key).success()
     return int(result)
 
 
 def unavailable(
-    state: GuardCore,
+    state: GuardState,
     what: str,
     exc: BackendUnavailable,
     name: str,
@@ -401,7 +401,7 @@ def unavailable(
     """Count Redis failing ``name``'s call (on ``key``'s node, if given) and the
     error that says so, with the client's error as its cause."""
     cause = client_error(exc)
-    state._backend_failed(name, cause, key=key, template=template)
+    state.backend_failed(name, cause, key=key, template=template)
     return BackendUnavailable(f"Redis unreachable {what}: {cause}")
 
 

@@ -56,7 +56,7 @@ def gutter_guard_made(guard: G, primary_stats: StatsRecorder) -> G:
     """Finish a gutter's guard: its loads counted on the primary's stats; its stores
     not checked against database snapshots (a tracked session's snapshot is judged
     by the primary's invalidations, which the gutter never sees)."""
-    guard._checks_snapshots = False  # type: ignore[attr-defined]
+    guard._state.checks_snapshots = False  # type: ignore[attr-defined]
     guard.add_event_hook(forward_loads(primary_stats))  # type: ignore[attr-defined]
     return guard
 

@@ -231,7 +231,7 @@ class _Replay:
             if replayed:
                 self._delete_sqlite([row.id for row in replayed], wait=not serving)
         for row in replayed:
-            self.guard._stats.count("outbox_replays", row.name, 0.0, None, None)
+            self.guard._state.recorder.count("outbox_replays", row.name, 0.0, None, None)
         if failure is not None:
             raise failure
         return len(rows), len(replayed), rows[-1].id if rows else after
@@ -245,7 +245,7 @@ class _Replay:
         if strange:
             raise ValueError(f"outbox rows of unknown kinds {sorted(strange)} in {self.table.name}")
         guard = self.guard
-        cluster = not guard._breakers.single
+        cluster = not guard._state.breakers.single
         rows = [row for row in rows if row.id not in waiting]  # (an earlier pass's)
         # On a cluster, by the circuit of a key's node before this batch's calls (a
         # node that fails only now may be the reader's own: that fails the replay):
@@ -253,7 +253,9 @@ class _Replay:
         # closes, and a guard replays again then; half-open -> the key is tried alone
         # (the probe) and waits if that fails; closed -> a failure fails the replay.
         circuits = {
-            row.name: guard._breaker(row.name).state for row in rows if cluster and row.kind == KEY
+            row.name: guard._state.breaker(row.name).state
+            for row in rows
+            if cluster and row.kind == KEY
         }
         waiting.update(row.id for row in rows if circuits.get(row.name) == "open")
         rows = [row for row in rows if row.id not in waiting]
@@ -426,13 +428,13 @@ class TrackerOutbox:
     def start(self) -> None:
         """Replay before serving from Redis (first at the guard's next read: this
         process may start after an outage), and poll."""
-        self.guard._recovery.add(self.hook)
+        self.guard._state.recovery.add(self.hook)
         self._poller.ensure_running()
         if isinstance(self._poller, _ThreadPoller):
             _outboxes.add(self)
 
     def stop(self) -> None:
-        self.guard._recovery.remove(self.hook)
+        self.guard._state.recovery.remove(self.hook)
         self._poller.stop()
 
     def touch(self) -> None:
@@ -459,7 +461,7 @@ class TrackerOutbox:
         connection = session.connection(bind_arguments={"clause": self._insert})
         ids = _insert(connection, self.table, rows)
         for _, name in named:
-            self.guard._stats.count("outbox_writes", name, 0.0, None, None)
+            self.guard._state.recorder.count("outbox_writes", name, 0.0, None, None)
         return dict(zip(named, ids, strict=True))
 
     def remove(self, ids: Collection[int]) -> None:
@@ -513,7 +515,7 @@ class _ThreadPoller:
         if (thread is not None and thread.is_alive()) or self._stopped.is_set():
             return
         with self._mutex:
-            if self._guard._closed or self._stopped.is_set():
+            if self._guard._state.closed or self._stopped.is_set():
                 return
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
@@ -529,7 +531,7 @@ class _ThreadPoller:
 
     def _run(self) -> None:
         while not self._stopped.wait(self._every):
-            if self._guard._closed:
+            if self._guard._state.closed:
                 return
             try:
                 if self._replayer.has_rows():
@@ -567,7 +569,7 @@ class _TaskPoller:
 
     def ensure_running(self) -> None:
         task = self._task
-        if (task is not None and not task.done()) or self._stopped or self._guard._closed:
+        if (task is not None and not task.done()) or self._stopped or self._guard._state.closed:
             return
         try:
             loop = asyncio.get_running_loop()
@@ -597,7 +599,7 @@ class _TaskPoller:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._every)
-            if self._stopped or self._guard._closed:
+            if self._stopped or self._guard._state.closed:
                 return
             try:
                 if await self._replayer.has_rows():
@@ -618,7 +620,7 @@ def _reset_after_fork() -> None:
         if isinstance(outbox._poller, _ThreadPoller):
             outbox._poller.reset_after_fork()
         # The child's first read replays (and so starts the child's poller).
-        outbox.guard._recovery.mark()
+        outbox.guard._state.recovery.mark()
 
 
 on_fork_in_child(_reset_after_fork)

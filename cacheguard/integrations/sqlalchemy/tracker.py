@@ -440,7 +440,7 @@ class ModelTracker:
             return
         try:
             # An open circuit costs no wait (each lock would wait out a dead socket).
-            closed = self.guard._circuit_open(f"write-locking {', '.join(fresh)}", fresh)
+            closed = self.guard._state.circuit_open(f"write-locking {', '.join(fresh)}", fresh)
             if closed is not None:
                 raise closed
             self._lock_and_invalidate(state, fresh, report=True)
@@ -460,11 +460,11 @@ class ModelTracker:
                 handle = self._io.acquire_write(lock, self.lock_timeout, me)
             except BackendUnavailable as exc:
                 if report:
-                    self.guard._backend_failed(name, client_error(exc))
+                    self.guard._state.backend_failed(name, client_error(exc))
                 raise
             state.locks[name] = (lock, handle)
         if report:
-            for breaker in {id(b): b for b in map(self.guard._breaker, fresh)}.values():
+            for breaker in {id(b): b for b in map(self.guard._state.breaker, fresh)}.values():
                 breaker.success()
         self._io.invalidate(*fresh)
 
@@ -492,10 +492,10 @@ class ModelTracker:
         transaction = session.get_nested_transaction() or session.get_transaction()
         state.outboxed.setdefault(id(transaction), {}).update(rows)
         state.outbox = self._outbox
-        self.guard._forget_here(keys)
+        self.guard._state.forget_here(keys)
         for prefix in prefixes:
             _forget_prefix_here(self.guard, prefix)
-        self.guard._recovery.mark()  # replay before serving from Redis again
+        self.guard._state.recovery.mark()  # replay before serving from Redis again
         log.warning(
             "Redis unreachable (%s): %d invalidations go to the outbox with the transaction",
             error,
@@ -728,10 +728,10 @@ def _enclosing(transaction: SessionTransaction) -> SessionTransaction | None:
 def _forget_prefix_here(guard: Any, prefix: str) -> None:
     """What this process keeps of the keys under ``prefix`` goes (L1 keeps no
     prefixes: all of it)."""
-    if guard._last_seen is not None:
-        guard._last_seen.drop_prefix(prefix)
-    if guard._l1 is not None:
-        guard._l1.tier.clear()
+    if guard._state.last_seen is not None:
+        guard._state.last_seen.drop_prefix(prefix)
+    if guard._state.l1 is not None:
+        guard._state.l1.tier.clear()
 
 
 def _release(guard: GuardIO, state: _TransactionLocks, names: list[str]) -> set[str]:

@@ -1,7 +1,7 @@
 """What both guards share: their parts and every decision that is not I/O.
 
 :class:`~cacheguard.CacheGuard` (sync) and :class:`~cacheguard.aio.AsyncCacheGuard`
-derive from :class:`GuardCore` and add only the I/O: they read, call scripts
+derive from :class:`GuardState` and add only the I/O: they read, call scripts
 and wait, and hand what they got to the methods here (or to the fill flow), so
 a decision is written once for both.
 """
@@ -37,7 +37,7 @@ from cacheguard.exceptions import BackendUnavailable, GuardClosed
 from cacheguard.redis.keys import ResourceKeys, check_name
 from cacheguard.redis.scripts import Confirm
 
-__all__ = ["GuardCore", "Lock", "add_note", "value_key"]
+__all__ = ["GuardState", "Lock", "add_note", "value_key"]
 
 log = logging.getLogger("cacheguard")
 
@@ -57,8 +57,12 @@ class Lock(Protocol):
     def local(self) -> Any: ...
 
 
-class GuardCore:
-    """Settings, counters, breaker, loader bookkeeping, invalidation layout, L1."""
+class GuardState:
+    """The state the flows run over, one per guard: its settings and every part a
+    decision reads or updates (counters, breakers, single flights, loader
+    bookkeeping, the invalidation layout, L1, the fallback memory, the outbox
+    recovery), the lock factory and the driver's ``run_in_background``. Its
+    methods are the small decisions every flow shares; none does I/O."""
 
     def __init__(
         self,
@@ -78,64 +82,64 @@ class GuardCore:
         self.settings = settings
         # The two-tier locks (a LockFactory, or its asyncio twin) and, with
         # write_locks=, the store's write lock of a name (cache/write_locks.py).
-        self._locks = locks
-        self._store_write_lock = store_write_lock
+        self.locks = locks
+        self.store_write_lock = store_write_lock
         # Runs a background refresh apart from the caller (a thread, a task): the
         # driver's; False when it cannot (the guard closing).
-        self._run_in_background = run_in_background
+        self.run_in_background = run_in_background
         self.namespace = settings.namespace
-        self._timer = timer
-        self._clock = clock
-        self._server_clock = ServerClock(timer, clock)  # entries' ages are judged by it
-        self._rng = rng
-        self._flights = SingleFlight(flight_event)
-        self._refreshes = SingleFlight(flight_event)
+        self.timer = timer
+        self.clock = clock
+        self.server_clock = ServerClock(timer, clock)  # entries' ages are judged by it
+        self.rng = rng
+        self.flights = SingleFlight(flight_event)
+        self.refreshes = SingleFlight(flight_event)
         # The unlocked loads of callers whose waits timed out, shared per key.
-        self._shared_loads = SharedLoads(flight_event, timer, settings.max_load_time)
-        self._stats = StatsRecorder(on_event)
+        self.shared_loads = SharedLoads(flight_event, timer, settings.max_load_time)
+        self.recorder = StatsRecorder(on_event)
         # Outbox replays before serving after an outage: pending again whenever a
         # circuit closes (its node is back: rows for it may wait in the outbox).
-        self._recovery = Recovery(timer=timer)
-        self._breakers = Breakers(
+        self.recovery = Recovery(timer=timer)
+        self.breakers = Breakers(
             failures=settings.breaker_failures,
             cooldown=settings.breaker_cooldown,
             timer=timer,
             node_of=node_of,
-            on_close=self._recovery.mark,
+            on_close=self.recovery.mark,
         )
-        self._replicas = replicas  # how many the deployment has, for confirm_replicas=None
-        self._loads = Loads(self._stats, timer)
-        self._invalidation = Invalidation(settings.namespace, settings.version_ttl_ms, timer=timer)
-        self._l1: L1Feed | None = None
+        self.replicas = replicas  # how many the deployment has, for confirm_replicas=None
+        self.loads = Loads(self.recorder, timer)
+        self.invalidation = Invalidation(settings.namespace, settings.version_ttl_ms, timer=timer)
+        self.l1: L1Feed | None = None
         # What this process saw last, for outage_ttl and stale_if_error (docs/outage.md)
-        self._last_seen: LastSeen | None = None
+        self.last_seen: LastSeen | None = None
         if settings.outage_ttl or settings.stale_if_error:
-            self._last_seen = LastSeen(maxsize=settings.fallback_maxsize, timer=timer)
-        self._gutter: Any = None  # the guard on the gutter Redis, if one is given
-        self._checks_snapshots = True  # False in a gutter's guard (cache/outage/gutter.py)
-        self._closed = False
-        self._owns_client = False  # from_url made the client: close() closes it
+            self.last_seen = LastSeen(maxsize=settings.fallback_maxsize, timer=timer)
+        self.gutter: Any = None  # the guard on the gutter Redis, if one is given
+        self.checks_snapshots = True  # False in a gutter's guard (cache/outage/gutter.py)
+        self.closed = False
+        self.owns_client = False  # from_url made the client: close() closes it
         # from_url's client and a GET on its connections for the hit path (see
         # clients.direct_get); used while that client is the guard's client.
-        self._direct_get: tuple[object, Callable[[str], Any]] | None = None
-        self._max_key_length = settings.max_key_length
-        self._wait_backoff: Callable[[], Backoff] = WAIT_BACKOFF  # tests lengthen it
+        self.direct_get: tuple[object, Callable[[str], Any]] | None = None
+        self.max_key_length = settings.max_key_length
+        self.wait_backoff: Callable[[], Backoff] = WAIT_BACKOFF  # tests lengthen it
 
     # -- public, no I/O ---------------------------------------------------------------
 
     def stats(self) -> Stats:
-        return self._stats.snapshot()
+        return self.recorder.snapshot()
 
     def add_event_hook(self, hook: EventHook) -> None:
         """Call ``hook(event)`` with every :class:`~cacheguard.CacheEvent` from now on,
         besides ``on_event`` (thread-safe; adding a hook twice adds it once). Hooks
         run in the calling thread (or on the loop) and must be quick; one that raises
         is logged and never fails the cache call."""
-        self._stats.add_hook(hook)
+        self.recorder.add_hook(hook)
 
     def remove_event_hook(self, hook: EventHook) -> None:
         """Stop calling ``hook``; :class:`ValueError` if it is not a hook of this guard."""
-        self._stats.remove_hook(hook)
+        self.recorder.remove_hook(hook)
 
     def keys(self, name: str) -> ResourceKeys:
         return ResourceKeys(self.namespace, name)
@@ -143,56 +147,56 @@ class GuardCore:
     def rwlock(self, name: str) -> Any:
         """The two-tier read-write lock of resource ``name`` (one per name in this
         process, or in this event loop for the asyncio guard)."""
-        return self._locks.rwlock(self._name(name))
+        return self.locks.rwlock(self.key_name(name))
 
     def write_lock(self, name: str) -> Any:
         """The lock ``write`` and the SQLAlchemy hooks take for ``name``: the two-tier
         lock, or the ``write_locks`` store's (see :mod:`cacheguard.cache.write_locks`)."""
-        name = self._name(name)
-        if self._store_write_lock is None:
-            return self._locks.rwlock(name)
-        return self._store_write_lock(name)
+        name = self.key_name(name)
+        if self.store_write_lock is None:
+            return self.locks.rwlock(name)
+        return self.store_write_lock(name)
 
     def watch_prefix(self, prefix: str) -> None:
         """Make fills of keys under ``prefix`` honour its prefix invalidations (see
         ``invalidate_prefix``) in this process, for good. The SQLAlchemy hooks watch
         their templates' prefixes; ``invalidate_prefix`` makes its process honour its
         own stamp for as long as the stamp lives (``version_ttl``)."""
-        self._invalidation.watch(prefix)
+        self.invalidation.watch(prefix)
 
     # -- what every call checks first, before Redis is touched -------------------------------
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         """Refuse a call on a closed guard (:class:`GuardClosed`)."""
-        if self._closed:
+        if self.closed:
             raise GuardClosed(
                 f"this {type(self).__name__} is closed: make a new one "
                 "(a client the guard made was closed with it)"
             )
 
-    def _checked_name(self, name: object) -> str:
+    def checked_name(self, name: object) -> str:
         """A key name as the guard uses it: a non-empty str encodable as UTF-8
         (``TypeError``/``ValueError`` otherwise), shortened past ``max_key_length``
         as a template's names are (see :func:`~cacheguard.redis.keys.check_name`)."""
-        if type(name) is str and name and len(name) <= self._max_key_length and name.isascii():
+        if type(name) is str and name and len(name) <= self.max_key_length and name.isascii():
             return name  # the hit path: nothing to check further
-        return check_name(name, self._max_key_length)
+        return check_name(name, self.max_key_length)
 
-    def _name(self, name: object) -> str:
+    def key_name(self, name: object) -> str:
         """The name of a call that talks to Redis: the guard open, the name checked."""
-        if self._closed:
-            self._check_open()
-        return self._checked_name(name)
+        if self.closed:
+            self.check_open()
+        return self.checked_name(name)
 
-    def _names(self, names: Iterable[object]) -> tuple[str, ...]:
+    def key_names(self, names: Iterable[object]) -> tuple[str, ...]:
         """:meth:`_name` for every name of a call."""
-        self._check_open()
-        return tuple(self._checked_name(name) for name in names)
+        self.check_open()
+        return tuple(self.checked_name(name) for name in names)
 
-    def _prefix(self, prefix: object) -> str:
+    def key_prefix(self, prefix: object) -> str:
         """An ``invalidate_prefix`` prefix: a str encodable as UTF-8 (empty: every key
         of the namespace), never shortened."""
-        self._check_open()
+        self.check_open()
         if prefix == "":
             return ""
         return check_name(prefix, sys.maxsize, "a prefix")
@@ -200,16 +204,16 @@ class GuardCore:
     # -- decisions the drivers ask for --------------------------------------------------------
 
     @staticmethod
-    def _ttl(ttl: float) -> float:
+    def checked_ttl(ttl: float) -> float:
         if ttl.__class__ in _NUMBERS and 0 < ttl <= MAX_SECONDS:  # the hit path: cheap
             return ttl
         return check_positive("ttl", ttl)
 
-    def _l1_seen(self) -> tuple[int, object] | None:
+    def l1_seen(self) -> tuple[int, object] | None:
         """Taken before a GET whose value L1 may keep (see :meth:`L1Feed.guard`)."""
-        return self._l1.guard() if self._l1 is not None else None
+        return self.l1.guard() if self.l1 is not None else None
 
-    def _decode(
+    def decode(
         self, name: str, raw: Any, *, count: bool = True, template: str | None = None
     ) -> Entry | None:
         """An entry from what a GET or a script returned; what is not one of ours
@@ -225,23 +229,23 @@ class GuardCore:
             raise ValueError(f"expected bytes from Redis, got {type(raw).__name__}")
         except ValueError as exc:
             if count:
-                self._stats.count("corrupt_entries", name, 0.0, exc, template)
+                self.recorder.count("corrupt_entries", name, 0.0, exc, template)
                 log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
             return None
 
-    def _breaker(self, name: str) -> CircuitBreaker:
+    def breaker(self, name: str) -> CircuitBreaker:
         """The circuit breaker of the node serving resource ``name`` (see Breakers)."""
-        breakers = self._breakers
+        breakers = self.breakers
         return breakers.shared if breakers.single else breakers.of(value_key(self.namespace, name))
 
-    def _confirm(self) -> Confirm | None:
+    def confirm(self) -> Confirm | None:
         """What a write-path invalidation waits for: (replicas, seconds), or None."""
         wanted = self.settings.confirm_replicas
         if wanted is None:
-            wanted = self._replicas()
+            wanted = self.replicas()
         return (wanted, self.settings.confirm_timeout) if wanted else None
 
-    def _backend_failed(
+    def backend_failed(
         self,
         name: str,
         exc: BaseException,
@@ -250,29 +254,29 @@ class GuardCore:
         template: str | None = None,
     ) -> None:
         """Redis failed ``name``'s call (or the call on Redis key ``key``)."""
-        (self._breakers.of(key) if key is not None else self._breaker(name)).failure()
-        self._recovery.mark()  # writes may have gone to an outbox meanwhile
-        self._stats.count("backend_errors", name, 0.0, exc, template)
+        (self.breakers.of(key) if key is not None else self.breaker(name)).failure()
+        self.recovery.mark()  # writes may have gone to an outbox meanwhile
+        self.recorder.count("backend_errors", name, 0.0, exc, template)
         log.warning("Redis unavailable for %r (%s: %s)", name, type(exc).__name__, exc)
 
-    def _seen_ticket(self, name: str) -> int:
+    def seen_ticket(self, name: str) -> int:
         """Taken before a read of ``name`` whose value the fallback memory may keep: a
         write of ``name`` here meanwhile voids the note (see
         :mod:`cacheguard.cache.outage.fallback`)."""
-        return self._last_seen.ticket(name) if self._last_seen is not None else 0
+        return self.last_seen.ticket(name) if self.last_seen is not None else 0
 
-    def _replay_pending(self) -> bool:
-        return self._recovery.pending
+    def replay_pending(self) -> bool:
+        return self.recovery.pending
 
-    def _forget_here(self, names: Iterable[str]) -> None:
+    def forget_here(self, names: Iterable[str]) -> None:
         """Drop what this process keeps of ``names`` (L1, the last values seen): they
         are being written or invalidated."""
-        if self._l1 is not None:
-            self._l1.drop(names)
-        if self._last_seen is not None:
-            self._last_seen.drop(names)
+        if self.l1 is not None:
+            self.l1.drop(names)
+        if self.last_seen is not None:
+            self.last_seen.drop(names)
 
-    def _refuse_bypass(
+    def refuse_bypass(
         self,
         name: str,
         exc: BaseException | None,
@@ -284,22 +288,22 @@ class GuardCore:
         ``on_backend_error="raise"``, else count the bypass and return (the caller
         loads directly). ``failure_counted``: ``exc`` was counted already."""
         if exc is not None and not failure_counted:
-            self._backend_failed(name, exc, template=template)
+            self.backend_failed(name, exc, template=template)
         if self.settings.on_backend_error == "raise":
             raise BackendUnavailable(
                 f"Redis unavailable for {name!r}"
                 + (f": {exc}" if exc is not None else " (circuit open)")
             ) from exc
-        self._stats.count("bypasses", name, 0.0, None, template)
+        self.recorder.count("bypasses", name, 0.0, None, template)
 
-    def _circuit_open(
+    def circuit_open(
         self, what: str, names: Iterable[str] = (), key: str | None = None
     ) -> BackendUnavailable | None:
         """The error for ``what`` when the circuit of a node it needs (serving one of
         ``names``, or Redis key ``key``) is open, else None."""
-        needed = [self._breaker(name) for name in names]
+        needed = [self.breaker(name) for name in names]
         if key is not None:
-            needed.append(self._breakers.of(key))
+            needed.append(self.breakers.of(key))
         # Each breaker once: keys on one node share it, and in its half-open state a
         # second ask would be refused while the first holds the probe.
         breakers = {id(breaker): breaker for breaker in needed}.values()
