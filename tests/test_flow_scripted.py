@@ -16,10 +16,6 @@ from cacheguard.cache import wire
 from cacheguard.cache.codec import MsgpackCodec
 from cacheguard.cache.entry import MISSING, Entry, pack_entry, unpack_entry
 from cacheguard.cache.flows.fill import (
-    FRESH,
-    MISS,
-    REFRESH,
-    STALE,
     Adopt,
     Call,
     Disown,
@@ -34,9 +30,9 @@ from cacheguard.cache.flows.fill import (
     ReleaseLater,
     Seal,
     fill_flow,
-    judge,
     timed_out_flow,
 )
+from cacheguard.cache.flows.read import FRESH, MISS, REFRESH, STALE, judge
 from cacheguard.cache.outage.shared_loads import AwaitLoad, LoadShared, SharedLoads, shared_load
 from cacheguard.cache.scripts import FILL_BEGIN, FILL_END
 from cacheguard.cache.settings import GuardSettings

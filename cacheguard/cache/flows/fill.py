@@ -38,10 +38,8 @@ Every loop is bounded by the deadline and by ``max_fill_retries``; none recurses
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
-import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -65,10 +63,6 @@ from cacheguard.redis.scripts import ScriptCall
 from cacheguard.steps import Subscribe, Wait
 
 __all__ = [
-    "FRESH",
-    "MISS",
-    "REFRESH",
-    "STALE",
     "Adopt",
     "Call",
     "Disown",
@@ -83,9 +77,7 @@ __all__ = [
     "ReleaseLater",
     "Seal",
     "Step",
-    "Verdict",
     "fill_flow",
-    "judge",
     "timed_out_flow",
 ]
 
@@ -95,44 +87,10 @@ Source = Literal["l2", "loaded", "peer", "unlocked", "stale", "skipped"]
 
 RETRY_MARGIN: Final = 0.002  # after a busy lease's end, so the retry lands after it
 SUBSCRIBE_WAIT_CAP: Final = 1.0  # with pub/sub down the confirmation never comes
-# XFetch refreshes with probability exp(-time_left / (beta * load_duration)).
-XFETCH_HORIZON: Final = 40.0
 # The safety-net timer of a waiting fill. The filler's announcement wakes waiters;
 # a dead filler is retried when its lease ends (the begin script says when). The
 # timer only covers a lost announcement, so it need not fire during a normal load.
 WAIT_BACKOFF: Final = functools.partial(Backoff, initial=0.5, cap=1.0)
-
-# -- the hit path's choice ------------------------------------------------------------
-
-
-class Verdict(enum.IntEnum):
-    """What :func:`judge` says of an entry read from Redis (ordered: serving ones first)."""
-
-    FRESH = 0  # serve it
-    REFRESH = 1  # serve it, and refresh it in the background (early refresh)
-    STALE = 2  # past its life but within the stale window: serve, reload in the background
-    MISS = 3  # fill the key
-
-
-# The hit path compares them: module-level names, so no enum lookup per hit.
-FRESH, REFRESH, STALE, MISS = Verdict.FRESH, Verdict.REFRESH, Verdict.STALE, Verdict.MISS
-
-
-def judge(entry: Entry, now: float, settings: GuardSettings, rng: Callable[[], float]) -> Verdict:
-    """What to do with ``entry`` read at ``now`` (the server's clock, as the entry's
-    ``created``): :data:`FRESH` (serve),
-    :data:`REFRESH` (serve, refresh in the background), :data:`STALE` (serve within
-    the stale window, reload in the background) or :data:`MISS`."""
-    left = entry.created + entry.ttl - now
-    if left > 0:
-        scale = settings.early_refresh_beta * entry.load_duration
-        if scale <= 0 or left > XFETCH_HORIZON * scale:
-            return FRESH  # a chance below e**-40: not worth a random draw on every hit
-        draw = rng()
-        if draw > 0 and -scale * math.log(draw) >= left:
-            return REFRESH
-        return FRESH
-    return STALE if settings.stale_ttl > 0 else MISS
 
 
 # -- the fill's steps -------------------------------------------------------------------

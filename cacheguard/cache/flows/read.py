@@ -13,7 +13,7 @@ as its ``__cause__``.
    others wait for its outcome, or read again if they joined after the read it
    shares was sent (see :mod:`cacheguard.cache.singleflight`). A caller that
    holds the key's write lock loads its own view at once;
-3. the leader's one GET, judged by :func:`~cacheguard.cache.flows.fill.judge`; on a
+3. the leader's one GET, judged by :func:`judge`; on a
    miss the fill flow runs (one filler across processes);
 4. Redis down, or the circuit open: a value this process saw within
    ``outage_ttl``, else the gutter's single flight (``gutter=``), else
@@ -35,15 +35,17 @@ value to serve. Each driver sends that GET without building the flow
 terms: only when the flow would go straight to a plain GET (no L1, no fallback
 memory, no outage being handled or behind, the server's clock sampled, no other
 caller of the key under way), and what it read is served through the flow's own
-functions (:func:`~cacheguard.cache.flows.fill.judge`, :func:`serve`). Anything
+functions (:func:`judge`, :func:`serve`). Anything
 else (a miss, an error, outbox replays pending) goes on in the flow from the
 GET's answer (:class:`Sent`), so every decision stays written once.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
+import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -51,29 +53,29 @@ from typing import Any, Final
 from cacheguard.cache.entry import MISSING, Entry, Missing, unpack_entry
 from cacheguard.cache.flows.fill import (
     LOOKUP,
-    MISS,
-    REFRESH,
-    STALE,
     Call,
     FillJob,
     Lookup,
     Outcome,
     Step,
-    Verdict,
     fill_flow,
-    judge,
     timed_out_flow,
 )
 from cacheguard.cache.flows.state import GuardState, Lock
 from cacheguard.cache.l1 import ABSENT
 from cacheguard.cache.outage.fallback import NOT_SEEN, from_loader
 from cacheguard.cache.outage.recovery import ReplayFailed
+from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
 from cacheguard.cache.wire import parse_timed_get, timed_get_call
 from cacheguard.exceptions import BackendUnavailable, GuardClosed
 
 __all__ = [
+    "FRESH",
+    "MISS",
+    "REFRESH",
     "REPLAY",
+    "STALE",
     "Gutter",
     "LoadNow",
     "Read",
@@ -81,8 +83,10 @@ __all__ = [
     "Replay",
     "RunFill",
     "Sent",
+    "Verdict",
     "WaitFlight",
     "client_error",
+    "judge",
     "read_call",
     "valid_for_all",
 ]
@@ -90,6 +94,42 @@ __all__ = [
 log = logging.getLogger("cacheguard")
 
 LATE_FOLLOWER_REREADS: Final = 2  # shared re-reads for late joiners; stragglers read themselves
+
+
+# -- a hit's verdict --------------------------------------------------------------------
+
+# XFetch refreshes with probability exp(-time_left / (beta * load_duration)).
+XFETCH_HORIZON: Final = 40.0
+
+
+class Verdict(enum.IntEnum):
+    """What :func:`judge` says of an entry read from Redis (ordered: serving ones first)."""
+
+    FRESH = 0  # serve it
+    REFRESH = 1  # serve it, and refresh it in the background (early refresh)
+    STALE = 2  # past its life but within the stale window: serve, reload in the background
+    MISS = 3  # fill the key
+
+
+# The hit path compares them: module-level names, so no enum lookup per hit.
+FRESH, REFRESH, STALE, MISS = Verdict.FRESH, Verdict.REFRESH, Verdict.STALE, Verdict.MISS
+
+
+def judge(entry: Entry, now: float, settings: GuardSettings, rng: Callable[[], float]) -> Verdict:
+    """What to do with ``entry`` read at ``now`` (the server's clock, as the entry's
+    ``created``): :data:`FRESH` (serve),
+    :data:`REFRESH` (serve, refresh in the background), :data:`STALE` (serve within
+    the stale window, reload in the background) or :data:`MISS`."""
+    left = entry.created + entry.ttl - now
+    if left > 0:
+        scale = settings.early_refresh_beta * entry.load_duration
+        if scale <= 0 or left > XFETCH_HORIZON * scale:
+            return FRESH  # a chance below e**-40: not worth a random draw on every hit
+        draw = rng()
+        if draw > 0 and -scale * math.log(draw) >= left:
+            return REFRESH
+        return FRESH
+    return STALE if settings.stale_ttl > 0 else MISS
 
 
 class Read:
