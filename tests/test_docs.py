@@ -528,6 +528,7 @@ def build_site(
     )
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
     """``mkdocs build --strict``: every page, link, anchor and API docstring renders."""
     site = tmp_path / "site"

@@ -129,6 +129,7 @@ def _evict_version_key(client: redis.Redis, policy: str, version: str, lock: str
         client.config_set("maxmemory", 0)
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 @pytest.mark.parametrize("policy_server", EVICTING, indirect=True)
 async def test_an_evicted_version_key_never_lets_an_old_value_in(
     guard: Guard, plain: redis.Redis, policy_server: tuple[str, str]

@@ -211,6 +211,7 @@ def _server_time(client: redis.Redis) -> float:
     return float(seconds) + micros / 1e6
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_an_entry_read_past_its_life_is_loaded_again(redis_url: str, namespace: str) -> None:
     # on_timeout="stale" keeps an entry in Redis for a second lifetime after its end
     # (for readers whose wait timed out): a GET still reads it, and must not serve it.

@@ -183,6 +183,7 @@ class LockMachine(RuleBasedStateMachine):
         assert queued == set(self.model.queue)
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_lock_matches_model(redis_url: str) -> None:
     LockMachine.url = redis_url
     run_state_machine_as_test(

@@ -23,6 +23,7 @@ from tests.procs import (
 )
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 @pytest.mark.parametrize("two_tier", [True, False], ids=["two-tier", "redis-only"])
 def test_mutual_exclusion_canary(
     client: redis.Redis, redis_url: str, namespace: str, two_tier: bool
@@ -40,6 +41,7 @@ def test_mutual_exclusion_canary(
     assert sum(r["reads"] for r in results) == processes * threads * rounds - expected
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_sigkilled_writer_is_taken_over_within_lease(
     client: redis.Redis, redis_url: str, namespace: str
 ) -> None:

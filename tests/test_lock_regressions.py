@@ -124,6 +124,7 @@ def test_failed_release_is_retried_in_the_background(
     assert wait_until(lambda: not client.exists(lock.keys.lock), timeout=3)  # ... not for long
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_error_reply_at_renewal_is_not_a_loss(
     client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

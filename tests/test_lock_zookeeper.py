@@ -141,6 +141,7 @@ def test_a_waiter_whose_session_expired_queues_again(
     assert isinstance(waiter.result(30), int)
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_a_killed_holder_frees_the_lock_and_the_next_token_is_higher(
     server: OwnedZooKeeperServer, connect: Callable[[], KazooClient], name: str
 ) -> None:

@@ -312,6 +312,7 @@ def test_a_later_request_head_on_a_kept_alive_connection_has_a_deadline_too(
         client.close()
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_a_body_sent_a_byte_at_a_time_is_cut_off_at_the_deadline(service: Service) -> None:
     """Each byte comes well within the deadline; the whole body does not."""
     body = b'{"name": "slow and steady"}'
@@ -574,6 +575,7 @@ def _shut_down_if_left(redis_url: str) -> None:
         redis.Redis.from_url(redis_url, socket_connect_timeout=1).shutdown(nosave=True)
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_serve_on_postgresql(redis_url: str) -> None:
     database = os.environ.get("DATABASE_URL", "")
     if not database.startswith("postgresql"):

@@ -479,6 +479,7 @@ def test_a_replay_waits_for_the_rows_another_replayer_holds(
         stack.close()
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 @pytest.mark.parametrize("db_url", [pytest.param(postgres_url(), id="postgresql")], indirect=True)
 def test_a_replay_waits_for_held_rows_at_most_wait_timeout(
     postgres_reachable: None, server: OwnedRedisServer, db_url: str, table: str, outbox: str

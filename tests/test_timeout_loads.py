@@ -192,6 +192,7 @@ async def test_the_callers_of_an_interrupted_load_go_on_without_it(make: Make) -
     assert len(reader.guard._state.shared_loads) == 0
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 async def test_loaders_reading_each_others_keys_do_not_wait_forever(make: Make) -> None:
     """Loader a reads key b and loader b reads key a, both called at once while the
     keys' fills are held off: each caller's shared load would wait for the other's.

@@ -147,6 +147,7 @@ def test_a_forked_worker_drops_its_l1_copy_when_the_parent_writes(
     assert child.exitcode == 0
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_l1_survives_racing_threads(
     client: redis.Redis, namespace: str, guards: list[CacheGuard]
 ) -> None:

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 
+import pytest
 import redis
 
 from cacheguard import CacheGuard
@@ -19,6 +20,7 @@ from tests import cache_workers
 from tests.procs import CTX, run_processes, start_process
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_frozen_fill_past_its_lease_is_rejected(owned_redis: OwnedRedisServer) -> None:
     """The GC-pause case: a filler SIGSTOPped past its lease, a fill and a write
     meanwhile; on SIGCONT its store is refused and the newer value stays."""
@@ -61,6 +63,7 @@ def _child_pid_loading() -> int:
     return pid
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 def test_sigkilled_filler_is_taken_over(owned_redis: OwnedRedisServer) -> None:
     """A filler SIGKILLed mid-load: the next caller takes over when its lease ends."""
     client, redis_url, namespace = redis.Redis.from_url(owned_redis.url), owned_redis.url, "death"

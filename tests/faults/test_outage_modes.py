@@ -77,6 +77,7 @@ def outage(request: pytest.FixtureRequest, primary: OwnedRedisServer) -> Iterato
 # -- each outage kind, in one process ---------------------------------------------------------
 
 
+@pytest.mark.slow  # over a second: the whole suite runs it, -m 'not slow' does not
 @pytest.mark.parametrize("outage", OUTAGES, indirect=True)
 async def test_reuse_stale_values_and_the_gutter_through_the_outage(
     outage: Outage, make: Make, gutter: OwnedRedisServer, clock: Clock
