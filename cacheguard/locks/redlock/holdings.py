@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from cacheguard.locks.redlock.quorum import RedlockHandleState
+from cacheguard.redis.keys import ResourceKeys
 
-__all__ = ["Holdings", "process_holdings", "reset_holdings_after_fork"]
+__all__ = ["HeldOnMasters", "Holdings", "process_holdings", "reset_holdings_after_fork"]
+
+
+class HeldOnMasters(Protocol):
+    """What the record needs of a Redlock handle (sync or asyncio): whose holding,
+    of which lock, and the epoch it has on each master that granted it."""
+
+    owner: str
+
+    @property
+    def keys(self) -> ResourceKeys: ...
+
+    @property
+    def granted(self) -> Sequence[tuple[str, int]]: ...
 
 
 class Holdings:
@@ -42,14 +54,14 @@ class Holdings:
                 if not self._rounds[lock_key, owner]:
                     del self._rounds[lock_key, owner]
 
-    def add(self, handle: RedlockHandleState) -> None:
+    def add(self, handle: HeldOnMasters) -> None:
         with self._mutex:
-            for address, epoch in handle._granted:
+            for address, epoch in handle.granted:
                 self._epochs[handle.keys.lock, handle.owner, address, epoch] += 1
 
-    def remove(self, handle: RedlockHandleState) -> None:
+    def remove(self, handle: HeldOnMasters) -> None:
         with self._mutex:
-            for address, epoch in handle._granted:
+            for address, epoch in handle.granted:
                 entry = (handle.keys.lock, handle.owner, address, epoch)
                 self._epochs[entry] -= 1
                 if self._epochs[entry] <= 0:

@@ -655,6 +655,11 @@ class RedlockHandleState(HandleState):
         return self.lock._masters
 
     @property
+    def granted(self) -> list[tuple[str, int]]:
+        """(master address, epoch) of each master that granted this holding."""
+        return self._granted
+
+    @property
     def keys(self) -> ResourceKeys:
         keys: ResourceKeys = self.lock.keys
         return keys
