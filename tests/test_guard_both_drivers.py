@@ -21,6 +21,7 @@ from cacheguard import (
     MISSING,
     BackendUnavailable,
     CacheGuard,
+    GuardClosed,
     LockTimeout,
     RecursiveLoadError,
     WriteNotConfirmed,
@@ -495,3 +496,52 @@ async def test_a_write_failing_in_the_lock_layer_counts_toward_the_circuit(make:
             pass
     assert guard.stats().backend_errors == 1
     assert guard.guard._state.breaker("k").state == "open"
+
+
+# -- what a guard's state says and keeps (issue #25 review) ----------------------------------
+
+
+async def test_a_closed_guard_names_itself(make: Make) -> None:
+    guard = make()
+    await guard.close()
+    front = type(guard.guard).__name__  # CacheGuard or AsyncCacheGuard, not its state
+    with pytest.raises(GuardClosed, match=f"^this {front} is closed"):
+        await guard.get_or_load("k", Loads(), ttl=60)
+    with pytest.raises(GuardClosed, match=f"^this {front} is closed"):
+        guard.guard.rwlock("k")
+
+
+@pytest.mark.parametrize("none_ttl", [-1, 0, True, "x", float("nan"), 1e12])
+async def test_a_bad_none_ttl_is_refused_before_the_loader_runs(make: Make, none_ttl: Any) -> None:
+    """Miss or hit, get_or_load and refresh: none_ttl is checked as ttl is (as
+    CacheLoader checks it), before anything is loaded or stored."""
+    guard = make()
+    loads = Loads(None)
+    await guard.get_or_load("warm", Loads("v"), ttl=60)  # a hit takes the hit path
+    for name in ("cold", "warm"):
+        with pytest.raises((ValueError, TypeError), match="none_ttl"):
+            await guard.get_or_load(name, loads, ttl=60, none_ttl=none_ttl)
+    with pytest.raises((ValueError, TypeError), match="none_ttl"):
+        await guard.refresh("cold", loads, ttl=60, none_ttl=none_ttl)
+    assert loads.calls == 0
+    assert len(guard.guard._state.flights) == 0  # a refused read leads no flight
+    assert await guard.get_or_load("cold", loads, ttl=60, none_ttl=5) is None  # good: loads
+
+
+def test_a_dropped_guard_is_freed_at_once(redis_url: str, namespace: str) -> None:
+    """A guard's state keeps no reference to its guard: dropped, a guard is freed
+    without waiting for the garbage collector (which a busy process may run late)."""
+    import gc
+    import weakref
+
+    made = [
+        CacheGuard(redis.Redis.from_url(redis_url), namespace=namespace),
+        AsyncCacheGuard(redis.asyncio.Redis.from_url(redis_url), namespace=namespace),
+    ]
+    refs = [weakref.ref(guard) for guard in made]
+    gc.disable()
+    try:
+        del made
+        assert [ref() for ref in refs] == [None, None]
+    finally:
+        gc.enable()

@@ -3010,6 +3010,57 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_dogpile_backend.py::test_a_key_without_a_utf8_form_is_a_clear_error",),
         within="_key_name",
     ),
+    # -- the guard's state (issue #25's review) ---------------------------------------------
+    Mutant(
+        "closed-guard-names-its-guard",
+        "a call on a closed guard says which guard (CacheGuard, AsyncCacheGuard) is closed",
+        "cacheguard/cache/flows/state.py",
+        'f"this {self.front} is closed: make a new one "',
+        'f"this {type(self).__name__} is closed: make a new one "',
+        (
+            "tests/test_guard_both_drivers.py::test_a_closed_guard_names_itself[sync]",
+            "tests/test_guard_both_drivers.py::test_a_closed_guard_names_itself[async]",
+        ),
+        within="GuardState.check_open",
+    ),
+    Mutant(
+        "read-checks-none-ttl",
+        "get_or_load and refresh refuse a bad none_ttl before anything loads or is stored",
+        "cacheguard/cache/flows/read.py",
+        '        none_ttl = check_positive("none_ttl", none_ttl)\n',
+        "        pass\n",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_a_bad_none_ttl_is_refused_before_the_loader_runs[sync--1]",
+            "tests/test_guard_both_drivers.py::"
+            "test_a_bad_none_ttl_is_refused_before_the_loader_runs[async--1]",
+        ),
+        within="read_call",
+    ),
+    Mutant(
+        "refused-read-leads-no-flight",
+        "a read refused for its arguments leaves no single flight open (checked before the "
+        "hit path leads the key's flight)",
+        "cacheguard/cache/guard.py",
+        "        call = read_call(self._state, name, load, ttl, none_ttl, template)\n"
+        "        lead = hit_lead(self._state, name, ttl)\n",
+        "        lead = hit_lead(self._state, name, ttl)\n"
+        "        call = read_call(self._state, name, load, ttl, none_ttl, template)\n",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_a_bad_none_ttl_is_refused_before_the_loader_runs[sync--1]",
+        ),
+        within="CacheGuard.get_or_load",
+    ),
+    Mutant(
+        "state-keeps-no-guard-alive",
+        "a guard's state holds no reference to its guard: a dropped guard is freed at once",
+        "cacheguard/cache/guard.py",
+        "            run_in_background=weakly(self._start_background),\n",
+        "            run_in_background=self._start_background,\n",
+        ("tests/test_guard_both_drivers.py::test_a_dropped_guard_is_freed_at_once",),
+        within="CacheGuard.__init__",
+    ),
     # -- the house: the lean import (tests/test_layout.py, issue #25) --------------------------
     Mutant(
         "lean-import-faces",

@@ -43,7 +43,6 @@ from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
     LoadNow,
-    Read,
     Replay,
     RunFill,
     WaitFlight,
@@ -55,7 +54,7 @@ from cacheguard.cache.flows.read import (
     read_call,
     refresh_flow,
 )
-from cacheguard.cache.flows.state import GuardState, value_key
+from cacheguard.cache.flows.state import GuardState, value_key, weakly
 from cacheguard.cache.flows.write import (
     BODY,
     AcquireWrite,
@@ -134,7 +133,8 @@ class AsyncCacheGuard:
             clock=clock,
             rng=rng,
             flight_event=asyncio.Event,
-            run_in_background=self._start_background,
+            front="AsyncCacheGuard",
+            run_in_background=weakly(self._start_background),
             locks=AsyncLockFactory(
                 client,
                 namespace=config.namespace,
@@ -260,9 +260,10 @@ class AsyncCacheGuard:
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
         name = self._state.key_name(name)
+        # Checked before the hit path leads the key's flight: a refusal leaves none open.
+        call = read_call(self._state, name, load, ttl, none_ttl, template)
         lead = hit_lead(self._state, name, ttl)
         if lead is None:
-            call = read_call(self._state, name, load, ttl, none_ttl, template)
             return await self._run(read(self._state, call), name)
         # The hit path, as CacheGuard.get_or_load's (see cache/flows/read.py).
         direct, client = self._state.direct_get, self.client
@@ -271,7 +272,6 @@ class AsyncCacheGuard:
             raw, error = await get(value_key(self._state.namespace, name)), None
         except BaseException as exc:
             raw, error = lookup_failed(name, exc)
-        call = Read(name, load, ttl, none_ttl, template)  # its ttl checked by hit_lead
         value, rest = hit(self._state, call, lead, raw, error)
         if rest is None:
             return value

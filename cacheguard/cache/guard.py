@@ -33,7 +33,6 @@ from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
     LoadNow,
-    Read,
     Replay,
     RunFill,
     WaitFlight,
@@ -45,7 +44,7 @@ from cacheguard.cache.flows.read import (
     read_call,
     refresh_flow,
 )
-from cacheguard.cache.flows.state import GuardState, value_key
+from cacheguard.cache.flows.state import GuardState, value_key, weakly
 from cacheguard.cache.flows.write import (
     BODY,
     AcquireWrite,
@@ -125,7 +124,8 @@ class CacheGuard:
             clock=clock,
             rng=rng,
             flight_event=threading.Event,
-            run_in_background=self._start_background,
+            front="CacheGuard",
+            run_in_background=weakly(self._start_background),
             locks=LockFactory(
                 client,
                 namespace=config.namespace,
@@ -250,9 +250,10 @@ class CacheGuard:
         in this call's events, for metrics labels; loaders pass their own. Without
         it the events carry None (see :mod:`cacheguard.cache.stats`)."""
         name = self._state.key_name(name)
+        # Checked before the hit path leads the key's flight: a refusal leaves none open.
+        call = read_call(self._state, name, load, ttl, none_ttl, template)
         lead = hit_lead(self._state, name, ttl)
         if lead is None:
-            call = read_call(self._state, name, load, ttl, none_ttl, template)
             return self._run(read(self._state, call), name)  # type: ignore[no-any-return]
         # The hit path (see cache/flows/read.py): the leader's GET without the flow,
         # which goes on from its answer unless that is a value to serve at once.
@@ -262,7 +263,6 @@ class CacheGuard:
             raw, error = get(value_key(self._state.namespace, name)), None
         except BaseException as exc:
             raw, error = lookup_failed(name, exc)
-        call = Read(name, load, ttl, none_ttl, template)  # its ttl checked by hit_lead
         value, rest = hit(self._state, call, lead, raw, error)
         if rest is None:
             return value  # type: ignore[no-any-return]

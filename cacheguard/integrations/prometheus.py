@@ -40,7 +40,6 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from cacheguard.cache.flows.state import GuardState
 from cacheguard.cache.stats import CacheEvent
 
 __all__ = ["UNTEMPLATED", "CacheMetrics"]
@@ -210,7 +209,9 @@ class CacheMetrics:
         """Count ``guard``'s events from now on (a :class:`~cacheguard.CacheGuard` or an
         :class:`~cacheguard.aio.AsyncCacheGuard`); returns the guard. Instrumenting a
         guard twice counts it once."""
-        if not isinstance(getattr(guard, "_state", None), GuardState):  # either guard
+        if not all(
+            callable(getattr(guard, hook, None)) for hook in ("add_event_hook", "remove_event_hook")
+        ):
             raise TypeError(
                 f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}"
             )

@@ -68,6 +68,7 @@ from cacheguard.cache.outage.recovery import ReplayFailed
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
 from cacheguard.cache.wire import parse_timed_get, timed_get_call
+from cacheguard.checks import check_positive
 from cacheguard.exceptions import BackendUnavailable, GuardClosed
 
 __all__ = [
@@ -164,7 +165,10 @@ def read_call(
     none_ttl: float | Missing | None,
     template: str | None = None,
 ) -> Read:
-    """The record of a read of ``name`` (already checked), its ``ttl`` checked."""
+    """The record of a read of ``name`` (already checked), its lifetimes checked:
+    ``ttl``, and ``none_ttl`` unless MISSING (the setting's) or None (never cached)."""
+    if none_ttl is not MISSING and none_ttl is not None:
+        none_ttl = check_positive("none_ttl", none_ttl)
     return Read(name, load, state.checked_ttl(ttl), none_ttl, template)
 
 
@@ -451,7 +455,7 @@ def share(
     state: GuardState, name: str, flight: Flight, value: Any, valid_below: int, template: str | None
 ) -> Generator[ReadStep, Any, Any]:
     """The end of :func:`read_flow` for a value the hit path served: followers
-    joined after its GET was sent (see :meth:`_reread_for_late_followers`)."""
+    joined after its GET was sent (see :func:`reread_for_late_followers`)."""
     try:
         value, valid_below = yield from reread_for_late_followers(
             state, name, flight, value, valid_below, template
@@ -725,7 +729,7 @@ def judge_read(
 ) -> tuple[bool, Entry | None]:
     """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
     the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
-    past its expiry for the stale policy). ``seen_ticket``: :meth:`GuardState._seen_ticket`,
+    past its expiry for the stale policy). ``seen_ticket``: :meth:`GuardState.seen_ticket`,
     taken before the GET."""
     entry = state.decode(call.name, raw, template=call.template)
     if entry is None:

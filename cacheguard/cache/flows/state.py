@@ -1,9 +1,9 @@
-"""What both guards share: their parts and every decision that is not I/O.
+"""The one state the flows run over: a guard's parts and the small decisions on them.
 
 :class:`~cacheguard.CacheGuard` (sync) and :class:`~cacheguard.aio.AsyncCacheGuard`
-derive from :class:`GuardState` and add only the I/O: they read, call scripts
-and wait, and hand what they got to the methods here (or to the fill flow), so
-a decision is written once for both.
+each hold a :class:`GuardState` and add only the I/O: they run the flows
+(:mod:`cacheguard.cache.flows`) over it, read, call scripts and wait, so a decision
+is written once for both.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 import random
 import sys
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, Final, Protocol
 
@@ -37,7 +38,7 @@ from cacheguard.exceptions import BackendUnavailable, GuardClosed
 from cacheguard.redis.keys import ResourceKeys, check_name
 from cacheguard.redis.scripts import Confirm
 
-__all__ = ["GuardState", "Lock", "add_note", "value_key"]
+__all__ = ["GuardState", "Lock", "add_note", "value_key", "weakly"]
 
 log = logging.getLogger("cacheguard")
 
@@ -73,6 +74,7 @@ class GuardState:
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         flight_event: Callable[[], Any],
+        front: str = "guard",
         run_in_background: Callable[[Generator[Any, Any, None], str], bool],
         locks: Any,
         store_write_lock: Callable[[str], Any] | None = None,
@@ -80,6 +82,7 @@ class GuardState:
         replicas: Callable[[], int] = lambda: 0,
     ) -> None:
         self.settings = settings
+        self.front = front  # the guard's class name, for its errors
         # The two-tier locks (a LockFactory, or its asyncio twin) and, with
         # write_locks=, the store's write lock of a name (cache/write_locks.py).
         self.locks = locks
@@ -170,7 +173,7 @@ class GuardState:
         """Refuse a call on a closed guard (:class:`GuardClosed`)."""
         if self.closed:
             raise GuardClosed(
-                f"this {type(self).__name__} is closed: make a new one "
+                f"this {self.front} is closed: make a new one "
                 "(a client the guard made was closed with it)"
             )
 
@@ -189,7 +192,7 @@ class GuardState:
         return self.checked_name(name)
 
     def key_names(self, names: Iterable[object]) -> tuple[str, ...]:
-        """:meth:`_name` for every name of a call."""
+        """:meth:`key_name` for every name of a call."""
         self.check_open()
         return tuple(self.checked_name(name) for name in names)
 
@@ -310,6 +313,19 @@ class GuardState:
         if all(breaker.allow() for breaker in breakers):
             return None
         return BackendUnavailable(f"Redis unavailable {what} (circuit open)")
+
+
+def weakly(method: Callable[..., bool]) -> Callable[..., bool]:
+    """``method`` (a guard's bound method that its state keeps) called through a weak
+    reference, so the state does not keep its guard alive: a dropped guard is freed
+    at once, not at the next garbage collection. False once the guard is gone."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> bool:
+        bound = ref()
+        return False if bound is None else bound(*args)
+
+    return call
 
 
 @functools.lru_cache(maxsize=4096)
