@@ -3038,21 +3038,6 @@ MUTANTS: tuple[Mutant, ...] = (
         within="read_call",
     ),
     Mutant(
-        "refused-read-leads-no-flight",
-        "a read refused for its arguments leaves no single flight open (checked before the "
-        "hit path leads the key's flight)",
-        "cacheguard/cache/guard.py",
-        "        call = read_call(self._state, name, load, ttl, none_ttl, template)\n"
-        "        lead = hit_lead(self._state, name, ttl)\n",
-        "        lead = hit_lead(self._state, name, ttl)\n"
-        "        call = read_call(self._state, name, load, ttl, none_ttl, template)\n",
-        (
-            "tests/test_guard_both_drivers.py::"
-            "test_a_bad_none_ttl_is_refused_before_the_loader_runs[sync--1]",
-        ),
-        within="CacheGuard.get_or_load",
-    ),
-    Mutant(
         "state-keeps-no-guard-alive",
         "a guard's state holds no reference to its guard: a dropped guard is freed at once",
         "cacheguard/cache/guard.py",

@@ -262,7 +262,7 @@ class AsyncCacheGuard:
         name = self._state.key_name(name)
         # Checked before the hit path leads the key's flight: a refusal leaves none open.
         call = read_call(self._state, name, load, ttl, none_ttl, template)
-        lead = hit_lead(self._state, name, ttl)
+        lead = hit_lead(self._state, call)
         if lead is None:
             return await self._run(read(self._state, call), name)
         # The hit path, as CacheGuard.get_or_load's (see cache/flows/read.py).
@@ -281,13 +281,13 @@ class AsyncCacheGuard:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
         self._binding.check()
         name = self._state.key_name(name)
-        return await self._drive(peek_flow(self._state, name, template), name)
+        return await self._run(peek_flow(self._state, name, template), name)
 
     async def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
         self._binding.check()
         name = self._state.key_name(name)
-        return await self._drive(peek_entry_flow(self._state, name), name)  # type: ignore[no-any-return]
+        return await self._run(peek_entry_flow(self._state, name), name)  # type: ignore[no-any-return]
 
     async def refresh(
         self,
@@ -305,27 +305,27 @@ class AsyncCacheGuard:
         flow = refresh_flow(
             self._state, read_call(self._state, name, load, ttl, none_ttl, template)
         )
-        return await self._drive(flow, name)
+        return await self._run(flow, name)
 
     async def watermark(self) -> int:
         """The namespace's invalidation sequence now (see :meth:`CacheGuard.watermark`)."""
         self._binding.check()
         self._state.check_open()
-        return await self._drive(watermark_flow(self._state), "the watermark")  # type: ignore[no-any-return]
+        return await self._run(watermark_flow(self._state), "the watermark")  # type: ignore[no-any-return]
 
     async def invalidate(self, *names: str, template: str | None = None) -> None:
         """Stamp ``names`` with the next invalidation number and delete them, without
         taking locks (see :meth:`CacheGuard.invalidate`)."""
         self._binding.check()
         names = self._state.key_names(names)
-        await self._drive(invalidate_flow(self._state, names, template=template), ", ".join(names))
+        await self._run(invalidate_flow(self._state, names, template=template), ", ".join(names))
 
     async def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix`` (a SCAN; see
         :meth:`CacheGuard.invalidate_prefix`); returns how many."""
         self._binding.check()
         prefix = self._state.key_prefix(prefix)
-        return await self._drive(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
+        return await self._run(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @asynccontextmanager
     async def write(self, *names: str, timeout: float | None = None) -> AsyncIterator[None]:
@@ -376,14 +376,6 @@ class AsyncCacheGuard:
         await self.aclose()
 
     # -- the driver: every step of the flows, carried out with awaits -----------------------
-
-    async def _drive(
-        self,
-        flow: Generator[Any, Any, Any],
-        name: str,
-    ) -> Any:
-        """Run ``flow`` to its end and return its value."""
-        return await self._run(flow, name)
 
     async def _run(
         self,
@@ -481,7 +473,7 @@ class AsyncCacheGuard:
         raise TypeError(f"not a guard step: {step!r}")
 
     def _start_background(self, flow: Generator[Any, Any, None], name: str) -> bool:
-        self._spawn(self._drive(flow, name), "cacheguard-refresh")
+        self._spawn(self._run(flow, name), "cacheguard-refresh")
         return True
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:

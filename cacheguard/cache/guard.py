@@ -252,7 +252,7 @@ class CacheGuard:
         name = self._state.key_name(name)
         # Checked before the hit path leads the key's flight: a refusal leaves none open.
         call = read_call(self._state, name, load, ttl, none_ttl, template)
-        lead = hit_lead(self._state, name, ttl)
+        lead = hit_lead(self._state, call)
         if lead is None:
             return self._run(read(self._state, call), name)  # type: ignore[no-any-return]
         # The hit path (see cache/flows/read.py): the leader's GET without the flow,
@@ -271,12 +271,12 @@ class CacheGuard:
     def peek(self, name: str, *, template: str | None = None) -> Any:
         """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
         name = self._state.key_name(name)
-        return self._drive(peek_flow(self._state, name, template), name)
+        return self._run(peek_flow(self._state, name, template), name)
 
     def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
         name = self._state.key_name(name)
-        return self._drive(peek_entry_flow(self._state, name), name)  # type: ignore[no-any-return]
+        return self._run(peek_entry_flow(self._state, name), name)  # type: ignore[no-any-return]
 
     def refresh(
         self,
@@ -296,7 +296,7 @@ class CacheGuard:
         flow = refresh_flow(
             self._state, read_call(self._state, name, load, ttl, none_ttl, template)
         )
-        return self._drive(flow, name)  # type: ignore[no-any-return]
+        return self._run(flow, name)  # type: ignore[no-any-return]
 
     def watermark(self) -> int:
         """The namespace's invalidation sequence now: read it *before* a database
@@ -304,7 +304,7 @@ class CacheGuard:
         a later invalidation replaced (see ``cache/watermark.py``). Raises
         :class:`BackendUnavailable` when Redis is unreachable."""
         self._state.check_open()
-        return self._drive(watermark_flow(self._state), "the watermark")  # type: ignore[no-any-return]
+        return self._run(watermark_flow(self._state), "the watermark")  # type: ignore[no-any-return]
 
     def invalidate(self, *names: str, template: str | None = None) -> None:
         """Stamp ``names`` with the next invalidation number and delete them,
@@ -317,7 +317,7 @@ class CacheGuard:
         template, for the events' labels (as for :meth:`get_or_load`).
         """
         names = self._state.key_names(names)
-        self._drive(invalidate_flow(self._state, names, template=template), ", ".join(names))
+        self._run(invalidate_flow(self._state, names, template=template), ", ".join(names))
 
     def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix``: values and fills
@@ -325,7 +325,7 @@ class CacheGuard:
         so it is the fallback for changes whose keys cannot be listed; the number of
         keys invalidated is returned."""
         prefix = self._state.key_prefix(prefix)
-        return self._drive(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
+        return self._run(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @contextmanager
     def write(self, *names: str, timeout: float | None = None) -> Iterator[None]:
@@ -388,14 +388,6 @@ class CacheGuard:
         self.close()
 
     # -- the driver: every step of the flows, carried out with blocking calls --------------
-
-    def _drive(
-        self,
-        flow: Generator[Any, Any, Any],
-        name: str,
-    ) -> Any:
-        """Run ``flow`` to its end and return its value."""
-        return self._run(flow, name)
 
     def _run(
         self,
@@ -501,7 +493,7 @@ class CacheGuard:
 
     def _start_background(self, flow: Generator[Any, Any, None], name: str) -> bool:
         try:
-            self._background().submit(self._drive, flow, name)
+            self._background().submit(self._run, flow, name)
         except RuntimeError:  # executor shut down (close() or interpreter exit)
             return False
         return True

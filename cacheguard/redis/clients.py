@@ -397,7 +397,7 @@ class QuickCheckConnection(redis.Connection):
     connection has anything to read (a server that closed it while it sat idle, a
     reply left unread): redis-py answers by switching the socket to non-blocking
     for a ``recv`` that fails, and back, three system calls and an exception per
-    command. Here one ``select`` answers when nothing arrived and nothing is
+    command. Here one ``poll`` answers when nothing arrived and nothing is
     buffered; anything else is redis-py's own check."""
 
     def can_read(self, timeout: float = 0) -> bool:

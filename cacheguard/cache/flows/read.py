@@ -385,11 +385,11 @@ def leader_failed(state: GuardState, name: str, flight: Flight, exc: BaseExcepti
         state.flights.finish(name, flight, valid_below=0)
 
 
-def hit_lead(state: GuardState, name: str, ttl: float) -> tuple[Flight, float] | None:
+def hit_lead(state: GuardState, call: Read) -> tuple[Flight, float] | None:
     """The hit path's start (see the module docstring), before its GET: the new
-    flight of ``name`` this call leads and when the call began, when the flow
+    flight of the call's key this call leads and when the call began, when the flow
     would go straight to a plain GET; None when the flow runs from its start."""
-    state.checked_ttl(ttl)  # refused before anything, as the flow does first
+    name = call.name
     if (
         state.l1 is not None
         or state.last_seen is not None
