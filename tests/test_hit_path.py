@@ -1,8 +1,9 @@
 """The hit path and the clients ``from_url`` makes for it (issue #25): what a hit
 reads without the read flow is judged as the flow would, anything else goes on in
 the flow; the asyncio pool queues tasks only when it is used up; a pooled TCP
-connection is checked with one select; the hit's GET on a pooled connection fails
-as ``client.get`` does. Speed is measured in bench/cache.py, never here."""
+connection is checked with one poll, and one the server closed while it sat idle is
+replaced; the hit's GET on a pooled connection fails as ``client.get`` does. Speed
+is measured in bench/cache.py, never here."""
 
 from __future__ import annotations
 
@@ -315,3 +316,43 @@ def test_the_asyncio_pool_knows_it_is_used_up_on_every_redis_py() -> None:
     assert _pool_used_up(redis.exceptions.MaxConnectionsError("Too many connections"))
     assert not _pool_used_up(redis.ConnectionError("Error 111 connecting: refused."))
     assert not _pool_used_up(redis.TimeoutError("Too many connections"))
+
+
+async def test_an_asyncio_pooled_connection_the_server_closed_while_idle_is_replaced(
+    redis_url: str,
+) -> None:
+    # A restarted Redis closes every idle pooled connection. The pool from_url makes
+    # checks a connection as it is taken (redis-py skips that while maintenance
+    # notifications are on, its default with RESP3), so the next command goes on a
+    # new connection instead of failing on the dead one.
+    client = async_client_from_url(redis_url, client_options(1.0, 2.0))
+    admin = redis.Redis.from_url(redis_url)
+    key = f"hit-{uuid.uuid4().hex}"
+    try:
+        assert await client.ping()
+        pool = client.connection_pool
+        (idle,) = pool._available_connections  # type: ignore[attr-defined]
+        connection = await pool.get_connection()
+        assert connection is idle
+        await connection.send_command("CLIENT", "ID")
+        client_id = await connection.read_response()
+        await pool.release(connection)
+        admin.client_kill_filter(_id=client_id)
+
+        async def closed() -> bool:
+            try:
+                return bool(await idle.can_read())
+            except (redis.ConnectionError, OSError):
+                return True
+
+        for _ in range(500):  # the server's close has reached the idle socket
+            if await closed():
+                break
+            await asyncio.sleep(0.01)
+        assert await client.set(key, "v")  # no error
+        assert await client.get(key) == b"v"
+        assert await client.client_id() != client_id  # on a new connection
+    finally:
+        await client.delete(key)
+        await client.aclose()
+        admin.close()

@@ -3565,6 +3565,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            **_idle_connections_checked(),\n",
         "",
         (
+            "tests/test_hit_path.py::test_an_asyncio_pooled_connection_the_server_closed_while_idle_is_replaced",
             "tests/faults/test_outage_modes.py::test_recovery_refills_each_key_once_across_processes[async-killed]",
         ),
         within="async_client_from_url",
