@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -21,7 +22,9 @@ from cacheguard.cache.settings import client_options
 from cacheguard.redis.clients import (
     QueueingPool,
     QuickCheckConnection,
+    _send,
     async_client_from_url,
+    direct_aget,
     sync_client_from_url,
 )
 from tests.helpers import wait_until
@@ -356,3 +359,89 @@ async def test_an_asyncio_pooled_connection_the_server_closed_while_idle_is_repl
         await client.delete(key)
         await client.aclose()
         admin.close()
+
+
+class _ScriptedWriter:
+    """An asyncio stream writer whose socket buffer keeps what it is given (a
+    server that stopped reading) or whose write fails."""
+
+    def __init__(self, *, fails: bool = False) -> None:
+        self.fails = fails
+        self.written: list[bytes] = []
+        self.transport = self
+
+    def writelines(self, data: list[bytes]) -> None:
+        if self.fails:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.written.extend(data)
+
+    def get_write_buffer_size(self) -> int:
+        return sum(map(len, self.written))
+
+    async def drain(self) -> None:
+        await asyncio.Event().wait()  # never drained
+
+
+class _ScriptedConnection:
+    def __init__(self, writer: _ScriptedWriter, *, health_check_interval: int = 0) -> None:
+        self._writer = writer
+        self.socket_timeout = 0.05
+        self.health_check_interval = health_check_interval
+        self.health_checks = 0
+        self.dropped = 0
+
+    async def check_health(self) -> None:
+        self.health_checks += 1
+
+    async def disconnect(self, nowait: bool = False) -> None:
+        assert nowait
+        self.dropped += 1
+
+
+async def test_a_direct_asyncio_write_fails_as_redis_py_s_and_drops_the_connection() -> None:
+    stuck = _ScriptedConnection(_ScriptedWriter(), health_check_interval=30)
+    with pytest.raises(redis.TimeoutError, match="Timeout writing to socket"):
+        await asyncio.wait_for(_send(stuck, [b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"]), 5)
+    assert (stuck.dropped, stuck.health_checks) == (1, 1)  # the deadline was armed
+    broken = _ScriptedConnection(_ScriptedWriter(fails=True))
+    with pytest.raises(redis.ConnectionError, match="Broken pipe"):
+        await _send(broken, [b"GET"])
+    assert (broken.dropped, broken.health_checks) == (1, 0)
+    cancelled = _ScriptedConnection(_ScriptedWriter())
+    cancelled.socket_timeout = 60
+    task = asyncio.ensure_future(_send(cancelled, [b"GET"]))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cancelled.dropped == 1  # half a command may be on the wire
+
+
+async def test_a_direct_asyncio_get_over_a_real_connection_writes_no_task_of_its_own(
+    redis_url: str,
+) -> None:
+    client = async_client_from_url(redis_url, client_options(1.0, 2.0))
+    key = f"hit-{uuid.uuid4().hex}"
+    try:
+        await client.set(key, "v")
+        get = direct_aget(client)
+        assert get is not None
+        tasks_before = len(asyncio.all_tasks())
+        created = []
+        loop = asyncio.get_running_loop()
+        factory = loop.get_task_factory()
+
+        def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+            created.append(coro)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(counting)
+        try:
+            assert await get(key) == b"v"
+        finally:
+            loop.set_task_factory(factory)
+        assert created == []  # no wait_for task: the write did not need the deadline
+        assert len(asyncio.all_tasks()) == tasks_before
+    finally:
+        await client.delete(key)
+        await client.aclose()

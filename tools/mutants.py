@@ -3572,6 +3572,52 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- the hit path and from_url's clients (issue #25) -----------------------------------
     Mutant(
+        "asyncio-hit-write-without-a-task",
+        "the asyncio hit's GET is written without a task of its own: the write's deadline "
+        "is armed only when the socket's buffer did not take the command",
+        "cacheguard/redis/clients.py",
+        "        if writer.transport.get_write_buffer_size():  # the kernel did not take it all\n",
+        "        if True:\n",
+        (
+            "tests/test_hit_path.py::test_a_direct_asyncio_get_over_a_real_connection_writes_no_task_of_its_own",
+        ),
+        within="_send",
+    ),
+    Mutant(
+        "asyncio-hit-write-deadline",
+        "the asyncio hit's write that the socket does not take within the socket timeout "
+        "fails as redis-py's (a redis.TimeoutError)",
+        "cacheguard/redis/clients.py",
+        "            await asyncio.wait_for(writer.drain(), connection.socket_timeout)\n",
+        "            await writer.drain()\n",
+        (
+            "tests/test_hit_path.py::test_a_direct_asyncio_write_fails_as_redis_py_s_and_drops_the_connection",
+        ),
+        within="_send",
+    ),
+    Mutant(
+        "asyncio-hit-failed-write-drops-the-connection",
+        "a connection whose asyncio hit write timed out is dropped, not pooled half-written",
+        "cacheguard/redis/clients.py",
+        "    except asyncio.TimeoutError:\n        await connection.disconnect(nowait=True)\n",
+        "    except asyncio.TimeoutError:\n        pass\n",
+        (
+            "tests/test_hit_path.py::test_a_direct_asyncio_write_fails_as_redis_py_s_and_drops_the_connection",
+        ),
+        within="_send",
+    ),
+    Mutant(
+        "asyncio-hit-health-check",
+        "the asyncio hit runs the health check a URL asked for (health_check_interval)",
+        "cacheguard/redis/clients.py",
+        "    if connection.health_check_interval:  # asked for in the URL: a PING when due\n",
+        "    if False:\n",
+        (
+            "tests/test_hit_path.py::test_a_direct_asyncio_write_fails_as_redis_py_s_and_drops_the_connection",
+        ),
+        within="_send",
+    ),
+    Mutant(
         "hit-path-only-when-circuit-closed",
         "a hit path's GET is sent only while the key's circuit is closed (an open circuit "
         "keeps the call off Redis, a half-open one lets the flow take its one probe)",

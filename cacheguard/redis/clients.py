@@ -370,7 +370,10 @@ def direct_get(client: SyncClient) -> Callable[[str], Any] | None:
 
 def direct_aget(client: AsyncClient) -> Callable[[str], Any] | None:
     """:func:`direct_get` for a client :func:`async_client_from_url` made: a
-    coroutine function."""
+    coroutine function. Its command is written as redis-py writes it, but the write's
+    deadline is armed only when the socket's buffer did not take it all: redis-py
+    arms it on every command through ``asyncio.wait_for``, which runs the write as a
+    task of its own, a turn of the event loop per hit (about 20 µs, profiled)."""
     if not isinstance(client, redis.asyncio.Redis) or client.connection is not None:
         return None
     pool = client.connection_pool
@@ -378,12 +381,38 @@ def direct_aget(client: AsyncClient) -> Callable[[str], Any] | None:
     async def get(key: str) -> Any:
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
-            await connection.send_command("GET", key)
+            await _send(connection, connection.pack_command("GET", key))
             return await connection.read_response()
         finally:
             await pool.release(connection)
 
     return get
+
+
+async def _send(connection: Any, packed: list[bytes]) -> None:
+    """Write ``packed`` on a connected asyncio ``connection``, failing as redis-py's
+    ``send_packed_command`` does: a write that outlasts the socket timeout is a
+    :class:`redis.TimeoutError`, a broken socket a :class:`redis.ConnectionError`,
+    the connection dropped either way."""
+    writer = getattr(connection, "_writer", None)
+    if writer is None:  # not redis-py's stream connection: its own send
+        await connection.send_packed_command(packed)
+        return
+    if connection.health_check_interval:  # asked for in the URL: a PING when due
+        await connection.check_health()
+    try:
+        writer.writelines(packed)
+        if writer.transport.get_write_buffer_size():  # the kernel did not take it all
+            await asyncio.wait_for(writer.drain(), connection.socket_timeout)
+    except asyncio.TimeoutError:
+        await connection.disconnect(nowait=True)
+        raise redis.TimeoutError("Timeout writing to socket") from None
+    except OSError as error:
+        await connection.disconnect(nowait=True)
+        raise redis.ConnectionError(f"Error while writing to socket: {error}") from error
+    except BaseException:  # cancelled mid-write: the stream's state is unknown
+        await connection.disconnect(nowait=True)
+        raise
 
 
 def _quickly_checked(url: str) -> dict[str, Any]:
