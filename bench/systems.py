@@ -294,7 +294,14 @@ def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for dist in ("cacheguard", "redis", "dogpile.cache", "cashews", "python-redis-lock", "msgpack"):
+    for dist in (
+        "cacheguard-redis",
+        "redis",
+        "dogpile.cache",
+        "cashews",
+        "python-redis-lock",
+        "msgpack",
+    ):
         try:
             found[dist] = version(dist)
         except PackageNotFoundError:

@@ -55,6 +55,9 @@ COPIED = (
     "bench",
     "docs",
     "pyproject.toml",
+    "MANIFEST.in",  # tests/test_packaging.py builds the sdist and the wheel
+    "README.md",
+    "DEVELOPERS.md",
     "mkdocs.yml",
     "tools",  # the docs site: tests/test_docs.py builds it
 )
@@ -3569,6 +3572,23 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/faults/test_outage_modes.py::test_recovery_refills_each_key_once_across_processes[async-killed]",
         ),
         within="async_client_from_url",
+    ),
+    # -- the distribution (issue #26) ----------------------------------------------------------
+    Mutant(
+        "distribution-name-of-its-own",
+        "the distribution is cacheguard-redis, not the index's unrelated cacheguard",
+        "pyproject.toml",
+        'name = "cacheguard-redis"\n',
+        'name = "cacheguard"\n',
+        ("tests/test_packaging.py::test_the_distribution_has_a_name_of_its_own",),
+    ),
+    Mutant(
+        "sdist-holds-no-tests",
+        "the sdist holds no tests (they need the repository around them)",
+        "MANIFEST.in",
+        "prune tests\n",
+        "",
+        ("tests/test_packaging.py::test_the_wheel_and_sdist_hold_the_package_and_no_tests",),
     ),
     # -- the hit path and from_url's clients (issue #25) -----------------------------------
     Mutant(
