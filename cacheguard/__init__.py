@@ -1,7 +1,8 @@
 """cacheguard: read-through caching on Redis that does not stampede the database.
 
 Use :class:`CacheGuard` with :class:`CacheLoader` or :func:`cached_with_lock`
-(their asyncio twins are in :mod:`cacheguard.aio`). The foundation is a
+(their asyncio twins are in :mod:`cacheguard.aio`); :func:`use` installs the guard
+that functions decorated without one read through. The foundation is a
 read-write lock shared by every thread of every process: :class:`LocalRWLock`
 (threads), :class:`RedisRWLock` (processes, with leases, a watchdog, fencing
 tokens and pub/sub wake-ups) and :class:`TwoTierRWLock` (the local lock in front
@@ -27,6 +28,7 @@ from cacheguard.exceptions import (
     LockNotHeldError,
     LockTimeout,
     LockUpgradeError,
+    NoDefaultGuard,
     RecursiveLoadError,
     SerializationError,
     WriteNotConfirmed,
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from cacheguard.backoff import Backoff as Backoff
     from cacheguard.cache.codec import Codec, JsonCodec, MsgpackCodec, PickleCodec
     from cacheguard.cache.decorator import cached_with_lock
+    from cacheguard.cache.default import use
     from cacheguard.cache.guard import MISSING, CacheGuard
     from cacheguard.cache.loader import CachedFunction, CacheLoader
     from cacheguard.cache.stats import CacheEvent, Stats
@@ -69,6 +72,7 @@ __all__ = [
     "LockTimeout",
     "LockUpgradeError",
     "MsgpackCodec",
+    "NoDefaultGuard",
     "PickleCodec",
     "RecursiveLoadError",
     "RedisRWLock",
@@ -79,6 +83,7 @@ __all__ = [
     "WrongEventLoop",
     "__version__",
     "cached_with_lock",
+    "use",
 ]
 
 __version__ = "0.1.0"
@@ -91,6 +96,7 @@ __getattr__, __dir__ = lazy_exports(
         "CacheLoader": "cacheguard.cache.loader",
         "CachedFunction": "cacheguard.cache.loader",
         "cached_with_lock": "cacheguard.cache.decorator",
+        "use": "cacheguard.cache.default",
         "Codec": "cacheguard.cache.codec",
         "JsonCodec": "cacheguard.cache.codec",
         "MsgpackCodec": "cacheguard.cache.codec",

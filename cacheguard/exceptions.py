@@ -20,6 +20,9 @@ catch the whole family at once::
     │                             (also a RuntimeError)
     ├── GuardClosed               a call on a guard after its close()/aclose()
     │                             (also a RuntimeError)
+    ├── NoDefaultGuard            a function decorated without a guard was called while
+    │                             cacheguard.use() had installed none of its driver
+    │                             (also a RuntimeError)
     └── BackendArgumentError      a dogpile.cache backend argument is wrong (defined in
                                   cacheguard.integrations.dogpile; also dogpile's
                                   ValidationError and a ValueError)
@@ -44,6 +47,7 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeout",
     "LockUpgradeError",
+    "NoDefaultGuard",
     "RecursiveLoadError",
     "SerializationError",
     "WriteNotConfirmed",
@@ -199,3 +203,10 @@ class GuardClosed(CacheGuardError, RuntimeError):
     ``write_lock``). A client the guard made (``from_url``) is closed with it; to
     go on, make a new guard.
     """
+
+
+class NoDefaultGuard(CacheGuardError, RuntimeError):
+    """A function decorated without a guard (``@cached_with_lock(key=..., ttl=...)``)
+    was called while no default guard of its driver was installed, or the installed
+    one was closed: install one with :func:`cacheguard.use` first (see
+    :mod:`cacheguard.cache.default`)."""

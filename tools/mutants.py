@@ -3590,6 +3590,49 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         ("tests/test_packaging.py::test_the_wheel_and_sdist_hold_the_package_and_no_tests",),
     ),
+    # -- the default guard (issue #26) ------------------------------------------------------
+    Mutant(
+        "default-guard-latest-installed",
+        "a function decorated without a guard reads through the guard installed last "
+        "(each lifespan's, each TestClient's), not the first one ever installed",
+        "cacheguard/cache/default.py",
+        "    _installed[driver] = guard\n",
+        "    _installed.setdefault(driver, guard)\n",
+        (
+            "tests/test_default_guard.py::test_an_asyncio_default_guard_from_a_lifespan_serves_every_test_client",
+        ),
+        within="use",
+    ),
+    Mutant(
+        "default-guard-restore-keeps-a-newer-one",
+        "putting back a default guard leaves one installed since in place",
+        "cacheguard/cache/default.py",
+        "        if _installed.get(self.driver) is not self.guard:\n",
+        "        if False:\n",
+        ("tests/test_default_guard.py::test_use_replaces_and_puts_back",),
+        within="Installed.restore",
+    ),
+    Mutant(
+        "default-guard-closed-refused",
+        "a closed default guard is refused with NoDefaultGuard, saying to install its replacement",
+        "cacheguard/cache/default.py",
+        "    if guard._state.closed:\n",
+        "    if False:\n",
+        ("tests/test_default_guard.py::test_a_closed_default_guard_is_refused_clearly",),
+        within="installed",
+    ),
+    Mutant(
+        "default-guard-key-shortened-as-installed",
+        "the key of a call decorated without a guard is shortened by the installed "
+        "guard's max_key_length, as its calls are",
+        "cacheguard/cache/loader.py",
+        "        if self._deferred:  # as the installed guard will shorten it\n",
+        "        if False:\n",
+        (
+            "tests/test_default_guard.py::test_methods_and_shortened_keys_follow_the_installed_guard",
+        ),
+        within="KeyedLoader.key",
+    ),
     # -- the hit path and from_url's clients (issue #25) -----------------------------------
     Mutant(
         "asyncio-hit-write-without-a-task",

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar, cast
 
 from cacheguard.cache.async_guard import AsyncCacheGuard
+from cacheguard.cache.default import DefaultGuard
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.loader import Decorated, KeyedLoader
 
@@ -35,12 +36,13 @@ class AsyncCacheLoader(KeyedLoader[P, R]):
     or a plain function)."""
 
     guard_type = AsyncCacheGuard
+    driver = "asyncio"
     takes_async = True
     guard: AsyncCacheGuard
 
     def __init__(
         self,
-        guard: AsyncCacheGuard,
+        guard: AsyncCacheGuard | DefaultGuard,
         *,
         key: str | None,
         load: Callable[P, Awaitable[R]] | Callable[P, R],
@@ -90,7 +92,7 @@ class AsyncCachedFunction(Decorated, AsyncCacheLoader[P, R]):
 
     def __init__(
         self,
-        guard: AsyncCacheGuard,
+        guard: AsyncCacheGuard | DefaultGuard,
         func: Callable[P, Awaitable[R]],
         *,
         key: str | None,

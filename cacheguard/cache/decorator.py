@@ -14,9 +14,10 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
+from cacheguard.cache.default import DefaultGuard
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
-from cacheguard.cache.loader import CachedFunction
+from cacheguard.cache.loader import CachedFunction, is_async_callable
 
 if TYPE_CHECKING:
     from cacheguard.cache.async_guard import AsyncCacheGuard
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 _ASYNC_GUARD = "cacheguard.cache.async_guard"
 _ASYNC_LOADER = "cacheguard.cache.async_loader"
 
-__all__ = ["cached_with_lock"]
+__all__ = ["DecorateWithDefault", "cached_with_lock"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -53,8 +54,18 @@ def cached_with_lock(
 ) -> Callable[[Callable[P, Awaitable[R]]], AsyncCachedFunction[P, R]]: ...
 
 
+@overload
 def cached_with_lock(
-    guard: CacheGuard | AsyncCacheGuard,
+    guard: None = None,
+    *,
+    key: str | None = None,
+    ttl: float,
+    none_ttl: float | Missing | None = MISSING,
+) -> DecorateWithDefault: ...
+
+
+def cached_with_lock(
+    guard: CacheGuard | AsyncCacheGuard | None = None,
     *,
     key: str | None = None,
     ttl: float,
@@ -69,7 +80,15 @@ def cached_with_lock(
     ``async def``: calls and those methods are awaited. A ``CacheGuard`` refuses an
     ``async def`` here, at decoration (``TypeError``). The result pickles by
     reference, as the function it replaces (see :mod:`cacheguard.cache.loader`).
+
+    Without ``guard``, every call reads through the default guard that
+    :func:`cacheguard.use` installed, looked up when the call is made: the
+    ``CacheGuard`` for a plain function, the ``AsyncCacheGuard`` for an ``async
+    def`` (:class:`~cacheguard.NoDefaultGuard` when none is installed; see
+    :mod:`cacheguard.cache.default`).
     """
+    if guard is None:
+        return DecorateWithDefault(key=key, ttl=ttl, none_ttl=none_ttl)
     if isinstance(guard, CacheGuard):
         sync_guard = guard
 
@@ -87,3 +106,29 @@ def cached_with_lock(
 
         return decorate_async
     raise TypeError(f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}")
+
+
+class DecorateWithDefault:
+    """``@cached_with_lock(...)`` without a guard: an ``async def`` reads through the
+    default asyncio guard, anything else through the default sync guard."""
+
+    def __init__(self, *, key: str | None, ttl: float, none_ttl: float | Missing | None) -> None:
+        self.key, self.ttl, self.none_ttl = key, ttl, none_ttl
+
+    # An async def matches Callable[P, R] too: this overload, first, wins for it.
+    @overload
+    def __call__(self, func: Callable[P, Awaitable[R]]) -> AsyncCachedFunction[P, R]: ...  # type: ignore[overload-overlap]
+
+    @overload
+    def __call__(self, func: Callable[P, R]) -> CachedFunction[P, R]: ...
+
+    def __call__(self, func: Callable[P, Any]) -> Any:
+        target = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
+        if is_async_callable(target):
+            cached_function = importlib.import_module(_ASYNC_LOADER).AsyncCachedFunction
+            return cached_function(
+                DefaultGuard("asyncio"), func, key=self.key, ttl=self.ttl, none_ttl=self.none_ttl
+            )
+        return CachedFunction(
+            DefaultGuard("sync"), func, key=self.key, ttl=self.ttl, none_ttl=self.none_ttl
+        )

@@ -37,10 +37,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
+from cacheguard.cache.default import DefaultGuard, Driver
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import KeyBuilder, describe
 from cacheguard.checks import check_positive
+from cacheguard.redis.keys import shorten
 
 __all__ = [
     "BoundCachedFunction",
@@ -59,6 +61,7 @@ class KeyedLoader(Generic[P, R]):
     """What both loaders share: the guard, the load function, the TTLs and the keys."""
 
     guard_type: type[Any] = CacheGuard
+    driver: Driver = "sync"  # whose default guard stands in when none is given
     takes_async = False  # may load be an async def? (the asyncio loaders: yes)
 
     def __init__(
@@ -70,7 +73,12 @@ class KeyedLoader(Generic[P, R]):
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
     ) -> None:
-        if not isinstance(guard, self.guard_type):
+        # A DefaultGuard (a function decorated without a guard) is the guard that
+        # cacheguard.use() installed, looked up on every call.
+        self._deferred = isinstance(guard, DefaultGuard)
+        if self._deferred and guard.driver != self.driver:
+            raise TypeError(f"a {type(self).__name__} reads through the {self.driver} guard")
+        if not self._deferred and not isinstance(guard, self.guard_type):
             raise TypeError(
                 f"guard must be a {self.guard_type.__name__}, not {type(guard).__name__}"
             )
@@ -90,7 +98,10 @@ class KeyedLoader(Generic[P, R]):
             if none_ttl is MISSING or none_ttl is None
             else check_positive("none_ttl", none_ttl)
         )
-        self._keys = KeyBuilder(load, key, max_length=guard.settings.max_key_length)
+        # The default guard is not known yet: names are shortened by the guard that
+        # serves the call (as it shortens any name past its max_key_length).
+        max_length = sys.maxsize if self._deferred else guard.settings.max_key_length
+        self._keys = KeyBuilder(load, key, max_length=max_length)
         self._label = self._keys.label  # every call's events carry it as their template
         self._made_in = _calling_module()  # where to find this loader by name, to pickle it
 
@@ -115,7 +126,10 @@ class KeyedLoader(Generic[P, R]):
 
     def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """The key name of this call (inside the guard's namespace)."""
-        return self._keys.build(args, kwargs)
+        name = self._keys.build(args, kwargs)
+        if self._deferred:  # as the installed guard will shorten it
+            return shorten(name, self.guard.settings.max_key_length)
+        return name
 
 
 class CacheLoader(KeyedLoader[P, R]):
@@ -125,7 +139,7 @@ class CacheLoader(KeyedLoader[P, R]):
 
     def __init__(
         self,
-        guard: CacheGuard,
+        guard: CacheGuard | DefaultGuard,
         *,
         key: str | None,
         load: Callable[P, R],
@@ -224,7 +238,7 @@ class CachedFunction(Decorated, CacheLoader[P, R]):
 
     def __init__(
         self,
-        guard: CacheGuard,
+        guard: CacheGuard | DefaultGuard,
         func: Callable[P, R],
         *,
         key: str | None,
