@@ -36,6 +36,7 @@ import redis
 import redis.asyncio
 
 from cacheguard._loop import LoopBinding
+from cacheguard.cache import typed
 from cacheguard.cache.async_driver import Deferral, arun_load, drive_fill_async
 from cacheguard.cache.driver import backend_down, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
@@ -77,6 +78,7 @@ from cacheguard.cache.write_locks import (
     async_store_write_locks,
 )
 from cacheguard.checks import check_int
+from cacheguard.codecs import value_type
 from cacheguard.locks.async_local import current_task
 from cacheguard.locks.async_two_tier import AsyncLockFactory, AsyncTwoTierRWLock
 from cacheguard.redis.async_notifier import aclose_notifiers_of, async_notifier_for
@@ -255,8 +257,14 @@ class AsyncCacheGuard:
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
         template: str | None = None,
+        type: Any = None,
     ) -> Any:
-        """The cached value of ``name``, loaded by ``load()`` once if missing."""
+        """The cached value of ``name``, loaded by ``load()`` once if missing;
+        ``type`` as for :meth:`CacheGuard.get_or_load`."""
+        if type is not None:
+            return await typed.aget_or_load(
+                self, value_type(type), name, load, ttl=ttl, none_ttl=none_ttl, template=template
+            )
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
         name = self._state.key_name(name)
@@ -277,8 +285,17 @@ class AsyncCacheGuard:
             return value
         return await self._run(rest, name)
 
-    async def peek(self, name: str, *, template: str | None = None) -> Any:
-        """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
+    async def peek(
+        self,
+        name: str,
+        *,
+        template: str | None = None,
+        type: Any = None,
+    ) -> Any:
+        """The cached value of ``name`` or :data:`MISSING`; never loads, never locks.
+        With ``type``, as that type (:data:`MISSING` if the data does not fit it)."""
+        if type is not None:
+            return await typed.apeek(self, value_type(type), name, template=template)
         self._binding.check()
         name = self._state.key_name(name)
         return await self._run(peek_flow(self._state, name, template), name)
@@ -297,9 +314,14 @@ class AsyncCacheGuard:
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
         template: str | None = None,
+        type: Any = None,
     ) -> Any:
         """Load ``name`` now (under its locks, once across processes) and store it;
-        ``on_backend_error`` applies as for reads."""
+        ``on_backend_error`` applies as for reads; ``type`` as for :meth:`get_or_load`."""
+        if type is not None:
+            return await typed.arefresh(
+                self, value_type(type), name, load, ttl=ttl, none_ttl=none_ttl, template=template
+            )
         self._binding.check()
         name = self._state.key_name(name)
         flow = refresh_flow(

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
+from cacheguard.cache import typed
 from cacheguard.cache.async_guard import AsyncCacheGuard
 from cacheguard.cache.default import DefaultGuard
 from cacheguard.cache.entry import MISSING, Missing
@@ -48,12 +49,32 @@ class AsyncCacheLoader(KeyedLoader[P, R]):
         load: Callable[P, Awaitable[R]] | Callable[P, R],
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
+        type: Any = None,
+        infer_type: bool = False,
     ) -> None:
-        super().__init__(guard, key=key, load=load, ttl=ttl, none_ttl=none_ttl)
+        super().__init__(
+            guard,
+            key=key,
+            load=load,
+            ttl=ttl,
+            none_ttl=none_ttl,
+            type=type,
+            infer_type=infer_type,
+        )
 
     async def get(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """The cached value, loaded once across all processes if missing."""
         name = self._keys.build(args, kwargs)
+        if self._values is not None and (values := self._value_type()) is not None:
+            return await typed.aget_or_load(  # type: ignore[no-any-return]
+                self.guard,
+                values,
+                name,
+                lambda: self.load(*args, **kwargs),
+                ttl=self.ttl,
+                none_ttl=self.none_ttl,
+                template=self._label,
+            )
         value: R = await self.guard.get_or_load(
             name,
             lambda: self.load(*args, **kwargs),
@@ -66,6 +87,16 @@ class AsyncCacheLoader(KeyedLoader[P, R]):
     async def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Load now and store (under the key's locks, once across processes)."""
         name = self._keys.build(args, kwargs)
+        if self._values is not None and (values := self._value_type()) is not None:
+            return await typed.arefresh(  # type: ignore[no-any-return]
+                self.guard,
+                values,
+                name,
+                lambda: self.load(*args, **kwargs),
+                ttl=self.ttl,
+                none_ttl=self.none_ttl,
+                template=self._label,
+            )
         value: R = await self.guard.refresh(
             name,
             lambda: self.load(*args, **kwargs),
@@ -81,9 +112,10 @@ class AsyncCacheLoader(KeyedLoader[P, R]):
 
     async def peek(self, *args: P.args, **kwargs: P.kwargs) -> R | Missing:
         """The cached value, or :data:`MISSING`; never loads."""
-        value: R | Missing = await self.guard.peek(
-            self._keys.build(args, kwargs), template=self._label
-        )
+        name = self._keys.build(args, kwargs)
+        if self._values is not None and (values := self._value_type()) is not None:
+            return await typed.apeek(self.guard, values, name, template=self._label)  # type: ignore[no-any-return]
+        value: R | Missing = await self.guard.peek(name, template=self._label)
         return value
 
 
@@ -98,9 +130,19 @@ class AsyncCachedFunction(Decorated, AsyncCacheLoader[P, R]):
         key: str | None,
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
+        type: Any = None,
     ) -> None:
         func = cast("Callable[P, Awaitable[R]]", self._unwrap(func))
-        AsyncCacheLoader.__init__(self, guard, key=key, load=func, ttl=ttl, none_ttl=none_ttl)
+        AsyncCacheLoader.__init__(
+            self,
+            guard,
+            key=key,
+            load=func,
+            ttl=ttl,
+            none_ttl=none_ttl,
+            type=type,
+            infer_type=True,
+        )
         functools.update_wrapper(self, func)
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:

@@ -41,6 +41,7 @@ def cached_with_lock(
     key: str | None = None,
     ttl: float,
     none_ttl: float | Missing | None = MISSING,
+    type: Any = None,
 ) -> Callable[[Callable[P, R]], CachedFunction[P, R]]: ...
 
 
@@ -51,6 +52,7 @@ def cached_with_lock(
     key: str | None = None,
     ttl: float,
     none_ttl: float | Missing | None = MISSING,
+    type: Any = None,
 ) -> Callable[[Callable[P, Awaitable[R]]], AsyncCachedFunction[P, R]]: ...
 
 
@@ -61,6 +63,7 @@ def cached_with_lock(
     key: str | None = None,
     ttl: float,
     none_ttl: float | Missing | None = MISSING,
+    type: Any = None,
 ) -> DecorateWithDefault: ...
 
 
@@ -70,6 +73,7 @@ def cached_with_lock(
     key: str | None = None,
     ttl: float,
     none_ttl: float | Missing | None = MISSING,
+    type: Any = None,
 ) -> Callable[[Callable[P, Any]], Any]:
     """Read calls of the decorated function (or method) through ``guard``.
 
@@ -88,12 +92,12 @@ def cached_with_lock(
     :mod:`cacheguard.cache.default`).
     """
     if guard is None:
-        return DecorateWithDefault(key=key, ttl=ttl, none_ttl=none_ttl)
+        return DecorateWithDefault(key=key, ttl=ttl, none_ttl=none_ttl, type=type)
     if isinstance(guard, CacheGuard):
         sync_guard = guard
 
         def decorate(func: Callable[P, Any]) -> Any:
-            return CachedFunction(sync_guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
+            return CachedFunction(sync_guard, func, key=key, ttl=ttl, none_ttl=none_ttl, type=type)
 
         return decorate
     async_module = sys.modules.get(_ASYNC_GUARD)
@@ -102,7 +106,9 @@ def cached_with_lock(
         cached_function = importlib.import_module(_ASYNC_LOADER).AsyncCachedFunction
 
         def decorate_async(func: Callable[P, Any]) -> Any:
-            return cached_function(async_guard, func, key=key, ttl=ttl, none_ttl=none_ttl)
+            return cached_function(
+                async_guard, func, key=key, ttl=ttl, none_ttl=none_ttl, type=type
+            )
 
         return decorate_async
     raise TypeError(f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}")
@@ -112,8 +118,15 @@ class DecorateWithDefault:
     """``@cached_with_lock(...)`` without a guard: an ``async def`` reads through the
     default asyncio guard, anything else through the default sync guard."""
 
-    def __init__(self, *, key: str | None, ttl: float, none_ttl: float | Missing | None) -> None:
-        self.key, self.ttl, self.none_ttl = key, ttl, none_ttl
+    def __init__(
+        self,
+        *,
+        key: str | None,
+        ttl: float,
+        none_ttl: float | Missing | None,
+        type: Any,
+    ) -> None:
+        self.key, self.ttl, self.none_ttl, self.type = key, ttl, none_ttl, type
 
     # An async def matches Callable[P, R] too: this overload, first, wins for it.
     @overload
@@ -127,8 +140,18 @@ class DecorateWithDefault:
         if is_async_callable(target):
             cached_function = importlib.import_module(_ASYNC_LOADER).AsyncCachedFunction
             return cached_function(
-                DefaultGuard("asyncio"), func, key=self.key, ttl=self.ttl, none_ttl=self.none_ttl
+                DefaultGuard("asyncio"),
+                func,
+                key=self.key,
+                ttl=self.ttl,
+                none_ttl=self.none_ttl,
+                type=self.type,
             )
         return CachedFunction(
-            DefaultGuard("sync"), func, key=self.key, ttl=self.ttl, none_ttl=self.none_ttl
+            DefaultGuard("sync"),
+            func,
+            key=self.key,
+            ttl=self.ttl,
+            none_ttl=self.none_ttl,
+            type=self.type,
         )

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import redis
 
 from cacheguard._identity import enter_holder, leave_holder, on_fork_in_child
+from cacheguard.cache import typed
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
 from cacheguard.cache.flows.fill import Call, Lookup
@@ -68,6 +69,7 @@ from cacheguard.cache.write_locks import (
     WriteLockStore,
     store_write_locks,
 )
+from cacheguard.codecs import value_type
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 from cacheguard.redis.clients import (
     SyncClient,
@@ -243,12 +245,20 @@ class CacheGuard:
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
         template: str | None = None,
+        type: Any = None,
     ) -> T:
         """The cached value of ``name``, loaded by ``load()`` once if missing.
 
         ``template`` names the family of keys ``name`` belongs to (``"menu:{id}"``)
         in this call's events, for metrics labels; loaders pass their own. Without
-        it the events carry None (see :mod:`cacheguard.cache.stats`)."""
+        it the events carry None (see :mod:`cacheguard.cache.stats`). ``type``: the
+        value's type, a dataclass, a pydantic model, a msgspec Struct or a
+        container of them (see :mod:`cacheguard.codecs`): the value is stored as
+        plain data and read back as that type."""
+        if type is not None:
+            return typed.get_or_load(  # type: ignore[no-any-return]
+                self, value_type(type), name, load, ttl=ttl, none_ttl=none_ttl, template=template
+            )
         name = self._state.key_name(name)
         # Checked before the hit path leads the key's flight: a refusal leaves none open.
         call = read_call(self._state, name, load, ttl, none_ttl, template)
@@ -268,8 +278,17 @@ class CacheGuard:
             return value  # type: ignore[no-any-return]
         return self._run(rest, name)  # type: ignore[no-any-return]
 
-    def peek(self, name: str, *, template: str | None = None) -> Any:
-        """The cached value of ``name`` or :data:`MISSING`; never loads, never locks."""
+    def peek(
+        self,
+        name: str,
+        *,
+        template: str | None = None,
+        type: Any = None,
+    ) -> Any:
+        """The cached value of ``name`` or :data:`MISSING`; never loads, never locks.
+        With ``type``, as that type (:data:`MISSING` if the data does not fit it)."""
+        if type is not None:
+            return typed.peek(self, value_type(type), name, template=template)
         name = self._state.key_name(name)
         return self._run(peek_flow(self._state, name, template), name)
 
@@ -286,12 +305,18 @@ class CacheGuard:
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
         template: str | None = None,
+        type: Any = None,
     ) -> T:
         """Load ``name`` now (under its locks, once across processes) and store it.
 
         With Redis unreachable (or the circuit open) ``on_backend_error`` applies as
         for reads: ``bypass`` returns a fresh load without storing it, ``raise``
-        raises :class:`BackendUnavailable`. ``template``: as for :meth:`get_or_load`."""
+        raises :class:`BackendUnavailable`. ``template`` and ``type``: as for
+        :meth:`get_or_load`."""
+        if type is not None:
+            return typed.refresh(  # type: ignore[no-any-return]
+                self, value_type(type), name, load, ttl=ttl, none_ttl=none_ttl, template=template
+            )
         name = self._state.key_name(name)
         flow = refresh_flow(
             self._state, read_call(self._state, name, load, ttl, none_ttl, template)

@@ -37,11 +37,13 @@ import sys
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
+from cacheguard.cache import typed
 from cacheguard.cache.default import DefaultGuard, Driver
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import KeyBuilder, describe
 from cacheguard.checks import check_positive
+from cacheguard.codecs import ValueType, value_type
 from cacheguard.redis.keys import shorten
 
 __all__ = [
@@ -55,6 +57,13 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class Unresolved:
+    """A decorated function's values' type before its first call."""
+
+
+UNRESOLVED = Unresolved()
 
 
 class KeyedLoader(Generic[P, R]):
@@ -72,6 +81,8 @@ class KeyedLoader(Generic[P, R]):
         load: Callable[P, Any],
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
+        type: Any = None,
+        infer_type: bool = False,
     ) -> None:
         # A DefaultGuard (a function decorated without a guard) is the guard that
         # cacheguard.use() installed, looked up on every call.
@@ -104,6 +115,18 @@ class KeyedLoader(Generic[P, R]):
         self._keys = KeyBuilder(load, key, max_length=max_length)
         self._label = self._keys.label  # every call's events carry it as their template
         self._made_in = _calling_module()  # where to find this loader by name, to pickle it
+        # The values' type: given, or (a decorator) read from the return annotation at
+        # the first call, when every name it uses is defined.
+        self._values: ValueType | Unresolved | None = (
+            value_type(type) if type is not None else UNRESOLVED if infer_type else None
+        )
+
+    def _value_type(self) -> ValueType | None:
+        """The values' type, the return annotation's read once (see __init__)."""
+        values = self._values
+        if isinstance(values, Unresolved):
+            values = self._values = typed.return_value_type(self.load)
+        return values
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled by reference (see the module docstring): the module and name this
@@ -145,12 +168,32 @@ class CacheLoader(KeyedLoader[P, R]):
         load: Callable[P, R],
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
+        type: Any = None,
+        infer_type: bool = False,
     ) -> None:
-        super().__init__(guard, key=key, load=load, ttl=ttl, none_ttl=none_ttl)
+        super().__init__(
+            guard,
+            key=key,
+            load=load,
+            ttl=ttl,
+            none_ttl=none_ttl,
+            type=type,
+            infer_type=infer_type,
+        )
 
     def get(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """The cached value, loaded once across all processes if missing."""
         name = self._keys.build(args, kwargs)
+        if self._values is not None and (values := self._value_type()) is not None:
+            return typed.get_or_load(  # type: ignore[no-any-return]
+                self.guard,
+                values,
+                name,
+                lambda: self.load(*args, **kwargs),
+                ttl=self.ttl,
+                none_ttl=self.none_ttl,
+                template=self._label,
+            )
         value: R = self.guard.get_or_load(
             name,
             lambda: self.load(*args, **kwargs),
@@ -163,6 +206,16 @@ class CacheLoader(KeyedLoader[P, R]):
     def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Load now and store (under the key's locks, once across processes)."""
         name = self._keys.build(args, kwargs)
+        if self._values is not None and (values := self._value_type()) is not None:
+            return typed.refresh(  # type: ignore[no-any-return]
+                self.guard,
+                values,
+                name,
+                lambda: self.load(*args, **kwargs),
+                ttl=self.ttl,
+                none_ttl=self.none_ttl,
+                template=self._label,
+            )
         value: R = self.guard.refresh(
             name,
             lambda: self.load(*args, **kwargs),
@@ -178,7 +231,10 @@ class CacheLoader(KeyedLoader[P, R]):
 
     def peek(self, *args: P.args, **kwargs: P.kwargs) -> R | Missing:
         """The cached value, or :data:`MISSING`; never loads."""
-        value: R | Missing = self.guard.peek(self._keys.build(args, kwargs), template=self._label)
+        name = self._keys.build(args, kwargs)
+        if self._values is not None and (values := self._value_type()) is not None:
+            return typed.peek(self.guard, values, name, template=self._label)  # type: ignore[no-any-return]
+        value: R | Missing = self.guard.peek(name, template=self._label)
         return value
 
 
@@ -244,9 +300,19 @@ class CachedFunction(Decorated, CacheLoader[P, R]):
         key: str | None,
         ttl: float,
         none_ttl: float | Missing | None = MISSING,
+        type: Any = None,
     ) -> None:
         func = cast("Callable[P, R]", self._unwrap(func))
-        CacheLoader.__init__(self, guard, key=key, load=func, ttl=ttl, none_ttl=none_ttl)
+        CacheLoader.__init__(
+            self,
+            guard,
+            key=key,
+            load=func,
+            ttl=ttl,
+            none_ttl=none_ttl,
+            type=type,
+            infer_type=True,
+        )
         functools.update_wrapper(self, func)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:

@@ -1,0 +1,158 @@
+"""Reads of typed values (:mod:`cacheguard.codecs`) through either guard.
+
+The cache holds what the value type's ``dump`` made of a loaded value: plain data
+its codec stores. A read gets plain data back from the guard, as any read does
+(a hit, a load, a wait for another process's load, a stale or a bypass value), and
+the value type makes the typed value of it. Data that no longer fits the type (an
+entry stored before the type changed) is not served: the key is loaded again,
+under its locks as ``refresh`` does, and stored over it.
+
+The sync functions take a :class:`~cacheguard.CacheGuard`, the ``a``-prefixed ones
+an :class:`~cacheguard.aio.AsyncCacheGuard`; both take the value type, made once by
+the caller (a loader makes it when it is made, or at its first call for a
+decorator's return annotation).
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cacheguard.cache.entry import MISSING, Missing
+from cacheguard.codecs import ValueType, names_a_family
+
+__all__ = [
+    "aget_or_load",
+    "apeek",
+    "arefresh",
+    "get_or_load",
+    "peek",
+    "refresh",
+    "return_value_type",
+]
+
+
+def return_value_type(func: Callable[..., Any]) -> ValueType | None:
+    """The value type of ``func``'s return annotation (an ``async def``'s: what it
+    returns when awaited) if it names a dataclass, a pydantic model or a msgspec
+    Struct; None otherwise, or when the annotation cannot be resolved (then values
+    go to the codec as they are, as without an annotation)."""
+    from cacheguard.codecs import value_type  # noqa: PLC0415  (only for annotated functions)
+
+    try:
+        annotation = typing.get_type_hints(func, include_extras=True).get("return")
+    except Exception:  # a name only a type checker sees (TYPE_CHECKING), a bad string
+        return None
+    if annotation is None or not names_a_family(annotation):
+        return None
+    return value_type(annotation)
+
+
+def _dumping(values: ValueType, load: Callable[[], Any]) -> Callable[[], Any]:
+    return lambda: values.dump(load())
+
+
+def get_or_load(
+    guard: Any,  # a CacheGuard (it calls in here: not imported)
+    values: ValueType,
+    name: str,
+    load: Callable[[], Any],
+    *,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None,
+) -> Any:
+    """``guard.get_or_load`` of a typed value."""
+    dumped = _dumping(values, load)
+    data = guard.get_or_load(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
+    try:
+        return values.load(data)
+    except ValueError:  # stored before the type changed: not served, loaded again
+        data = guard.refresh(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
+        return values.load(data)
+
+
+def refresh(
+    guard: Any,  # a CacheGuard (it calls in here: not imported)
+    values: ValueType,
+    name: str,
+    load: Callable[[], Any],
+    *,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None,
+) -> Any:
+    """``guard.refresh`` of a typed value."""
+    dumped = _dumping(values, load)
+    return values.load(guard.refresh(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template))
+
+
+def peek(guard: Any, values: ValueType, name: str, *, template: str | None) -> Any:
+    """``guard.peek`` of a typed value: :data:`MISSING` also for data that no longer
+    fits the type (a read would load it again)."""
+    data = guard.peek(name, template=template)
+    if data is MISSING:
+        return MISSING
+    try:
+        return values.load(data)
+    except ValueError:
+        return MISSING
+
+
+def _adumping(values: ValueType, load: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+    async def dumped() -> Any:
+        value = load()
+        if inspect.isawaitable(value):
+            value = await value
+        return values.dump(value)
+
+    return dumped
+
+
+async def aget_or_load(
+    guard: Any,  # an AsyncCacheGuard
+    values: ValueType,
+    name: str,
+    load: Callable[[], Any],
+    *,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None,
+) -> Any:
+    """``await guard.get_or_load`` of a typed value."""
+    dumped = _adumping(values, load)
+    data = await guard.get_or_load(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
+    try:
+        return values.load(data)
+    except ValueError:  # stored before the type changed: not served, loaded again
+        data = await guard.refresh(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
+        return values.load(data)
+
+
+async def arefresh(
+    guard: Any,  # an AsyncCacheGuard
+    values: ValueType,
+    name: str,
+    load: Callable[[], Any],
+    *,
+    ttl: float,
+    none_ttl: float | Missing | None,
+    template: str | None,
+) -> Any:
+    """``await guard.refresh`` of a typed value."""
+    dumped = _adumping(values, load)
+    data = await guard.refresh(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
+    return values.load(data)
+
+
+async def apeek(guard: Any, values: ValueType, name: str, *, template: str | None) -> Any:
+    """``await guard.peek`` of a typed value (see :func:`peek`)."""
+    data = await guard.peek(name, template=template)
+    if data is MISSING:
+        return MISSING
+    try:
+        return values.load(data)
+    except ValueError:
+        return MISSING
