@@ -34,7 +34,9 @@ the cost over the default client is the median of the rounds' paired differences
 (the machine's speed drifts by more than the differences measured; a round's
 batches drift alike). Each row's CPU time (this thread's: the wait for Redis
 excluded) beside it. Then the same rows with GET answered from memory (the
-Python cost alone), and an L1 hit.
+Python cost alone), and an L1 hit. Last, compression: a hit of a 200-row menu
+list stored as encoded, zlib- and zstd-compressed (zstd when zstandard is
+installed), each against the uncompressed one, over the wire and from memory.
 """
 
 from __future__ import annotations
@@ -400,6 +402,82 @@ def _l1_hit(url: str) -> Paired:
     return Paired(wall, cpu, math.nan, math.nan)
 
 
+def _big_menu_rows() -> list[dict[str, Any]]:
+    return [
+        {"id": i, "name": f"menu {i}", "parent_id": i // 10, "sort": i, "url": f"/m/{i}"}
+        for i in range(200)
+    ]
+
+
+def _compressions() -> dict[str, str | None]:
+    """The ``compress`` settings measured: zstd only where zstandard is installed."""
+    kinds: dict[str, str | None] = {"stored as encoded": None, "zlib": "zlib"}
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        return kinds
+    kinds["zstd"] = "zstd"
+    return kinds
+
+
+def compressed_hits(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
+    """µs per hit of a 200-row menu list stored each way (each key filled by a guard
+    of that ``compress`` setting, all read by one default guard, as any guard reads
+    any entry), against the hit of the uncompressed one."""
+    default = redis.Redis.from_url(url)
+    rows = _big_menu_rows()
+    names = {label: f"menu:big:{label.split()[-1]}" for label in _compressions()}
+    sizes: dict[str, int] = {}
+    for label, compress in _compressions().items():
+        with CacheGuard(default, namespace=HIT_NAMESPACE, compress=compress) as writer:
+            writer.invalidate(names[label])
+            writer.get_or_load(names[label], lambda: rows, ttl=3600)
+            sizes[label] = len(default.get(writer.keys(names[label]).value) or b"")
+    guard = CacheGuard.from_url(url, namespace=HIT_NAMESPACE)
+    memory = CacheGuard(default, namespace=HIT_NAMESPACE)
+    memory.client = _InMemory(default, [guard.keys(n).value for n in names.values()])  # type: ignore[assignment]
+
+    def hits(reader: CacheGuard) -> dict[str, Callable[[int], None]]:
+        return {
+            f"get_or_load, {label} ({sizes[label]:,} B)": _batched(
+                lambda name=name: reader.get_or_load(name, lambda: rows, ttl=3600)
+            )
+            for label, name in names.items()
+        }
+
+    results: dict[str, dict[str, Paired]] = {}
+    try:
+        for where, bodies in {
+            "over the wire": hits(guard),
+            "no I/O (GET from memory)": hits(memory),
+        }.items():
+            for run in bodies.values():
+                run(300)
+            results[where] = paired_batches(bodies, rounds)
+    finally:
+        guard.close()
+        memory.close()
+        default.close()
+    return results
+
+
+def compressed_table(blocks: dict[str, dict[str, Paired]]) -> list[str]:
+    """The compressed hits' rows, each against the uncompressed hit (its block's first)."""
+    lines = [
+        "| GET | operation | µs / call | µs over the uncompressed hit | vs uncompressed "
+        "| client CPU µs / call | CPU µs over the uncompressed hit |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for where, block in blocks.items():
+        base = next(iter(block.values()))
+        for label, p in block.items():
+            lines.append(
+                f"| {where} | {label} | {p.wall:.1f} | {p.wall_over:+.1f} "
+                f"| {p.wall / base.wall:.2f}x | {p.cpu:.1f} | {p.cpu_over:+.1f} |"
+            )
+    return lines
+
+
 class _AsyncInMemory:
     """:class:`_InMemory` for the asyncio guard."""
 
@@ -522,6 +600,7 @@ def hit_table(sync: dict[str, dict[str, Paired]], aio: dict[str, dict[str, Paire
 def _hit_report(endpoint: RedisEndpoint, args: argparse.Namespace) -> list[str]:
     rounds = args.hit_rounds
     sync, aio = hit_path(endpoint.url, rounds), async_hit_path(endpoint.url, rounds)
+    compressed = compressed_hits(endpoint.url, rounds)
     return [
         f"Hit path over the wire, one warm key (a 20-row menu list), one thread, default "
         f"settings, guards made by `from_url`; {rounds} rounds of 300-call batches, every "
@@ -533,6 +612,14 @@ def _hit_report(endpoint: RedisEndpoint, args: argparse.Namespace) -> list[str]:
         "excluded. Then the same with GET answered from memory (the Python cost alone):",
         "",
         *hit_table(sync, aio),
+        "",
+        "Compression: a hit of a 200-row menu list (`get_or_load`, one default guard "
+        "reading every entry), its entry stored as encoded (msgpack), and compressed by "
+        'a guard with `compress="zlib"` and `compress="zstd"` (stored bytes beside '
+        "each); over the uncompressed hit: the median of each round's paired difference. "
+        "An uncompressed entry's hit is the one above, with a larger value.",
+        "",
+        *compressed_table(compressed),
     ]
 
 

@@ -1049,6 +1049,188 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_codecs.py::test_custom_codecs_are_checked",),
         within="check_codec",
     ),
+    # -- compression (cache/compression.py, cache/entry.py, tests/test_compression.py) ------
+    Mutant(
+        "compress-format-in-the-entry",
+        "a compressed entry says how in its header: every guard reads it, whatever its own "
+        "compress setting",
+        "cacheguard/cache/entry.py",
+        "            magic, payload = _COMPRESSED_MAGIC[compress], packed\n",
+        "            magic, payload = _MAGIC, packed\n",
+        (
+            "tests/test_compression.py::test_compressed_entries_name_their_format_and_decode_anywhere[zlib]",
+            "tests/test_compression.py::test_entries_of_every_setting_read_in_every_guard[sync]",
+            "tests/test_compression.py::test_entries_of_every_setting_read_in_every_guard[async]",
+        ),
+        within="pack_entry",
+    ),
+    Mutant(
+        "compress-old-entries-read",
+        "entries written before compression (format 1) still decode, and uncompressed "
+        "entries are still written that way",
+        "cacheguard/cache/entry.py",
+        '_MAGIC = b"\\xcb\\x01"',
+        '_MAGIC = b"\\xcb\\x04"',
+        (
+            "tests/test_compression.py::test_entries_written_before_compression_still_decode",
+            "tests/test_compression.py::test_entries_of_every_setting_read_in_every_guard[sync]",
+        ),
+        within="_MAGIC",
+    ),
+    Mutant(
+        "compress-stores-compressed",
+        "a guard with compress stores large values compressed on every path that stores "
+        "(get_or_load, loaders, the decorator, refresh)",
+        "cacheguard/cache/flows/fill.py",
+        "            compress=settings.compress,\n",
+        "            compress=None,\n",
+        (
+            "tests/test_compression.py::test_every_way_in_stores_and_reads_compressed_entries[sync-zlib]",
+            "tests/test_compression.py::test_every_way_in_stores_and_reads_compressed_entries[async-zstd]",
+        ),
+        within="plan_store",
+    ),
+    Mutant(
+        "compress-threshold-inclusive",
+        "payloads of compress_min_size bytes or more are compressed, smaller ones are not",
+        "cacheguard/cache/entry.py",
+        "len(payload) >= compress_min_size",
+        "len(payload) > compress_min_size",
+        (
+            "tests/test_compression.py::test_the_threshold_is_the_smallest_payload_compressed[1024-zlib]",
+            "tests/test_compression.py::test_the_threshold_is_the_smallest_payload_compressed[300-zstd]",
+        ),
+        within="pack_entry",
+    ),
+    Mutant(
+        "compress-only-when-smaller",
+        "a payload compression would not shrink is stored uncompressed",
+        "cacheguard/cache/compression.py",
+        "    return packed if len(packed) < len(payload) else None\n",
+        "    return packed\n",
+        (
+            "tests/test_compression.py::test_a_payload_compression_would_not_shrink_is_stored_plain[zlib]",
+            "tests/test_compression.py::test_a_payload_compression_would_not_shrink_is_stored_plain[zstd]",
+        ),
+        within="deflate",
+    ),
+    Mutant(
+        "compress-zlib-corrupt-is-a-miss",
+        "a zlib payload that does not inflate is a counted miss, never a crash of the read",
+        "cacheguard/cache/compression.py",
+        "    except zlib.error as exc:\n",
+        "    except ArithmeticError as exc:\n",
+        (
+            "tests/test_compression.py::test_every_bit_flip_of_a_compressed_payload_is_refused_or_harmless[zlib]",
+            "tests/test_compression.py::test_a_corrupt_compressed_entry_is_a_counted_miss_and_is_replaced"
+            "[sync-flipped-byte-zlib]",
+            "tests/test_compression.py::test_a_corrupt_compressed_entry_is_a_counted_miss_and_is_replaced"
+            "[async-garbage-after-the-header-zlib]",
+        ),
+        within="_inflate_zlib",
+    ),
+    Mutant(
+        "compress-zstd-corrupt-is-a-miss",
+        "a zstd payload that does not inflate is a counted miss, never a crash of the read",
+        "cacheguard/cache/compression.py",
+        "    except zstandard.ZstdError as exc:\n",
+        "    except ArithmeticError as exc:\n",
+        (
+            "tests/test_compression.py::test_every_bit_flip_of_a_compressed_payload_is_refused_or_harmless[zstd]",
+            "tests/test_compression.py::test_a_corrupt_compressed_entry_is_a_counted_miss_and_is_replaced"
+            "[sync-flipped-byte-zstd]",
+            "tests/test_compression.py::test_a_corrupt_compressed_entry_is_a_counted_miss_and_is_replaced"
+            "[async-garbage-after-the-header-zstd]",
+        ),
+        within="_inflate_zstd",
+    ),
+    Mutant(
+        "compress-zlib-whole-stream",
+        "a zlib payload must be one whole stream: bytes after it are refused",
+        "cacheguard/cache/compression.py",
+        "    if not stream.eof or stream.unused_data or stream.unconsumed_tail:\n",
+        "    if False:\n",
+        (
+            "tests/test_compression.py::test_truncated_or_extended_compressed_payloads_are_refused[zlib]",
+        ),
+        within="_inflate_zlib",
+    ),
+    Mutant(
+        "compress-zstd-whole-frame",
+        "a zstd payload must be one whole frame of the size it records: bytes after it are refused",
+        "cacheguard/cache/compression.py",
+        "    if not stream.eof or stream.unused_data or len(payload) != size:\n",
+        "    if False:\n",
+        (
+            "tests/test_compression.py::test_truncated_or_extended_compressed_payloads_are_refused[zstd]",
+        ),
+        within="_inflate_zstd",
+    ),
+    Mutant(
+        "compress-zlib-inflate-bounded",
+        "a zlib payload inflating past MAX_INFLATED is refused before it is all in memory",
+        "cacheguard/cache/compression.py",
+        "        payload = stream.decompress(data, MAX_INFLATED)\n",
+        "        payload = stream.decompress(data)\n",
+        ("tests/test_compression.py::test_inflating_is_bounded[zlib]",),
+        within="_inflate_zlib",
+    ),
+    Mutant(
+        "compress-zstd-inflate-bounded",
+        "a zstd frame recording a size past MAX_INFLATED, or none, is refused before inflating",
+        "cacheguard/cache/compression.py",
+        "not 0 <= size <= MAX_INFLATED",
+        "not 0 <= size",
+        ("tests/test_compression.py::test_inflating_is_bounded[zstd]",),
+        within="_inflate_zstd",
+    ),
+    Mutant(
+        "compress-zstd-checksum-required",
+        "a zstd frame without its checksum is not one of ours (refused)",
+        "cacheguard/cache/compression.py",
+        "not frame.has_checksum or ",
+        "",
+        ("tests/test_compression.py::test_a_zstd_frame_that_lies_about_its_size_is_refused",),
+        within="_inflate_zstd",
+    ),
+    Mutant(
+        "compress-zstd-missing-entry-is-a-miss",
+        "a zstd entry read where zstandard is not installed is a counted miss naming the "
+        "extra, never a crash",
+        "cacheguard/cache/compression.py",
+        "    except ImportError as exc:\n        raise ValueError(",
+        "    except ArithmeticError as exc:\n        raise ValueError(",
+        (
+            "tests/test_compression.py::test_a_zstd_entry_without_zstandard_is_refused_naming_the_extra",
+            "tests/test_compression.py::test_a_zstd_entry_read_without_zstandard_is_a_counted_miss[sync]",
+            "tests/test_compression.py::test_a_zstd_entry_read_without_zstandard_is_a_counted_miss[async]",
+        ),
+        within="_inflate_zstd",
+    ),
+    Mutant(
+        "compress-name-checked",
+        "an unknown compress name is refused with ValueError when the guard is made",
+        "cacheguard/cache/compression.py",
+        "    if not isinstance(name, str) or name not in NAMES:\n",
+        "    if not isinstance(name, str):\n",
+        (
+            "tests/test_compression.py::test_an_unknown_compression_is_refused_at_construction[gzip-sync]",
+            "tests/test_compression.py::test_an_unknown_compression_is_refused_at_construction[gzip-async]",
+        ),
+        within="check_compress",
+    ),
+    Mutant(
+        "compress-zstd-needs-its-extra",
+        "compress='zstd' without zstandard is refused when the guard is made, naming the extra",
+        "cacheguard/cache/compression.py",
+        '    if name == "zstd":\n        _zstandard()\n',
+        "",
+        (
+            "tests/test_compression.py::test_zstd_without_zstandard_is_refused_naming_the_extra[sync]",
+            "tests/test_compression.py::test_zstd_without_zstandard_is_refused_naming_the_extra[async]",
+        ),
+        within="check_compress",
+    ),
     # -- tests that can fail (issue "Trust"): the hit path, wake-ups, refresh, two tiers ---
     Mutant(
         "hit-is-one-get",

@@ -15,6 +15,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cacheguard.cache.codec import Codec, MsgpackCodec, check_codec
+from cacheguard.cache.compression import Compress, check_compress
 from cacheguard.checks import (
     check_choice,
     check_int,
@@ -35,7 +36,13 @@ _BACKEND_POLICIES: Final = ("bypass", "raise")
 
 @dataclass(frozen=True, slots=True)
 class GuardSettings:
-    """Validated settings; the defaults suit most services."""
+    """Validated settings; the defaults suit most services.
+
+    ``compress`` (``"zlib"``, or ``"zstd"`` with the ``zstd`` extra; default None:
+    off) stores a codec's payload of ``compress_min_size`` bytes (default 1 KiB)
+    or more compressed, when that makes it smaller; every guard reads entries
+    compressed either way or not at all (see ``docs/compression.md``).
+    """
 
     namespace: str = "cg"
     lease: float = 30.0
@@ -43,6 +50,8 @@ class GuardSettings:
     on_timeout: TimeoutPolicy = "load"
     on_backend_error: BackendPolicy = "bypass"
     codec: Codec = field(default_factory=MsgpackCodec)
+    compress: Compress | None = None
+    compress_min_size: int = 1024
     ttl_jitter: float = 0.1
     none_ttl: float | None = 30.0
     stale_ttl: float = 0.0
@@ -82,6 +91,8 @@ class GuardSettings:
                 "on_backend_error", self.on_backend_error, _BACKEND_POLICIES
             ),
             "codec": check_codec(self.codec if self.codec is not None else MsgpackCodec()),
+            "compress": check_compress(self.compress),
+            "compress_min_size": check_int("compress_min_size", self.compress_min_size, minimum=0),
             "ttl_jitter": check_ratio("ttl_jitter", self.ttl_jitter),
             "none_ttl": None
             if self.none_ttl is None

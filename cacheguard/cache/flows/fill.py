@@ -461,6 +461,8 @@ def plan_store(job: FillJob, value: Any, seconds: float, version: int) -> tuple[
             ttl=lifetime,
             version=version,
             load_duration=seconds,
+            compress=settings.compress,
+            compress_min_size=settings.compress_min_size,
         )
     except SerializationError as exc:
         raise SerializationError(f"cannot cache {job.name!r}: {exc}", key=job.name) from exc
