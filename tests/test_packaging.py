@@ -17,8 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "cacheguard-redis"
-# `pip install` naming a distribution, with or without extras or quotes.
-INSTALL = re.compile(r"""pip install[^\n`]*?\s['"]?(cacheguard[\w.-]*)(\[|['"\s`]|$)""", re.M)
+# `pip install [options]` naming a distribution first, with or without extras or quotes.
+INSTALL = re.compile(r"""pip install(?:\s+-[-\w]+)*\s+['"]?(cacheguard[\w.-]*)(\[|['"\s`]|$)""", re.M)
 
 
 def _smoke() -> ModuleType:
@@ -43,6 +43,7 @@ def test_the_distribution_has_a_name_of_its_own() -> None:
 def test_every_install_line_names_the_distribution() -> None:
     pages = [ROOT / "README.md", ROOT / "DEVELOPERS.md", *sorted((ROOT / "docs").glob("*.md"))]
     pages += sorted((ROOT / "examples").glob("*/README.md"))
+    pages += sorted((ROOT / "cacheguard").rglob("*.py"))  # docstrings and error messages
     named = {
         (page.name, match.group(1))
         for page in pages

@@ -13,7 +13,7 @@ With ``outbox=True`` tracked writes go on while Redis is unreachable: their
 invalidations go to an outbox table (:func:`outbox_table`) in the same
 transaction and are replayed once Redis is back (see ``docs/outage.md``).
 
-Needs SQLAlchemy 2.0 (``pip install 'cacheguard[sqlalchemy]'``). See
+Needs SQLAlchemy 2.0 (``pip install 'cacheguard-redis[sqlalchemy]'``). See
 ``docs/guide.md`` (how to use it) and ``docs/design.md`` (how it works).
 """
 
@@ -24,7 +24,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "cacheguard.integrations.sqlalchemy needs SQLAlchemy 2.0: "
-        "pip install 'cacheguard[sqlalchemy]'"
+        "pip install 'cacheguard-redis[sqlalchemy]'"
     ) from exc
 
 from cacheguard.integrations.sqlalchemy.outbox import (
