@@ -36,13 +36,16 @@ batches drift alike). Each row's CPU time (this thread's: the wait for Redis
 excluded) beside it. Then the same rows with GET answered from memory (the
 Python cost alone), and an L1 hit. Last, compression: a hit of a 200-row menu
 list stored as encoded, zlib- and zstd-compressed (zstd when zstandard is
-installed), each against the uncompressed one, over the wire and from memory.
+installed), each against the uncompressed one, over the wire and from memory; and
+typed values: the 20 rows read as dataclasses, pydantic models and msgspec Structs,
+each against the plain rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -478,6 +481,101 @@ def compressed_table(blocks: dict[str, dict[str, Paired]]) -> list[str]:
     return lines
 
 
+@dataclasses.dataclass
+class MenuRow:
+    """A menu row as a dataclass: what a typed value's hit decodes to."""
+
+    id: int
+    name: str
+    parent_id: int
+    sort: int
+    url: str
+
+
+def _typed_rows() -> dict[str, tuple[Any, Any]]:
+    """The same 20 rows as each family's values, with the type they are read as."""
+    import msgspec
+    import pydantic
+
+    class MenuModel(pydantic.BaseModel):
+        id: int
+        name: str
+        parent_id: int
+        sort: int
+        url: str
+
+    class MenuStruct(msgspec.Struct):
+        id: int
+        name: str
+        parent_id: int
+        sort: int
+        url: str
+
+    rows = _menu_rows()
+    return {
+        "plain dicts (no type)": (rows, None),
+        "dataclasses, type=list[MenuRow]": ([MenuRow(**r) for r in rows], list[MenuRow]),
+        "pydantic, type=list[MenuModel]": ([MenuModel(**r) for r in rows], list[MenuModel]),
+        "msgspec, type=list[MenuStruct]": ([MenuStruct(**r) for r in rows], list[MenuStruct]),
+    }
+
+
+def typed_hits(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
+    """µs per hit of the 20-row menu list read as each family's values
+    (``get_or_load(..., type=...)``), against the hit of the plain rows."""
+    default = redis.Redis.from_url(url)
+    guard = CacheGuard.from_url(url, namespace=HIT_NAMESPACE)
+    families = _typed_rows()
+    names = {label: f"menu:typed:{i}" for i, label in enumerate(families)}
+    for label, (value, kind) in families.items():
+        guard.invalidate(names[label])
+        guard.get_or_load(names[label], lambda value=value: value, ttl=3600, type=kind)
+    memory = CacheGuard(default, namespace=HIT_NAMESPACE)
+    memory.client = _InMemory(default, [guard.keys(n).value for n in names.values()])  # type: ignore[assignment]
+
+    def hits(reader: CacheGuard) -> dict[str, Callable[[int], None]]:
+        return {
+            f"get_or_load, {label}": _batched(
+                lambda name=names[label], value=value, kind=kind: reader.get_or_load(
+                    name, lambda: value, ttl=3600, type=kind
+                )
+            )
+            for label, (value, kind) in families.items()
+        }
+
+    results: dict[str, dict[str, Paired]] = {}
+    try:
+        for where, bodies in {
+            "over the wire": hits(guard),
+            "no I/O (GET from memory)": hits(memory),
+        }.items():
+            for run in bodies.values():
+                run(300)
+            results[where] = paired_batches(bodies, rounds)
+    finally:
+        guard.close()
+        memory.close()
+        default.close()
+    return results
+
+
+def typed_table(blocks: dict[str, dict[str, Paired]]) -> list[str]:
+    """The typed hits' rows, each against the plain rows' hit (its block's first)."""
+    lines = [
+        "| GET | operation | µs / call | µs over plain dicts | vs plain dicts "
+        "| client CPU µs / call | CPU µs over plain dicts |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for where, block in blocks.items():
+        base = next(iter(block.values()))
+        for label, p in block.items():
+            lines.append(
+                f"| {where} | {label} | {p.wall:.1f} | {p.wall_over:+.1f} "
+                f"| {p.wall / base.wall:.2f}x | {p.cpu:.1f} | {p.cpu_over:+.1f} |"
+            )
+    return lines
+
+
 class _AsyncInMemory:
     """:class:`_InMemory` for the asyncio guard."""
 
@@ -601,6 +699,7 @@ def _hit_report(endpoint: RedisEndpoint, args: argparse.Namespace) -> list[str]:
     rounds = args.hit_rounds
     sync, aio = hit_path(endpoint.url, rounds), async_hit_path(endpoint.url, rounds)
     compressed = compressed_hits(endpoint.url, rounds)
+    typed = typed_hits(endpoint.url, rounds)
     return [
         f"Hit path over the wire, one warm key (a 20-row menu list), one thread, default "
         f"settings, guards made by `from_url`; {rounds} rounds of 300-call batches, every "
@@ -620,6 +719,13 @@ def _hit_report(endpoint: RedisEndpoint, args: argparse.Namespace) -> list[str]:
         "An uncompressed entry's hit is the one above, with a larger value.",
         "",
         *compressed_table(compressed),
+        "",
+        "Typed values: a hit of the same 20-row menu list read as plain dicts, and as "
+        "dataclasses, pydantic models and msgspec Structs (`get_or_load(..., type=...)`, "
+        "each stored by its family: see cacheguard.codecs); over plain dicts: the median "
+        "of each round's paired difference.",
+        "",
+        *typed_table(typed),
     ]
 
 

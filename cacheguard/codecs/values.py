@@ -256,6 +256,7 @@ def _checked(kind: type) -> Convert:
             raise _mismatch(kind, value)
         return value
 
+    check.exact = kind  # type: ignore[attr-defined]  # a value of exactly it passes as it is
     return check
 
 
@@ -320,20 +321,37 @@ def _dataclass(kind: type, seen: Seen) -> tuple[Convert, Convert]:
         raise TypeError(f"cannot read the annotations of {_name(kind)}: {exc}") from exc
     fields = [f for f in dataclasses.fields(kind) if f.init]
     converters = {f.name: _converters(hints.get(f.name, Any), seen) for f in fields}
+    dumps = [
+        (name, convert[0], getattr(convert[0], "exact", None))
+        for name, convert in converters.items()
+    ]
+    # Per field: the loader, and the type a value passes as it is (a str for a str
+    # field): the common case costs a type check, not a call.
+    loads = {
+        name: (convert[1], getattr(convert[1], "exact", None))
+        for name, convert in converters.items()
+    }
 
     def dump(value: Any) -> Any:
         if type(value) is not kind:
             raise _mismatch(kind, value)
-        return {name: convert[0](getattr(value, name)) for name, convert in converters.items()}
+        plain = {}
+        for name, convert, exact in dumps:
+            item = getattr(value, name)
+            plain[name] = item if type(item) is exact else convert(item)
+        return plain
 
     def load(data: Any) -> Any:
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):  # (an ABC check is slow)
             raise _mismatch(dict, data)
-        unknown = data.keys() - converters.keys()
-        if unknown:
-            raise ValueError(f"{_name(kind)} has no fields {sorted(map(str, unknown))}")
+        arguments = {}
+        for name, item in data.items():
+            found = loads.get(name)
+            if found is None:
+                raise ValueError(f"{_name(kind)} has no field {name!r}")
+            arguments[name] = item if type(item) is found[1] else found[0](item)
         try:
-            return kind(**{name: converters[name][1](item) for name, item in data.items()})
+            return kind(**arguments)
         except TypeError as exc:  # a field without a default is missing
             raise ValueError(f"cannot make a {_name(kind)}: {exc}") from exc
 
