@@ -3908,6 +3908,16 @@ MUTANTS: tuple[Mutant, ...] = (
         within="_converters",
     ),
     Mutant(
+        "typed-dataclass-fields-checked",
+        "every field of a dataclass read back is checked against its annotation: data "
+        "that does not fit is a miss, never a dataclass holding the wrong types",
+        "cacheguard/codecs/values.py",
+        "            arguments[name] = item if type(item) is found[1] else found[0](item)\n",
+        "            arguments[name] = item\n",
+        ("tests/test_typed_values.py::test_data_that_does_not_fit_the_type_is_a_value_error",),
+        within="_dataclass",
+    ),
+    Mutant(
         "typed-bool-is-not-an-int",
         "a bool does not pass for an int (nor an int for a bool) when data is checked",
         "cacheguard/codecs/values.py",
