@@ -76,7 +76,7 @@ from cacheguard.cache.write_locks import (
     WriteLockStore,
     async_store_write_locks,
 )
-from cacheguard.checks import check_int
+from cacheguard.checks import Seconds, check_int
 from cacheguard.locks.async_local import current_task
 from cacheguard.locks.async_two_tier import AsyncLockFactory, AsyncTwoTierRWLock
 from cacheguard.redis.async_notifier import aclose_notifiers_of, async_notifier_for
@@ -108,6 +108,11 @@ class AsyncCacheGuard:
     :class:`~cacheguard.CacheGuard`, as are ``on_event``, ``write_locks`` and
     ``gutter``: here an asyncio client or a URL); ``load`` functions may be
     ``async def`` or plain functions (a plain one runs on the loop: keep it quick).
+
+    Every duration is seconds or a ``datetime.timedelta``, as for
+    :class:`~cacheguard.CacheGuard`. The guard is an async context manager:
+    ``async with AsyncCacheGuard.from_url(url) as guard:`` closes it on exit
+    (:meth:`aclose`: what the guard made, never a client passed in).
     """
 
     def __init__(
@@ -170,8 +175,8 @@ class AsyncCacheGuard:
         cls,
         url: str,
         *,
-        connect_timeout: float = 1.0,
-        socket_timeout: float = 2.0,
+        connect_timeout: Seconds = 1.0,
+        socket_timeout: Seconds = 2.0,
         max_connections: int | None = None,
         **settings: Any,
     ) -> AsyncCacheGuard:
@@ -184,8 +189,8 @@ class AsyncCacheGuard:
         connection would count as Redis being down. redis-py's cluster client does
         not queue tasks: there the limit is per node and defaults to 1,024.
 
-        The guard owns the client: :meth:`aclose` closes it (every connection, pool
-        and sentinel client it made)."""
+        The guard owns the client: :meth:`aclose` (or leaving an ``async with``
+        block) closes it, with every connection, pool and sentinel client it made."""
         if max_connections is not None:
             check_int("max_connections", max_connections, minimum=1)
         client = async_client_from_url(
@@ -252,11 +257,13 @@ class AsyncCacheGuard:
         name: str,
         load: Callable[[], Any],
         *,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         template: str | None = None,
     ) -> Any:
-        """The cached value of ``name``, loaded by ``load()`` once if missing."""
+        """The cached value of ``name``, loaded by ``load()`` once if missing
+        (``ttl``, ``none_ttl``: seconds or a ``timedelta``, see
+        :meth:`CacheGuard.get_or_load`)."""
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
         name = self._state.key_name(name)
@@ -294,8 +301,8 @@ class AsyncCacheGuard:
         name: str,
         load: Callable[[], Any],
         *,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         template: str | None = None,
     ) -> Any:
         """Load ``name`` now (under its locks, once across processes) and store it;
@@ -328,7 +335,7 @@ class AsyncCacheGuard:
         return await self._run(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @asynccontextmanager
-    async def write(self, *names: str, timeout: float | None = None) -> AsyncIterator[None]:
+    async def write(self, *names: str, timeout: Seconds | None = None) -> AsyncIterator[None]:
         """The write path around a database update and commit: write locks in one
         global order, invalidate, the body, invalidate again (also if the body
         raised or was cancelled), release; then :class:`LockLostError` if a lock

@@ -23,6 +23,7 @@ from typing import ParamSpec, TypeVar, cast
 from cacheguard.cache.async_guard import AsyncCacheGuard
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.loader import Decorated, KeyedLoader
+from cacheguard.checks import Seconds
 
 __all__ = ["AsyncCacheLoader", "AsyncCachedFunction"]
 
@@ -44,8 +45,8 @@ class AsyncCacheLoader(KeyedLoader[P, R]):
         *,
         key: str | None,
         load: Callable[P, Awaitable[R]] | Callable[P, R],
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
     ) -> None:
         super().__init__(guard, key=key, load=load, ttl=ttl, none_ttl=none_ttl)
 
@@ -94,8 +95,8 @@ class AsyncCachedFunction(Decorated, AsyncCacheLoader[P, R]):
         func: Callable[P, Awaitable[R]],
         *,
         key: str | None,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
     ) -> None:
         func = cast("Callable[P, Awaitable[R]]", self._unwrap(func))
         AsyncCacheLoader.__init__(self, guard, key=key, load=func, ttl=ttl, none_ttl=none_ttl)

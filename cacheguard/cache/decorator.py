@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.loader import CachedFunction
+from cacheguard.checks import Seconds
 
 if TYPE_CHECKING:
     from cacheguard.cache.async_guard import AsyncCacheGuard
@@ -38,8 +39,8 @@ def cached_with_lock(
     guard: CacheGuard,
     *,
     key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None = MISSING,
 ) -> Callable[[Callable[P, R]], CachedFunction[P, R]]: ...
 
 
@@ -48,8 +49,8 @@ def cached_with_lock(
     guard: AsyncCacheGuard,
     *,
     key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None = MISSING,
 ) -> Callable[[Callable[P, Awaitable[R]]], AsyncCachedFunction[P, R]]: ...
 
 
@@ -57,13 +58,14 @@ def cached_with_lock(
     guard: CacheGuard | AsyncCacheGuard,
     *,
     key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None = MISSING,
 ) -> Callable[[Callable[P, Any]], Any]:
     """Read calls of the decorated function (or method) through ``guard``.
 
     ``key`` is a template naming the function's parameters, e.g. ``"menu:{menu_id}"``;
     without it, the key is the function's qualified name and its arguments.
+    ``ttl`` and ``none_ttl``: seconds or a ``timedelta`` (``ttl=timedelta(minutes=5)``).
     The result keeps the signature and adds ``.invalidate``, ``.refresh`` and
     ``.peek`` taking the same arguments. With an ``AsyncCacheGuard``, decorate an
     ``async def``: calls and those methods are awaited. A ``CacheGuard`` refuses an

@@ -40,7 +40,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import KeyBuilder, describe
-from cacheguard.checks import check_positive
+from cacheguard.checks import Seconds, check_positive
 
 __all__ = [
     "BoundCachedFunction",
@@ -67,8 +67,8 @@ class KeyedLoader(Generic[P, R]):
         *,
         key: str | None,
         load: Callable[P, Any],
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
     ) -> None:
         if not isinstance(guard, self.guard_type):
             raise TypeError(
@@ -84,10 +84,11 @@ class KeyedLoader(Generic[P, R]):
             )
         self.guard = guard
         self.load = load
+        # Seconds from here on, a timedelta converted once (not on every call).
         self.ttl = check_positive("ttl", ttl)
         self.none_ttl = (
             none_ttl
-            if none_ttl is MISSING or none_ttl is None
+            if isinstance(none_ttl, Missing) or none_ttl is None
             else check_positive("none_ttl", none_ttl)
         )
         self._keys = KeyBuilder(load, key, max_length=guard.settings.max_key_length)
@@ -119,7 +120,8 @@ class KeyedLoader(Generic[P, R]):
 
 
 class CacheLoader(KeyedLoader[P, R]):
-    """Read-through access to one family of keys, loaded by ``load``."""
+    """Read-through access to one family of keys, loaded by ``load``; ``ttl`` and
+    ``none_ttl`` (as for :meth:`CacheGuard.get_or_load`) are seconds or a ``timedelta``."""
 
     guard: CacheGuard
 
@@ -129,8 +131,8 @@ class CacheLoader(KeyedLoader[P, R]):
         *,
         key: str | None,
         load: Callable[P, R],
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
     ) -> None:
         super().__init__(guard, key=key, load=load, ttl=ttl, none_ttl=none_ttl)
 
@@ -228,8 +230,8 @@ class CachedFunction(Decorated, CacheLoader[P, R]):
         func: Callable[P, R],
         *,
         key: str | None,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
     ) -> None:
         func = cast("Callable[P, R]", self._unwrap(func))
         CacheLoader.__init__(self, guard, key=key, load=func, ttl=ttl, none_ttl=none_ttl)
