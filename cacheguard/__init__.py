@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from cacheguard.cache.guard import MISSING, CacheGuard
     from cacheguard.cache.loader import CachedFunction, CacheLoader
     from cacheguard.cache.stats import CacheEvent, Stats
+    from cacheguard.checks import Seconds
     from cacheguard.locks.local import LocalRWLock
     from cacheguard.locks.redis.rwlock import LockHandle, RedisRWLock
     from cacheguard.locks.redis.watchdog import Watchdog as Watchdog
@@ -76,6 +77,7 @@ __all__ = [
     "PickleCodec",
     "RecursiveLoadError",
     "RedisRWLock",
+    "Seconds",
     "SerializationError",
     "Stats",
     "TwoTierRWLock",
@@ -103,6 +105,7 @@ __getattr__, __dir__ = lazy_exports(
         "PickleCodec": "cacheguard.cache.codec",
         "CacheEvent": "cacheguard.cache.stats",
         "Stats": "cacheguard.cache.stats",
+        "Seconds": "cacheguard.checks",
         "LocalRWLock": "cacheguard.locks.local",
         "LockHandle": "cacheguard.locks.redis.rwlock",
         "RedisRWLock": "cacheguard.locks.redis.rwlock",

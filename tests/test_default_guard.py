@@ -151,6 +151,11 @@ def test_decorated_functions_pickle_and_explicit_guards_need_no_default(
 def test_use_refuses_what_is_not_a_guard() -> None:
     with pytest.raises(TypeError, match="must be a CacheGuard or an AsyncCacheGuard"):
         cacheguard.use("redis://127.0.0.1")  # type: ignore[arg-type]
+    # (the decorator's and the loaders' own `type=` parameter does not hide the builtin)
+    with pytest.raises(TypeError, match="must be a CacheGuard or an AsyncCacheGuard, not str"):
+        cached_with_lock("redis://127.0.0.1", ttl=60)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="guard must be a CacheGuard, not str"):
+        cacheguard.CacheLoader("redis://", key="k", load=lambda: 1, ttl=60)  # type: ignore[arg-type]
 
 
 def _app(redis_url: str, namespace: str, installs: list[Installed] | None) -> FastAPI:

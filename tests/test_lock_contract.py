@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -116,6 +117,23 @@ def test_timeout_raises_lock_timeout_naming_the_lock(store: Store, name: str) ->
         error = attempt.result(30)
     assert isinstance(error, LockTimeout)
     assert name in str(error)
+
+
+def test_a_timedelta_timeout_is_its_seconds(store: Store, name: str) -> None:
+    """Durations are seconds or a timedelta (issue #26): a wait given a timedelta
+    ends at its deadline, and a bad one is refused as its number is."""
+    with store.make(name).write(timeout=timedelta(seconds=5)):
+        attempt = in_thread(
+            lambda: held_briefly(store.make(name).write(timeout=timedelta(milliseconds=300)))
+        )
+        assert isinstance(attempt.result(30), LockTimeout)
+        for bad in (timedelta(0), timedelta(seconds=-1), timedelta(days=3651)):
+            refused = in_thread(lambda bad=bad: store.make(name).acquire_read(timeout=bad))
+            error = refused.result(30)
+            assert isinstance(error, ValueError), (bad, error)
+            assert str(error).startswith("timeout must be"), error
+    with store.make(name).read(timeout=timedelta(seconds=5)):
+        pass
 
 
 # -- one owner's holds ----------------------------------------------------------------

@@ -21,6 +21,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -96,6 +97,21 @@ async def test_timeout_raises_lock_timeout_naming_the_lock(store: AsyncStore, na
         error = await outcome(attempt, 30)
     assert isinstance(error, LockTimeout)
     assert name in str(error)
+
+
+async def test_a_timedelta_timeout_is_its_seconds(store: AsyncStore, name: str) -> None:
+    """Durations are seconds or a timedelta (issue #26): a wait given a timedelta
+    ends at its deadline, and a bad one is refused as its number is."""
+    async with store.make(name).write(timeout=timedelta(seconds=5)):
+        attempt = store.in_task(
+            lambda: held_briefly(store.make(name).write(timeout=timedelta(milliseconds=300)))
+        )
+        assert isinstance(await outcome(attempt, 30), LockTimeout)
+        for bad in (timedelta(0), timedelta(seconds=-1), timedelta(days=3651)):
+            with pytest.raises(ValueError, match=r"^timeout must be"):
+                await store.make(name).acquire_read(timeout=bad)
+    async with store.make(name).read(timeout=timedelta(seconds=5)):
+        pass
 
 
 # -- one owner's holds ----------------------------------------------------------------

@@ -18,7 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "cacheguard-redis"
 # `pip install [options]` naming a distribution first, with or without extras or quotes.
-INSTALL = re.compile(r"""pip install(?:\s+-[-\w]+)*\s+['"]?(cacheguard[\w.-]*)(\[|['"\s`]|$)""", re.M)
+INSTALL = re.compile(
+    r"""pip install(?:\s+-[-\w]+)*\s+['"]?(cacheguard[\w.-]*)(\[|['"\s`]|$)""", re.M
+)
 
 
 def _smoke() -> ModuleType:

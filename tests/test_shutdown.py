@@ -23,7 +23,7 @@ import redis
 import redis.asyncio
 
 from cacheguard import CacheGuard, CacheLoader, GuardClosed, cached_with_lock
-from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader
+from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader, async_notifier_for
 from cacheguard.redis.clients import aclose_async_client, close_sync_client
 from tests import pickled_loaders
 from tests.helpers import wait_until
@@ -184,6 +184,45 @@ async def test_asyncio_guard_is_an_async_context_manager(
     assert wait_until(lambda: connections(client, client_name) == 0)
     with pytest.raises(GuardClosed):
         await guard.peek("k")
+
+
+def pooled(client: Any) -> list[bool]:
+    """Whether each connection in ``client``'s pool is connected: the client's own
+    view, which shows a pool someone closed at once (the server notices later)."""
+    pool = client.connection_pool
+    return [c.is_connected for c in (*pool._available_connections, *pool._in_use_connections)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_with_block_leaves_a_client_passed_in_open(
+    kind: str, redis_url: str, client: redis.Redis, namespace: str, client_name: str
+) -> None:
+    """Leaving a guard's ``with`` block closes the guard, not a client it was given:
+    the client's pooled connections are still the connected ones it had."""
+    url = named(redis_url, client_name)
+    guard: Any
+    if kind == "sync":
+        own = redis.Redis.from_url(url)
+        with CacheGuard(own, namespace=namespace) as guard:
+            await busy(guard, "k")
+        open_ones = pooled(own)
+    else:
+        aown = redis.asyncio.Redis.from_url(url)
+        async with AsyncCacheGuard(aown, namespace=namespace) as guard:
+            await busy(guard, "k")
+        open_ones = pooled(aown)
+    assert open_ones, "the guard used the client's pool"
+    assert all(open_ones), open_ones
+    assert connections(client, client_name) >= len(open_ones)
+    with pytest.raises(GuardClosed):  # the block closed the guard
+        await resolve(guard.peek("k:1"))
+    if kind == "sync":
+        assert own.ping()
+        own.close()
+    else:
+        assert await aown.ping()
+        await async_notifier_for(aown).aclose()
+        await aown.aclose(close_connection_pool=True)
 
 
 def test_from_url_refusing_a_setting_leaves_no_connection(

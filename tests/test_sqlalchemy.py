@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 import redis
@@ -28,7 +29,7 @@ from cacheguard.testing import free_port
 from tests import sa_support
 from tests.helpers import client_for, make_guard, wait_until
 from tests.procs import CTX, run_processes
-from tests.sa_support import Stack
+from tests.sa_support import MENU_KEYS, Stack
 
 
 @pytest.fixture
@@ -613,6 +614,37 @@ def test_lock_timeout_fails_the_flush_and_releases(stack: Stack) -> None:
     finally:
         other.release()
     assert all(_lock_is_free(stack, n) for n in ("menu:list", "menu:2", "menu:children:1"))
+
+
+def test_lock_timeout_and_outbox_poll_take_a_timedelta(stack: Stack) -> None:
+    """Durations are seconds or a timedelta (issue #26): ``lock_timeout`` bounds the
+    flush's wait as its seconds do; bad ones are refused when the hooks are made."""
+    stack.tracker.remove()
+    stack.tracker = track_models(
+        stack.guard, stack.sessions, {stack.menu: MENU_KEYS}, lock_timeout=timedelta(seconds=0.3)
+    )
+    assert stack.tracker.lock_timeout == 0.3
+    other = stack.guard.rwlock("menu:2").remote.try_acquire_write(owner="someone-else")
+    assert other is not None
+    try:
+        with stack.sessions() as session:
+            session.get(stack.menu, 2).name = "blocked"
+            with pytest.raises(LockTimeout):
+                session.flush()
+            session.rollback()
+    finally:
+        other.release()
+    for bad in (timedelta(0), timedelta(seconds=-1)):
+        with pytest.raises(ValueError, match=r"^lock_timeout must be a finite number > 0"):
+            track_models(stack.guard, stack.sessions, {stack.menu: MENU_KEYS}, lock_timeout=bad)
+        with pytest.raises(ValueError, match=r"^outbox_poll must be a finite number > 0"):
+            track_models(
+                stack.guard,
+                stack.sessions,
+                {stack.menu: MENU_KEYS},
+                outbox=True,
+                outbox_poll=bad,
+            )
 
 
 def test_models_and_templates_are_checked(client: redis.Redis, namespace: str) -> None:

@@ -77,7 +77,7 @@ from cacheguard.cache.write_locks import (
     WriteLockStore,
     async_store_write_locks,
 )
-from cacheguard.checks import check_int
+from cacheguard.checks import Seconds, check_int
 from cacheguard.codecs import value_type
 from cacheguard.locks.async_local import current_task
 from cacheguard.locks.async_two_tier import AsyncLockFactory, AsyncTwoTierRWLock
@@ -110,6 +110,11 @@ class AsyncCacheGuard:
     :class:`~cacheguard.CacheGuard`, as are ``on_event``, ``write_locks`` and
     ``gutter``: here an asyncio client or a URL); ``load`` functions may be
     ``async def`` or plain functions (a plain one runs on the loop: keep it quick).
+
+    Every duration is seconds or a ``datetime.timedelta``, as for
+    :class:`~cacheguard.CacheGuard`. The guard is an async context manager:
+    ``async with AsyncCacheGuard.from_url(url) as guard:`` closes it on exit
+    (:meth:`aclose`: what the guard made, never a client passed in).
     """
 
     def __init__(
@@ -172,8 +177,8 @@ class AsyncCacheGuard:
         cls,
         url: str,
         *,
-        connect_timeout: float = 1.0,
-        socket_timeout: float = 2.0,
+        connect_timeout: Seconds = 1.0,
+        socket_timeout: Seconds = 2.0,
         max_connections: int | None = None,
         **settings: Any,
     ) -> AsyncCacheGuard:
@@ -186,8 +191,8 @@ class AsyncCacheGuard:
         connection would count as Redis being down. redis-py's cluster client does
         not queue tasks: there the limit is per node and defaults to 1,024.
 
-        The guard owns the client: :meth:`aclose` closes it (every connection, pool
-        and sentinel client it made)."""
+        The guard owns the client: :meth:`aclose` (or leaving an ``async with``
+        block) closes it, with every connection, pool and sentinel client it made."""
         if max_connections is not None:
             check_int("max_connections", max_connections, minimum=1)
         client = async_client_from_url(
@@ -254,13 +259,14 @@ class AsyncCacheGuard:
         name: str,
         load: Callable[[], Any],
         *,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         template: str | None = None,
         type: Any = None,
     ) -> Any:
-        """The cached value of ``name``, loaded by ``load()`` once if missing;
-        ``type`` as for :meth:`CacheGuard.get_or_load`."""
+        """The cached value of ``name``, loaded by ``load()`` once if missing
+        (``ttl``, ``none_ttl``: seconds or a ``timedelta``; ``type``: see
+        :meth:`CacheGuard.get_or_load`)."""
         if type is not None:
             return await typed.aget_or_load(
                 self, value_type(type), name, load, ttl=ttl, none_ttl=none_ttl, template=template
@@ -311,8 +317,8 @@ class AsyncCacheGuard:
         name: str,
         load: Callable[[], Any],
         *,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         template: str | None = None,
         type: Any = None,
     ) -> Any:
@@ -350,7 +356,7 @@ class AsyncCacheGuard:
         return await self._run(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @asynccontextmanager
-    async def write(self, *names: str, timeout: float | None = None) -> AsyncIterator[None]:
+    async def write(self, *names: str, timeout: Seconds | None = None) -> AsyncIterator[None]:
         """The write path around a database update and commit: write locks in one
         global order, invalidate, the body, invalidate again (also if the body
         raised or was cancelled), release; then :class:`LockLostError` if a lock

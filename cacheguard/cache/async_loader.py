@@ -25,6 +25,7 @@ from cacheguard.cache.async_guard import AsyncCacheGuard
 from cacheguard.cache.default import DefaultGuard
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.loader import Decorated, KeyedLoader
+from cacheguard.checks import Seconds
 
 __all__ = ["AsyncCacheLoader", "AsyncCachedFunction"]
 
@@ -47,8 +48,8 @@ class AsyncCacheLoader(KeyedLoader[P, R]):
         *,
         key: str | None,
         load: Callable[P, Awaitable[R]] | Callable[P, R],
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         type: Any = None,
         infer_type: bool = False,
     ) -> None:
@@ -128,8 +129,8 @@ class AsyncCachedFunction(Decorated, AsyncCacheLoader[P, R]):
         func: Callable[P, Awaitable[R]],
         *,
         key: str | None,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         type: Any = None,
     ) -> None:
         func = cast("Callable[P, Awaitable[R]]", self._unwrap(func))

@@ -18,6 +18,7 @@ from cacheguard.cache.default import DefaultGuard
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.loader import CachedFunction, is_async_callable
+from cacheguard.checks import Seconds
 
 if TYPE_CHECKING:
     from cacheguard.cache.async_guard import AsyncCacheGuard
@@ -39,8 +40,8 @@ def cached_with_lock(
     guard: CacheGuard,
     *,
     key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None = MISSING,
     type: Any = None,
 ) -> Callable[[Callable[P, R]], CachedFunction[P, R]]: ...
 
@@ -50,8 +51,8 @@ def cached_with_lock(
     guard: AsyncCacheGuard,
     *,
     key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None = MISSING,
     type: Any = None,
 ) -> Callable[[Callable[P, Awaitable[R]]], AsyncCachedFunction[P, R]]: ...
 
@@ -61,8 +62,8 @@ def cached_with_lock(
     guard: None = None,
     *,
     key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None = MISSING,
     type: Any = None,
 ) -> DecorateWithDefault: ...
 
@@ -71,14 +72,15 @@ def cached_with_lock(
     guard: CacheGuard | AsyncCacheGuard | None = None,
     *,
     key: str | None = None,
-    ttl: float,
-    none_ttl: float | Missing | None = MISSING,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None = MISSING,
     type: Any = None,
 ) -> Callable[[Callable[P, Any]], Any]:
     """Read calls of the decorated function (or method) through ``guard``.
 
     ``key`` is a template naming the function's parameters, e.g. ``"menu:{menu_id}"``;
     without it, the key is the function's qualified name and its arguments.
+    ``ttl`` and ``none_ttl``: seconds or a ``timedelta`` (``ttl=timedelta(minutes=5)``).
     The result keeps the signature and adds ``.invalidate``, ``.refresh`` and
     ``.peek`` taking the same arguments. With an ``AsyncCacheGuard``, decorate an
     ``async def``: calls and those methods are awaited. A ``CacheGuard`` refuses an
@@ -111,7 +113,7 @@ def cached_with_lock(
             )
 
         return decorate_async
-    raise TypeError(f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}")
+    raise TypeError(f"guard must be a CacheGuard or an AsyncCacheGuard, not {guard.__class__.__name__}")
 
 
 class DecorateWithDefault:
@@ -122,8 +124,8 @@ class DecorateWithDefault:
         self,
         *,
         key: str | None,
-        ttl: float,
-        none_ttl: float | Missing | None,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None,
         type: Any,
     ) -> None:
         self.key, self.ttl, self.none_ttl, self.type = key, ttl, none_ttl, type

@@ -69,6 +69,7 @@ from cacheguard.cache.write_locks import (
     WriteLockStore,
     store_write_locks,
 )
+from cacheguard.checks import Seconds
 from cacheguard.codecs import value_type
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 from cacheguard.redis.clients import (
@@ -101,6 +102,12 @@ class CacheGuard:
     or a URL) that fills go through while this one is unreachable (entries kept
     ``gutter_ttl`` s, see ``docs/outage.md``); ``timer``, ``clock`` and ``rng`` are
     injectable for tests.
+
+    Every duration, here and in the methods (``ttl``, ``none_ttl``, ``lease``,
+    ``wait_timeout``, ``timeout`` ...), is seconds (int or float) or a
+    ``datetime.timedelta``. The guard is a context manager: ``with
+    CacheGuard.from_url(url) as guard:`` closes it on exit (:meth:`close`: what
+    the guard made, never a client passed in).
     """
 
     def __init__(
@@ -163,18 +170,20 @@ class CacheGuard:
         cls,
         url: str,
         *,
-        connect_timeout: float = 1.0,
-        socket_timeout: float = 2.0,
+        connect_timeout: Seconds = 1.0,
+        socket_timeout: Seconds = 2.0,
         **settings: Any,
     ) -> CacheGuard:
         """A guard on a new client for ``url``: one server (``redis://``, ``rediss://``,
         ``unix://``), a cluster (``redis+cluster://host:port,...``) or a Sentinel
         master (``redis+sentinel://host:port,.../service``; see ``cacheguard/redis/clients.py``).
 
-        The client fails fast when Redis is down (connect and socket timeouts, no
-        retries of its own: a retried script could run twice), which the circuit
-        breaker and ``on_backend_error`` then handle. The guard owns it:
-        :meth:`close` closes it (every connection, pool and sentinel client it made).
+        The client fails fast when Redis is down (``connect_timeout`` and
+        ``socket_timeout``, seconds or a ``timedelta``; no retries of its own: a
+        retried script could run twice), which the circuit breaker and
+        ``on_backend_error`` then handle. The guard owns it: :meth:`close` (or
+        leaving a ``with`` block) closes it, with every connection, pool and
+        sentinel client it made.
         """
         client = sync_client_from_url(url, client_options(connect_timeout, socket_timeout))
         try:
@@ -242,19 +251,21 @@ class CacheGuard:
         name: str,
         load: Callable[[], T],
         *,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         template: str | None = None,
         type: Any = None,
     ) -> T:
         """The cached value of ``name``, loaded by ``load()`` once if missing.
 
-        ``template`` names the family of keys ``name`` belongs to (``"menu:{id}"``)
-        in this call's events, for metrics labels; loaders pass their own. Without
-        it the events carry None (see :mod:`cacheguard.cache.stats`). ``type``: the
-        value's type, a dataclass, a pydantic model, a msgspec Struct or a
-        container of them (see :mod:`cacheguard.codecs`): the value is stored as
-        plain data and read back as that type."""
+        ``ttl`` (and ``none_ttl``, a cached None's lifetime; MISSING: the setting's,
+        None: never cached): seconds or a ``timedelta``. ``template`` names the
+        family of keys ``name`` belongs to (``"menu:{id}"``) in this call's events,
+        for metrics labels; loaders pass their own. Without it the events carry
+        None (see :mod:`cacheguard.cache.stats`). ``type``: the value's type, a
+        dataclass, a pydantic model, a msgspec Struct or a container of them (see
+        :mod:`cacheguard.codecs`): the value is stored as plain data and read back
+        as that type."""
         if type is not None:
             return typed.get_or_load(  # type: ignore[no-any-return]
                 self, value_type(type), name, load, ttl=ttl, none_ttl=none_ttl, template=template
@@ -302,8 +313,8 @@ class CacheGuard:
         name: str,
         load: Callable[[], T],
         *,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         template: str | None = None,
         type: Any = None,
     ) -> T:
@@ -353,11 +364,12 @@ class CacheGuard:
         return self._run(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
 
     @contextmanager
-    def write(self, *names: str, timeout: float | None = None) -> Iterator[None]:
+    def write(self, *names: str, timeout: Seconds | None = None) -> Iterator[None]:
         """The write path around a database update and commit.
 
         Takes the write locks of all ``names`` in one global order (two writers on
-        overlapping keys cannot deadlock), invalidates them, runs the body,
+        overlapping keys cannot deadlock; each waited for up to ``timeout``, seconds
+        or a ``timedelta``, default ``wait_timeout``), invalidates them, runs the body,
         invalidates again (also if the body raised) and releases. A lock lost
         meanwhile (another writer may have run with the body) then raises
         :class:`LockLostError`; if the body raised, its error wins, with the loss

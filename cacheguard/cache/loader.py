@@ -42,7 +42,7 @@ from cacheguard.cache.default import DefaultGuard, Driver
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import KeyBuilder, describe
-from cacheguard.checks import check_positive
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.codecs import ValueType, value_type
 from cacheguard.redis.keys import shorten
 
@@ -79,34 +79,36 @@ class KeyedLoader(Generic[P, R]):
         *,
         key: str | None,
         load: Callable[P, Any],
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         type: Any = None,
         infer_type: bool = False,
     ) -> None:
+        # (`type` is the values' type here: the guard's class is its __class__.)
         # A DefaultGuard (a function decorated without a guard) is the guard that
         # cacheguard.use() installed, looked up on every call.
         self._deferred = isinstance(guard, DefaultGuard)
         if self._deferred and guard.driver != self.driver:
-            raise TypeError(f"a {type(self).__name__} reads through the {self.driver} guard")
+            raise TypeError(f"a {self.__class__.__name__} reads through the {self.driver} guard")
         if not self._deferred and not isinstance(guard, self.guard_type):
             raise TypeError(
-                f"guard must be a {self.guard_type.__name__}, not {type(guard).__name__}"
+                f"guard must be a {self.guard_type.__name__}, not {guard.__class__.__name__}"
             )
         if not callable(load):
             raise TypeError("load must be callable")
         if not self.takes_async and is_async_callable(load):
             raise TypeError(
-                f"{describe(load)} is an async function: a {type(guard).__name__} would "
+                f"{describe(load)} is an async function: a {guard.__class__.__name__} would "
                 "cache the coroutine object, not its result; use an AsyncCacheGuard "
                 "(cacheguard.aio) for async functions"
             )
         self.guard = guard
         self.load = load
+        # Seconds from here on, a timedelta converted once (not on every call).
         self.ttl = check_positive("ttl", ttl)
         self.none_ttl = (
             none_ttl
-            if none_ttl is MISSING or none_ttl is None
+            if isinstance(none_ttl, Missing) or none_ttl is None
             else check_positive("none_ttl", none_ttl)
         )
         # The default guard is not known yet: names are shortened by the guard that
@@ -156,7 +158,8 @@ class KeyedLoader(Generic[P, R]):
 
 
 class CacheLoader(KeyedLoader[P, R]):
-    """Read-through access to one family of keys, loaded by ``load``."""
+    """Read-through access to one family of keys, loaded by ``load``; ``ttl`` and
+    ``none_ttl`` (as for :meth:`CacheGuard.get_or_load`) are seconds or a ``timedelta``."""
 
     guard: CacheGuard
 
@@ -166,8 +169,8 @@ class CacheLoader(KeyedLoader[P, R]):
         *,
         key: str | None,
         load: Callable[P, R],
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         type: Any = None,
         infer_type: bool = False,
     ) -> None:
@@ -298,8 +301,8 @@ class CachedFunction(Decorated, CacheLoader[P, R]):
         func: Callable[P, R],
         *,
         key: str | None,
-        ttl: float,
-        none_ttl: float | Missing | None = MISSING,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
         type: Any = None,
     ) -> None:
         func = cast("Callable[P, R]", self._unwrap(func))

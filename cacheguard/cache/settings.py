@@ -3,7 +3,9 @@
 
 Every number is checked against what Redis accepts when the record is made, so
 a bad setting fails at construction with a clear ``ValueError``/``TypeError``,
-never later inside a script call. ``docs/guide.md`` explains each one.
+never later inside a script call. A duration may be given as a ``timedelta``; the
+record keeps seconds (floats), so nothing that reads it converts again.
+``docs/guide.md`` explains each one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from redis.retry import Retry
 from cacheguard.cache.codec import Codec, MsgpackCodec, check_codec
 from cacheguard.cache.compression import Compress, check_compress
 from cacheguard.checks import (
+    Seconds,
     check_choice,
     check_int,
     check_non_negative,
@@ -36,7 +39,8 @@ _BACKEND_POLICIES: Final = ("bypass", "raise")
 
 @dataclass(frozen=True, slots=True)
 class GuardSettings:
-    """Validated settings; the defaults suit most services.
+    """Validated settings; the defaults suit most services. Durations are seconds
+    (a ``timedelta`` given is kept as its seconds).
 
     ``compress`` (``"zlib"``, or ``"zstd"`` with the ``zstd`` extra; default None:
     off) stores a codec's payload of ``compress_min_size`` bytes (default 1 KiB)
@@ -142,7 +146,7 @@ class GuardSettings:
         return lifetime + self.stale_ttl + (lifetime if self.on_timeout == "stale" else 0.0)
 
 
-def client_options(connect_timeout: float, socket_timeout: float) -> dict[str, Any]:
+def client_options(connect_timeout: Seconds, socket_timeout: Seconds) -> dict[str, Any]:
     """redis-py client options of ``from_url`` (sync and asyncio alike): fail fast
     when Redis is down, and no retries of the client's own. A script whose reply was
     lost may have run, and running it again is not safe (a second hold, a false

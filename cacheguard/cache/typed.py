@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cacheguard.cache.entry import MISSING, Missing
+from cacheguard.checks import Seconds
 from cacheguard.codecs import ValueType, names_a_family
 
 __all__ = [
@@ -60,8 +61,8 @@ def get_or_load(
     name: str,
     load: Callable[[], Any],
     *,
-    ttl: float,
-    none_ttl: float | Missing | None,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None,
     template: str | None,
 ) -> Any:
     """``guard.get_or_load`` of a typed value."""
@@ -80,8 +81,8 @@ def refresh(
     name: str,
     load: Callable[[], Any],
     *,
-    ttl: float,
-    none_ttl: float | Missing | None,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None,
     template: str | None,
 ) -> Any:
     """``guard.refresh`` of a typed value."""
@@ -117,8 +118,8 @@ async def aget_or_load(
     name: str,
     load: Callable[[], Any],
     *,
-    ttl: float,
-    none_ttl: float | Missing | None,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None,
     template: str | None,
 ) -> Any:
     """``await guard.get_or_load`` of a typed value."""
@@ -137,8 +138,8 @@ async def arefresh(
     name: str,
     load: Callable[[], Any],
     *,
-    ttl: float,
-    none_ttl: float | Missing | None,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None,
     template: str | None,
 ) -> Any:
     """``await guard.refresh`` of a typed value."""

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cacheguard._identity import ambient_holder
+from cacheguard.checks import Seconds
 
 __all__ = [
     "AsyncStoreWriteLock",
@@ -55,7 +56,7 @@ class StoreWriteLock:
         self._handles: dict[Any, list[Any]] = {}
         self._mutex = threading.Lock()
 
-    def acquire_write(self, timeout: float | None = None, *, holder: Any = None) -> Any:
+    def acquire_write(self, timeout: Seconds | None = None, *, holder: Any = None) -> Any:
         handle = self.lock.acquire_write(timeout)
         with self._mutex:
             self._handles.setdefault(_holder(holder), []).append(handle)
@@ -80,7 +81,7 @@ class AsyncStoreWriteLock:
         self.name: str = lock.name
         self._handles: dict[Any, list[Any]] = {}
 
-    async def acquire_write(self, timeout: float | None = None, *, holder: Any = None) -> Any:
+    async def acquire_write(self, timeout: Seconds | None = None, *, holder: Any = None) -> Any:
         pending = self.lock.acquire_write(timeout)
         if not inspect.isawaitable(pending):
             pending.release()  # a sync store's hold (it blocked the loop once): give it back

@@ -70,6 +70,7 @@ import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, Final, NamedTuple
 
 import redis
@@ -194,11 +195,13 @@ class CacheGuardBackend(BytesBackend):
       ``guard`` (a :class:`~cacheguard.CacheGuard`: its client, namespace and lease);
     - ``namespace`` (default ``"cg"``), ``lease`` (alias ``lock_timeout``, default
       30 s): the lock's lease, renewed while its holder lives;
-    - ``redis_expiration_time``: seconds Redis keeps a value (default: no expiry);
+    - ``redis_expiration_time``: how long Redis keeps a value (default, or 0: no expiry);
     - ``wait_timeout`` (alias ``lock_blocking_timeout``): the longest a blocking
       ``acquire`` waits before :class:`~cacheguard.LockTimeout` (default: no limit);
     - ``distributed_lock`` (default True): False leaves locking to dogpile's
       in-process ``threading.Lock``.
+
+    Each duration (these and the socket timeouts) is seconds or a ``timedelta``.
 
     dogpile.cache.redis's ``thread_local_lock``, ``lock_sleep``, ``lock_prefix`` and
     ``lock_blocking`` are accepted and ignored; other unknown names are ignored with
@@ -696,18 +699,21 @@ def _refuse_other_backends(given: Mapping[str, Any]) -> None:
             )
 
 
+_NO_TIME: Final = timedelta(0)
+
+
 def _optional_seconds(
     given: Mapping[str, Any], name: str, alias: str | None = None, *, zero: bool = False
 ) -> float | None:
-    """A duration in seconds, or None for none (also 0 when ``zero``); ``alias`` is
-    dogpile.cache.redis's name for it."""
+    """A duration in seconds (given as a number or a timedelta), or None for none
+    (also 0 when ``zero``); ``alias`` is dogpile.cache.redis's name for it."""
     if alias is not None and alias in given:
-        if name in given and given[name] != given[alias]:
+        if name in given and not _agree(name, given[name], given[alias]):
             raise BackendArgumentError(f"{name!r} and its alias {alias!r} disagree")
         value = given[alias]
     else:
         value = given.get(name)
-    if value is None or (zero and value == 0 and not isinstance(value, bool)):
+    if value is None or (zero and not isinstance(value, bool) and value in (0, _NO_TIME)):
         return None
     return _seconds(name, value)
 
@@ -717,6 +723,14 @@ def _seconds(name: str, value: object) -> float:
         return check_positive(name, value)
     except (TypeError, ValueError) as exc:
         raise BackendArgumentError(f"cacheguard dogpile backend: {exc}") from exc
+
+
+def _agree(name: str, one: object, other: object) -> bool:
+    """Two spellings of one duration say the same: both unset, or the same seconds
+    (``5`` and ``timedelta(seconds=5)`` agree)."""
+    if one is None or other is None:
+        return one is other
+    return _seconds(name, one) == _seconds(name, other)
 
 
 def _flag(given: Mapping[str, Any], name: str, *, default: bool) -> bool:
@@ -733,7 +747,7 @@ def _guard_from(given: Mapping[str, Any]) -> tuple[CacheGuard, bool]:
     connection = sorted(set(given) & _CONNECTION)
     lease: object = given.get("lease")
     if "lock_timeout" in given:
-        if lease is not None and lease != given["lock_timeout"]:
+        if lease is not None and not _agree("lease", lease, given["lock_timeout"]):
             raise BackendArgumentError("'lease' and its alias 'lock_timeout' disagree")
         lease = given["lock_timeout"]
     if guard is not None:

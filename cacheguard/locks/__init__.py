@@ -12,7 +12,8 @@
 * ``zookeeper/`` -- on ZooKeeper's ephemeral sequential znodes (the ``zookeeper`` extra)
 
 In each store's folder ``rwlock.py`` is the sync driver and ``async_rwlock.py`` its
-asyncio twin. Names are imported on first use.
+asyncio twin. Names are imported on first use. Every lease and timeout a lock
+takes is seconds or a ``datetime.timedelta``.
 """
 
 from __future__ import annotations

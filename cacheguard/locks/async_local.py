@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from cacheguard.checks import Seconds, check_non_negative
 from cacheguard.exceptions import LockNotHeldError, LockTimeout, LockUpgradeError
 
 __all__ = ["AsyncLocalRWLock", "current_task"]
@@ -67,7 +68,7 @@ class AsyncLocalRWLock:
 
     # -- reading ---------------------------------------------------------------
 
-    async def acquire_read(self, timeout: float | None = None) -> None:
+    async def acquire_read(self, timeout: Seconds | None = None) -> None:
         me = current_task()
         if self._writer is me or me in self._readers:
             self._readers[me] = self._readers.get(me, 0) + 1
@@ -93,7 +94,9 @@ class AsyncLocalRWLock:
 
     # -- writing ---------------------------------------------------------------
 
-    async def acquire_write(self, timeout: float | None = None, *, successor: bool = False) -> None:
+    async def acquire_write(
+        self, timeout: Seconds | None = None, *, successor: bool = False
+    ) -> None:
         """Take the write lock; ``successor``: while it waits, a writer releasing with
         :meth:`hand_over_write` may pass the lock straight to it (oldest first)."""
         me = current_task()
@@ -198,15 +201,16 @@ class AsyncLocalRWLock:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def _wait_for(self, ready: Callable[[], bool], timeout: float | None, mode: str) -> None:
-        if timeout is not None and timeout < 0:
-            raise ValueError("timeout must be >= 0")
+    async def _wait_for(
+        self, ready: Callable[[], bool], timeout: Seconds | None, mode: str
+    ) -> None:
+        limit = None if timeout is None else check_non_negative("timeout", timeout)
         if ready():
             return
         start = self._timer()
         loop = asyncio.get_running_loop()
         while not ready():
-            remaining = None if timeout is None else start + timeout - self._timer()
+            remaining = None if limit is None else start + limit - self._timer()
             if remaining is not None and remaining <= 0:
                 raise LockTimeout(name=self.name, mode=mode, waited=self._timer() - start)
             waiter: asyncio.Future[None] = loop.create_future()

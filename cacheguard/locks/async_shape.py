@@ -19,6 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
+from cacheguard.checks import Seconds
 from cacheguard.exceptions import LockLostError
 from cacheguard.locks.protocol import Mode
 from cacheguard.locks.shape import HandleState
@@ -71,11 +72,11 @@ H = TypeVar("H", bound=LoopHandle)
 class AsyncRWLockShape(Generic[H]):
     """The public methods of an asyncio lock store, from its ``_acquire`` and ``_try_once``."""
 
-    async def acquire_read(self, timeout: float | None = None, *, owner: str | None = None) -> H:
+    async def acquire_read(self, timeout: Seconds | None = None, *, owner: str | None = None) -> H:
         """Wait until the read lock is ours (or :class:`LockTimeout`)."""
         return await self._acquire("read", timeout, owner)
 
-    async def acquire_write(self, timeout: float | None = None, *, owner: str | None = None) -> H:
+    async def acquire_write(self, timeout: Seconds | None = None, *, owner: str | None = None) -> H:
         """Wait until the write lock is ours; a read holder gets :class:`LockUpgradeError`."""
         return await self._acquire("write", timeout, owner)
 
@@ -89,7 +90,7 @@ class AsyncRWLockShape(Generic[H]):
 
     @contextlib.asynccontextmanager
     async def read(
-        self, timeout: float | None = None, *, owner: str | None = None
+        self, timeout: Seconds | None = None, *, owner: str | None = None
     ) -> AsyncIterator[H]:
         """Hold the read lock for the ``async with`` block."""
         handle = await self.acquire_read(timeout, owner=owner)
@@ -98,14 +99,14 @@ class AsyncRWLockShape(Generic[H]):
 
     @contextlib.asynccontextmanager
     async def write(
-        self, timeout: float | None = None, *, owner: str | None = None
+        self, timeout: Seconds | None = None, *, owner: str | None = None
     ) -> AsyncIterator[H]:
         """Hold the write lock for the ``async with`` block."""
         handle = await self.acquire_write(timeout, owner=owner)
         async with release_on_exit(handle.release):
             yield handle
 
-    async def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> H:
+    async def _acquire(self, mode: Mode, timeout: Seconds | None, owner: str | None) -> H:
         raise NotImplementedError
 
     async def _try_once(self, mode: Mode, owner: str | None) -> H | None:

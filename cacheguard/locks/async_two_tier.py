@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from cacheguard._identity import process_id
-from cacheguard.checks import check_positive
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import LockNotHeldError, LockTimeout
 from cacheguard.locks.async_local import AsyncLocalRWLock, current_task
 from cacheguard.locks.redis.async_rwlock import AsyncLockHandle, AsyncRedisRWLock
@@ -87,7 +87,7 @@ class AsyncTwoTierRWLock:
 
     # -- reading -----------------------------------------------------------------------
 
-    async def acquire_read(self, timeout: float | None = None) -> AsyncLockHandle:
+    async def acquire_read(self, timeout: Seconds | None = None) -> AsyncLockHandle:
         limit = self.remote.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
         await self._local.acquire_read(limit)
@@ -147,7 +147,7 @@ class AsyncTwoTierRWLock:
 
     # -- writing -----------------------------------------------------------------------
 
-    async def acquire_write(self, timeout: float | None = None) -> AsyncLockHandle:
+    async def acquire_write(self, timeout: Seconds | None = None) -> AsyncLockHandle:
         limit = self.remote.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()
         await self._local.acquire_write(limit, successor=True)
@@ -226,7 +226,7 @@ class AsyncTwoTierRWLock:
     # -- context managers -----------------------------------------------------------------
 
     @asynccontextmanager
-    async def read(self, timeout: float | None = None) -> AsyncIterator[AsyncLockHandle]:
+    async def read(self, timeout: Seconds | None = None) -> AsyncIterator[AsyncLockHandle]:
         handle = await self.acquire_read(timeout)
         try:
             yield handle
@@ -234,7 +234,7 @@ class AsyncTwoTierRWLock:
             await self.release_read()
 
     @asynccontextmanager
-    async def write(self, timeout: float | None = None) -> AsyncIterator[AsyncLockHandle]:
+    async def write(self, timeout: Seconds | None = None) -> AsyncIterator[AsyncLockHandle]:
         handle = await self.acquire_write(timeout)
         try:
             yield handle
@@ -256,8 +256,8 @@ class AsyncLockFactory:
         client: AsyncClient,
         *,
         namespace: str = "cg",
-        lease: float = 30.0,
-        timeout: float = 30.0,
+        lease: Seconds = 30.0,
+        timeout: Seconds = 30.0,
         timer: Callable[[], float] = time.monotonic,
         cohort_limit: int = DEFAULT_COHORT_LIMIT,
     ) -> None:

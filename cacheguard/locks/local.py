@@ -10,7 +10,8 @@ Rules, chosen so the lock can sit in front of the distributed one:
 * downgrade allowed: write -> read -> release write leaves a read hold;
 * upgrade refused: a reader asking for the write lock gets
   :class:`LockUpgradeError` at once instead of deadlocking itself;
-* every acquisition can time out (:class:`LockTimeout`);
+* every acquisition can time out (:class:`LockTimeout`); a ``timeout`` is seconds
+  or a ``timedelta``, 0 a single try, None no deadline;
 * a hand-over: :meth:`LocalRWLock.hand_over_write` passes the write lock straight
   to the oldest writer waiting as a *successor* (the two-tier lock's writers, which
   then keep the process's distributed write hold: lock cohorting), with no moment
@@ -34,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from cacheguard._identity import Holder, ambient_holder, enter_holder, leave_holder
+from cacheguard.checks import Seconds, check_non_negative
 from cacheguard.exceptions import LockNotHeldError, LockTimeout, LockUpgradeError
 
 __all__ = ["LocalRWLock"]
@@ -89,7 +91,9 @@ class LocalRWLock:
 
     # -- reading ---------------------------------------------------------------
 
-    def acquire_read(self, timeout: float | None = None, *, holder: Holder | None = None) -> Holder:
+    def acquire_read(
+        self, timeout: Seconds | None = None, *, holder: Holder | None = None
+    ) -> Holder:
         """Take the read lock; ``timeout=None`` waits without a deadline. Returns
         the holder the hold belongs to."""
         me = enter_holder(holder)
@@ -136,7 +140,7 @@ class LocalRWLock:
 
     def acquire_write(
         self,
-        timeout: float | None = None,
+        timeout: Seconds | None = None,
         *,
         holder: Holder | None = None,
         successor: bool = False,
@@ -343,7 +347,7 @@ class LocalRWLock:
     # -- context managers --------------------------------------------------------
 
     @contextmanager
-    def read(self, timeout: float | None = None) -> Iterator[Holder]:
+    def read(self, timeout: Seconds | None = None) -> Iterator[Holder]:
         holder = self.acquire_read(timeout)
         try:
             yield holder
@@ -351,7 +355,7 @@ class LocalRWLock:
             self.release_read(holder=holder)
 
     @contextmanager
-    def write(self, timeout: float | None = None) -> Iterator[Holder]:
+    def write(self, timeout: Seconds | None = None) -> Iterator[Holder]:
         holder = self.acquire_write(timeout)
         try:
             yield holder
@@ -360,14 +364,13 @@ class LocalRWLock:
 
     # -- internals -------------------------------------------------------------------
 
-    def _wait_for(self, ready: Callable[[], bool], timeout: float | None, mode: str) -> None:
+    def _wait_for(self, ready: Callable[[], bool], timeout: Seconds | None, mode: str) -> None:
         """Wait on the condition until ``ready()``; caller holds ``self._cond``."""
-        if timeout is not None and timeout < 0:
-            raise ValueError("timeout must be >= 0")
+        limit = None if timeout is None else check_non_negative("timeout", timeout)
         if ready():
             return
         start = self._timer()
-        deadline = None if timeout is None else start + timeout
+        deadline = None if limit is None else start + limit
         while not ready():
             if deadline is None:
                 self._cond.wait()

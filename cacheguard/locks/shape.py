@@ -7,6 +7,9 @@ PostgreSQL, ZooKeeper) offers the same methods::
     handle = lock.try_acquire_read()              # one attempt: a handle or None
     with lock.write(timeout=5) as handle: ...     # released on exit
 
+A ``timeout`` (like every lease and timeout a lock takes) is seconds or a
+``timedelta``; None is the lock's own.
+
 :class:`RWLockShape` builds them from two hooks a store writes, ``_acquire`` (block
 until granted or :class:`~cacheguard.exceptions.LockTimeout`) and ``_try_once``
 (one attempt). :class:`HandleState` is what every handle knows of its holding,
@@ -23,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, TypeVar
 
 from cacheguard._identity import Holder, enter_holder, leave_holder
+from cacheguard.checks import Seconds
 from cacheguard.exceptions import LockLostError
 from cacheguard.locks.protocol import Mode
 
@@ -181,11 +185,11 @@ H = TypeVar("H", bound=ThreadedHandle)
 class RWLockShape(Generic[H]):
     """The public methods of a sync lock store, from its ``_acquire`` and ``_try_once``."""
 
-    def acquire_read(self, timeout: float | None = None, *, owner: str | None = None) -> H:
+    def acquire_read(self, timeout: Seconds | None = None, *, owner: str | None = None) -> H:
         """Block until the read lock is ours (or :class:`LockTimeout`)."""
         return self._held("read", timeout, owner, wait=True)  # type: ignore[return-value]
 
-    def acquire_write(self, timeout: float | None = None, *, owner: str | None = None) -> H:
+    def acquire_write(self, timeout: Seconds | None = None, *, owner: str | None = None) -> H:
         """Block until the write lock is ours; a read holder gets :class:`LockUpgradeError`."""
         return self._held("write", timeout, owner, wait=True)  # type: ignore[return-value]
 
@@ -198,21 +202,21 @@ class RWLockShape(Generic[H]):
         return self._held("write", None, owner, wait=False)
 
     @contextmanager
-    def read(self, timeout: float | None = None, *, owner: str | None = None) -> Iterator[H]:
+    def read(self, timeout: Seconds | None = None, *, owner: str | None = None) -> Iterator[H]:
         """Hold the read lock for the ``with`` block."""
         handle = self.acquire_read(timeout, owner=owner)
         with release_on_exit(handle.release):
             yield handle
 
     @contextmanager
-    def write(self, timeout: float | None = None, *, owner: str | None = None) -> Iterator[H]:
+    def write(self, timeout: Seconds | None = None, *, owner: str | None = None) -> Iterator[H]:
         """Hold the write lock for the ``with`` block."""
         handle = self.acquire_write(timeout, owner=owner)
         with release_on_exit(handle.release):
             yield handle
 
     def _held(
-        self, mode: Mode, timeout: float | None, owner: str | None, *, wait: bool
+        self, mode: Mode, timeout: Seconds | None, owner: str | None, *, wait: bool
     ) -> H | None:
         """Acquire for ``owner``, or without one for the context's holder (a nested
         acquisition re-enters; see ``cacheguard/_identity.py``)."""
@@ -233,7 +237,7 @@ class RWLockShape(Generic[H]):
             handle.holder = holder
         return handle
 
-    def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> H:
+    def _acquire(self, mode: Mode, timeout: Seconds | None, owner: str | None) -> H:
         raise NotImplementedError
 
     def _try_once(self, mode: Mode, owner: str | None) -> H | None:

@@ -58,7 +58,7 @@ from cacheguard._identity import (
     on_fork_in_child,
     process_id,
 )
-from cacheguard.checks import check_int
+from cacheguard.checks import Seconds, check_int
 from cacheguard.exceptions import LockNotHeldError, LockTimeout
 from cacheguard.locks.local import LocalRWLock
 from cacheguard.locks.redis.rwlock import (
@@ -171,7 +171,7 @@ class TwoTierRWLock:
     # -- reading -----------------------------------------------------------------------
 
     def acquire_read(
-        self, timeout: float | None = None, *, holder: Holder | None = None
+        self, timeout: Seconds | None = None, *, holder: Holder | None = None
     ) -> LockHandle:
         """Take the read lock for ``holder`` (default: the context's; see
         :meth:`LocalRWLock.acquire_read`)."""
@@ -246,7 +246,7 @@ class TwoTierRWLock:
     # -- writing -----------------------------------------------------------------------
 
     def acquire_write(
-        self, timeout: float | None = None, *, holder: Holder | None = None
+        self, timeout: Seconds | None = None, *, holder: Holder | None = None
     ) -> LockHandle:
         """Take the write lock for ``holder`` (default: the context's, re-entering its
         own hold; see :meth:`LocalRWLock.acquire_write`). Any thread may release it
@@ -407,7 +407,7 @@ class TwoTierRWLock:
     # -- context managers -----------------------------------------------------------------
 
     @contextmanager
-    def read(self, timeout: float | None = None) -> Iterator[LockHandle]:
+    def read(self, timeout: Seconds | None = None) -> Iterator[LockHandle]:
         holder = enter_holder()
         try:
             handle = self.acquire_read(timeout, holder=holder)
@@ -417,7 +417,7 @@ class TwoTierRWLock:
             leave_holder(holder)
 
     @contextmanager
-    def write(self, timeout: float | None = None) -> Iterator[LockHandle]:
+    def write(self, timeout: Seconds | None = None) -> Iterator[LockHandle]:
         holder = enter_holder()
         try:
             handle = self.acquire_write(timeout, holder=holder)
@@ -451,8 +451,8 @@ class LockFactory:
         client: SyncClient | None = None,
         *,
         namespace: str = "cg",
-        lease: float = 30.0,
-        timeout: float = 30.0,
+        lease: Seconds = 30.0,
+        timeout: Seconds = 30.0,
         watchdog: Watchdog | bool = True,
         on_lost: LostCallback | None = None,
         store: Callable[[str], Any] | None = None,

@@ -68,7 +68,7 @@ from cacheguard.cache.outage.recovery import ReplayFailed
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.singleflight import VALID_FOR_ALL, Flight
 from cacheguard.cache.wire import parse_timed_get, timed_get_call
-from cacheguard.checks import check_positive
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import BackendUnavailable, GuardClosed
 
 __all__ = [
@@ -161,15 +161,19 @@ def read_call(
     state: GuardState,
     name: str,
     load: Callable[[], Any],
-    ttl: float,
-    none_ttl: float | Missing | None,
+    ttl: Seconds,
+    none_ttl: Seconds | Missing | None,
     template: str | None = None,
 ) -> Read:
-    """The record of a read of ``name`` (already checked), its lifetimes checked:
-    ``ttl``, and ``none_ttl`` unless MISSING (the setting's) or None (never cached)."""
-    if none_ttl is not MISSING and none_ttl is not None:
-        none_ttl = check_positive("none_ttl", none_ttl)
-    return Read(name, load, state.checked_ttl(ttl), none_ttl, template)
+    """The record of a read of ``name`` (already checked), its lifetimes checked and
+    made seconds (a timedelta too): ``ttl``, and ``none_ttl`` unless MISSING (the
+    setting's) or None (never cached)."""
+    lifetime = (
+        none_ttl
+        if isinstance(none_ttl, Missing) or none_ttl is None
+        else check_positive("none_ttl", none_ttl)
+    )
+    return Read(name, load, state.checked_ttl(ttl), lifetime, template)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from cacheguard.cache.server_clock import ServerClock
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.cache.stats import EventHook, Stats, StatsRecorder
-from cacheguard.checks import MAX_SECONDS, check_positive
+from cacheguard.checks import MAX_SECONDS, Seconds, check_positive
 from cacheguard.exceptions import BackendUnavailable, GuardClosed
 from cacheguard.redis.keys import ResourceKeys, check_name
 from cacheguard.redis.scripts import Confirm
@@ -207,7 +207,8 @@ class GuardState:
     # -- decisions the drivers ask for --------------------------------------------------------
 
     @staticmethod
-    def checked_ttl(ttl: float) -> float:
+    def checked_ttl(ttl: Seconds) -> float:
+        """``ttl`` in seconds: a number as it is, a timedelta converted (checks.py)."""
         if ttl.__class__ in _NUMBERS and 0 < ttl <= MAX_SECONDS:  # the hit path: cheap
             return ttl
         return check_positive("ttl", ttl)

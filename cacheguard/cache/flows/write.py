@@ -36,6 +36,7 @@ from cacheguard.cache.flows.fill import Call
 from cacheguard.cache.flows.read import client_error
 from cacheguard.cache.flows.state import GuardState, add_note, closing_failed_note
 from cacheguard.cache.invalidation import SCAN_BATCH
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import BackendUnavailable, LockLostError, WriteNotConfirmed
 from cacheguard.redis.errors import REDIS_DOWN, backend_down
 from cacheguard.redis.scripts import Confirm, ScriptCall
@@ -117,14 +118,16 @@ WriteStep = Command | Pipelined | Call | Scan | AcquireWrite | ReleaseWrites | B
 
 
 def write_flow(
-    state: GuardState, names: Iterable[str], timeout: float | None, holder: Any
+    state: GuardState, names: Iterable[str], timeout: Seconds | None, holder: Any
 ) -> Generator[WriteStep, Any, None]:
     """``write``: ``holder`` is whom the holds are for (the exit may run in another
     thread than the enter: ASGI servers run a sync dependency's enter and exit in
-    two worker threads, so the holds are the holder's, not a thread's)."""
+    two worker threads, so the holds are the holder's, not a thread's). ``timeout``
+    (seconds or a timedelta) is checked before any lock is asked for."""
     ordered = sorted(set(names))
     if not ordered:
         raise ValueError("write() needs at least one key name")
+    limit = None if timeout is None else check_positive("timeout", timeout)
     # Dropped before Redis is asked: a write refused because Redis is down may
     # still reach the database (an outbox, a caller's fallback), so this
     # process must not reuse what it saw of the names (outage_ttl).
@@ -140,7 +143,7 @@ def write_flow(
         for name in ordered:
             lock = state.write_lock(name)
             try:
-                handle = yield AcquireWrite(lock, timeout, holder)
+                handle = yield AcquireWrite(lock, limit, holder)
             except BackendUnavailable as exc:  # the lock layer's: count it here too
                 state.backend_failed(name, client_error(exc))
                 raise

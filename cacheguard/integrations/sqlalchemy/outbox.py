@@ -43,7 +43,7 @@ from sqlalchemy.util import greenlet_spawn
 from cacheguard._identity import on_fork_in_child
 from cacheguard.cache.async_guard import AsyncCacheGuard
 from cacheguard.cache.guard import CacheGuard
-from cacheguard.checks import check_int, check_positive
+from cacheguard.checks import Seconds, check_int, check_positive
 from cacheguard.exceptions import BackendUnavailable, GuardClosed
 from cacheguard.integrations.sqlalchemy.guards import GuardIO, guard_io
 
@@ -402,7 +402,9 @@ class TrackerOutbox:
     written in the session's transaction, deleted after the closing invalidation
     went through, and the replays (a hook of the guard's recovery, and the poller)."""
 
-    def __init__(self, guard: Any, table: sa.Table, bind: sa.Engine | AsyncEngine, poll: float):
+    def __init__(
+        self, guard: Any, table: sa.Table, bind: sa.Engine | AsyncEngine, poll: Seconds
+    ) -> None:
         self.guard = guard
         self.table = table
         self.namespace: str = guard.namespace

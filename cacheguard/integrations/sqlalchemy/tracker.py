@@ -61,6 +61,7 @@ from cacheguard.cache.flows.read import client_error
 from cacheguard.cache.flows.write import write_lock_lost
 from cacheguard.cache.templates import render_key, template_fields
 from cacheguard.cache.watermark import note_snapshot, snapshot_opened
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import BackendUnavailable, KeyTemplateError
 from cacheguard.integrations.sqlalchemy.guards import GuardIO, guard_io, session_class_of
 from cacheguard.integrations.sqlalchemy.outbox import (
@@ -146,10 +147,10 @@ class ModelTracker:
         session_factory: Any,
         models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
         *,
-        lock_timeout: float | None = None,
+        lock_timeout: Seconds | None = None,
         max_rows: int = 1000,
         outbox: bool | sa.Table = False,
-        outbox_poll: float = 1.0,
+        outbox_poll: Seconds = 1.0,
         outbox_bind: Any = None,
     ) -> None:
         if not isinstance(max_rows, int) or max_rows < 1:
@@ -158,7 +159,10 @@ class ModelTracker:
         self._io: GuardIO = guard_io(guard)  # TypeError for anything but the two guards
         self.session_factory = session_factory
         self._events_target = session_class_of(guard, session_factory)
-        self.lock_timeout = lock_timeout
+        # Checked here, not at the first write: seconds from now on (a timedelta converted).
+        self.lock_timeout = (
+            None if lock_timeout is None else check_positive("lock_timeout", lock_timeout)
+        )
         self.max_rows = max_rows
         self._models = _check_models(models)
         self._outbox: TrackerOutbox | None = None
@@ -586,10 +590,10 @@ def track_models(
     session_factory: Any,
     models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
     *,
-    lock_timeout: float | None = None,
+    lock_timeout: Seconds | None = None,
     max_rows: int = 1000,
     outbox: bool | sa.Table = False,
-    outbox_poll: float = 1.0,
+    outbox_poll: Seconds = 1.0,
     outbox_bind: Any = None,
 ) -> ModelTracker:
     """Keep ``guard``'s keys right for every session ``session_factory`` makes.
@@ -602,7 +606,8 @@ def track_models(
     ``async_sessionmaker`` (or an ``AsyncSession`` subclass with a
     ``sync_session_class`` of its own). ``lock_timeout`` bounds each write-lock wait (default:
     the guard's ``wait_timeout``); statements touching more than ``max_rows``
-    rows invalidate their model's templates by prefix.
+    rows invalidate their model's templates by prefix. ``lock_timeout`` and
+    ``outbox_poll`` are seconds or a ``timedelta``.
 
     ``outbox=True`` (or a table made by :func:`~cacheguard.integrations.sqlalchemy.outbox_table`;
     True is the default table, ``cacheguard_outbox``): while Redis is unreachable,

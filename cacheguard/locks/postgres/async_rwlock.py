@@ -50,6 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.pool import Pool
 from sqlalchemy.util import greenlet_spawn
 
+from cacheguard.checks import Seconds
 from cacheguard.exceptions import LockLostError, WrongEventLoop
 from cacheguard.locks.async_shape import AsyncRWLockShape, LoopHandle
 from cacheguard.locks.postgres.core import (
@@ -292,7 +293,7 @@ class AsyncPostgresRWLock(PostgresLockBase, AsyncRWLockShape[AsyncPostgresLockHa
         name: str,
         *,
         namespace: str = "cg",
-        timeout: float = 30.0,
+        timeout: Seconds = 30.0,
         fencing: bool = True,
         fence_sequence: str = DEFAULT_FENCE_SEQUENCE,
         on_lost: AsyncLostCallback | None = None,
@@ -308,7 +309,7 @@ class AsyncPostgresRWLock(PostgresLockBase, AsyncRWLockShape[AsyncPostgresLockHa
         self._on_lost = on_lost
 
     async def _acquire(
-        self, mode: Mode, timeout: float | None, owner: str | None
+        self, mode: Mode, timeout: Seconds | None, owner: str | None
     ) -> AsyncPostgresLockHandle:
         book, owner = _book_for(self.engine), owner or task_owner()
         flow = acquire_flow(
@@ -358,14 +359,14 @@ class AsyncPostgresRWLock(PostgresLockBase, AsyncRWLockShape[AsyncPostgresLockHa
             log.warning("%s (a cancelled release)", lost)
 
     async def write_in(
-        self, transaction: AsyncConnection | AsyncSession, timeout: float | None = None
+        self, transaction: AsyncConnection | AsyncSession, timeout: Seconds | None = None
     ) -> TransactionLock:
         """``PostgresRWLock.write_in`` for an ``AsyncConnection`` or ``AsyncSession``."""
         flow = take_in_flow(self._settings, transaction, "write", timeout, timer=self._timer)
         return await _drive(flow)
 
     async def read_in(
-        self, transaction: AsyncConnection | AsyncSession, timeout: float | None = None
+        self, transaction: AsyncConnection | AsyncSession, timeout: Seconds | None = None
     ) -> TransactionLock:
         """``PostgresRWLock.read_in`` for an ``AsyncConnection`` or ``AsyncSession``."""
         flow = take_in_flow(self._settings, transaction, "read", timeout, timer=self._timer)

@@ -58,7 +58,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import Pool
 
-from cacheguard.checks import check_positive
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import (
     BackendUnavailable,
     LockNotHeldError,
@@ -180,7 +180,7 @@ class PostgresLockBase:
         self,
         name: str,
         namespace: str,
-        timeout: float,
+        timeout: Seconds,
         fencing: bool,
         fence_sequence: str,
         timer: Callable[[], float],
@@ -632,7 +632,7 @@ def acquire_flow(
     book: Any,
     mode: Mode,
     owner: str,
-    timeout: float | None,
+    timeout: Seconds | None,
     *,
     timer: Callable[[], float],
     make: Callable[[Any, Mode, str, int], H],
@@ -845,7 +845,7 @@ def take_in_flow(
     lock: LockSettings,
     transaction: object,
     mode: Mode,
-    timeout: float | None,
+    timeout: Seconds | None,
     *,
     timer: Callable[[], float],
 ) -> Generator[Transaction | RunIn, Any, TransactionLock]:

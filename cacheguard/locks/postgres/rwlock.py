@@ -80,6 +80,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool, QueuePool
 
 from cacheguard._identity import on_fork_in_child, thread_owner
+from cacheguard.checks import Seconds
 from cacheguard.locks.postgres.core import (
     DEFAULT_FENCE_SEQUENCE,
     KEEPALIVE_WITHIN,
@@ -466,7 +467,7 @@ class PostgresRWLock(PostgresLockBase, RWLockShape[PostgresLockHandle]):
         name: str,
         *,
         namespace: str = "cg",
-        timeout: float = 30.0,
+        timeout: Seconds = 30.0,
         fencing: bool = True,
         fence_sequence: str = DEFAULT_FENCE_SEQUENCE,
         on_lost: LostCallback | None = None,
@@ -488,7 +489,9 @@ class PostgresRWLock(PostgresLockBase, RWLockShape[PostgresLockHandle]):
         # Looked up each time: a forked child gets a book (and connections) of its own.
         return _book_for(self.engine)
 
-    def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> PostgresLockHandle:
+    def _acquire(
+        self, mode: Mode, timeout: Seconds | None, owner: str | None
+    ) -> PostgresLockHandle:
         owner = owner or thread_owner()
         flow = acquire_flow(
             self._settings, self._book, mode, owner, timeout, timer=self._timer, make=self._handle
@@ -520,7 +523,7 @@ class PostgresRWLock(PostgresLockBase, RWLockShape[PostgresLockHandle]):
             session.leave()
 
     def write_in(
-        self, transaction: Connection | Session, timeout: float | None = None
+        self, transaction: Connection | Session, timeout: Seconds | None = None
     ) -> TransactionLock:
         """Take the write lock in ``transaction`` (a SQLAlchemy ``Connection`` or
         ``Session``) until it commits or rolls back; :class:`LockTimeout` at the
@@ -531,7 +534,7 @@ class PostgresRWLock(PostgresLockBase, RWLockShape[PostgresLockHandle]):
         )
 
     def read_in(
-        self, transaction: Connection | Session, timeout: float | None = None
+        self, transaction: Connection | Session, timeout: Seconds | None = None
     ) -> TransactionLock:
         """Take the read lock in ``transaction`` until it commits or rolls back."""
         return _drive(take_in_flow(self._settings, transaction, "read", timeout, timer=self._timer))

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 from cacheguard._identity import process_id, thread_owner
 from cacheguard._loop import LoopBinding
 from cacheguard.backoff import Backoff
+from cacheguard.checks import Seconds
 from cacheguard.exceptions import BackendUnavailable, LockUpgradeError
 from cacheguard.locks.async_shape import AsyncRWLockShape, LoopHandle
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
@@ -149,8 +150,8 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
         client: AsyncClient,
         name: str,
         *,
-        lease: float = 30.0,
-        timeout: float = 30.0,
+        lease: Seconds = 30.0,
+        timeout: Seconds = 30.0,
         namespace: str = "cg",
         watchdog: AsyncWatchdog | bool = True,
         notifier: AsyncNotifier | AsyncClusterNotifier | None = None,
@@ -180,7 +181,7 @@ class AsyncRedisRWLock(AsyncRWLockShape[AsyncLockHandle]):
     # -- acquiring ---------------------------------------------------------------------
 
     async def _acquire(
-        self, mode: Mode, timeout: float | None, owner: str | None
+        self, mode: Mode, timeout: Seconds | None, owner: str | None
     ) -> AsyncLockHandle:
         self._binding.check()
         owner = owner or task_owner()

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from cacheguard._identity import thread_owner
 from cacheguard.backoff import Backoff
-from cacheguard.checks import check_positive
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import BackendUnavailable, LockUpgradeError
 from cacheguard.locks.protocol import Attempt, Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.redis import wire
@@ -153,7 +153,8 @@ class RedisRWLock(RWLockShape[LockHandle]):
     """A read-write lock shared by every thread of every process using one Redis.
 
     ``lease`` (s): how long a hold outlives its last renewal. ``timeout`` (s): the
-    default deadline of blocking acquisitions. ``watchdog``: ``True`` for the
+    default deadline of blocking acquisitions (both, and an acquisition's
+    ``timeout``, are seconds or a ``timedelta``). ``watchdog``: ``True`` for the
     process-wide watchdog, ``False`` to renew by hand (``handle.renew()``), or a
     :class:`Watchdog` of your own. ``on_lost`` is called (from the watchdog
     thread) with a handle whose holding vanished.
@@ -164,8 +165,8 @@ class RedisRWLock(RWLockShape[LockHandle]):
         client: SyncClient,
         name: str,
         *,
-        lease: float = 30.0,
-        timeout: float = 30.0,
+        lease: Seconds = 30.0,
+        timeout: Seconds = 30.0,
         namespace: str = "cg",
         watchdog: Watchdog | bool = True,
         notifier: Notifier | ClusterNotifier | None = None,
@@ -197,7 +198,7 @@ class RedisRWLock(RWLockShape[LockHandle]):
 
     # -- acquiring ---------------------------------------------------------------------
 
-    def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> LockHandle:
+    def _acquire(self, mode: Mode, timeout: Seconds | None, owner: str | None) -> LockHandle:
         owner = owner or thread_owner()
         limit = self.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()

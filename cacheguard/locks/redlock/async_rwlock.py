@@ -42,7 +42,7 @@ from redis.backoff import NoBackoff
 from cacheguard._identity import on_fork_in_child
 from cacheguard._loop import LoopBinding, LoopTask
 from cacheguard.backoff import Backoff
-from cacheguard.checks import check_positive
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import LockUpgradeError
 from cacheguard.locks.async_shape import AsyncRWLockShape, LoopHandle
 from cacheguard.locks.protocol import Mode, Step, TryAcquire, acquire_flow
@@ -297,10 +297,10 @@ class AsyncRedlockRWLock(RedlockCommon, AsyncRWLockShape[AsyncRedlockHandle]):
         clients: Sequence[redis.asyncio.Redis],
         name: str,
         *,
-        lease: float = 30.0,
-        timeout: float = 30.0,
+        lease: Seconds = 30.0,
+        timeout: Seconds = 30.0,
         namespace: str = "cg",
-        instance_timeout: float | None = None,
+        instance_timeout: Seconds | None = None,
         clock_drift: float = 0.01,
         watchdog: AsyncRedlockWatchdog | bool = True,
         on_lost: AsyncRedlockLostCallback | None = None,
@@ -320,7 +320,7 @@ class AsyncRedlockRWLock(RedlockCommon, AsyncRWLockShape[AsyncRedlockHandle]):
     # -- acquiring ---------------------------------------------------------------------
 
     async def _acquire(
-        self, mode: Mode, timeout: float | None, owner: str | None
+        self, mode: Mode, timeout: Seconds | None, owner: str | None
     ) -> AsyncRedlockHandle:
         self._binding.check()
         owner = owner or task_owner()

@@ -79,7 +79,7 @@ from redis.retry import Retry
 
 from cacheguard._identity import on_fork_in_child, thread_owner
 from cacheguard.backoff import Backoff
-from cacheguard.checks import check_positive
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import BackendUnavailable, LockUpgradeError
 from cacheguard.locks.protocol import Mode, Step, TryAcquire, acquire_flow
 from cacheguard.locks.redis import wire
@@ -412,10 +412,10 @@ class RedlockRWLock(RedlockCommon, RWLockShape[RedlockHandle]):
         clients: Sequence[redis.Redis],
         name: str,
         *,
-        lease: float = 30.0,
-        timeout: float = 30.0,
+        lease: Seconds = 30.0,
+        timeout: Seconds = 30.0,
         namespace: str = "cg",
-        instance_timeout: float | None = None,
+        instance_timeout: Seconds | None = None,
         clock_drift: float = 0.01,
         watchdog: RedlockWatchdog | bool = True,
         on_lost: RedlockLostCallback | None = None,
@@ -437,7 +437,7 @@ class RedlockRWLock(RedlockCommon, RWLockShape[RedlockHandle]):
 
     # -- acquiring ---------------------------------------------------------------------
 
-    def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> RedlockHandle:
+    def _acquire(self, mode: Mode, timeout: Seconds | None, owner: str | None) -> RedlockHandle:
         owner = owner or thread_owner()
         limit = self.timeout if timeout is None else check_positive("timeout", timeout)
         start = self._timer()

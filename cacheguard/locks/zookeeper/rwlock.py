@@ -84,7 +84,7 @@ from kazoo.protocol.states import KazooState
 
 from cacheguard._identity import thread_owner
 from cacheguard.backoff import Backoff
-from cacheguard.checks import check_positive
+from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import (
     BackendUnavailable,
     LockTimeout,
@@ -286,8 +286,8 @@ class ZooKeeperRWLock(RWLockShape[ZooKeeperLockHandle]):
         *,
         namespace: str = "cg",
         root: str = "/cacheguard",
-        timeout: float = 30.0,
-        request_timeout: float = 10.0,
+        timeout: Seconds = 30.0,
+        request_timeout: Seconds = 10.0,
         on_lost: LostCallback | None = None,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -313,13 +313,15 @@ class ZooKeeperRWLock(RWLockShape[ZooKeeperLockHandle]):
         is left in the queue)."""
         return self._acquire_or_none(mode, None, owner, blocking=False)
 
-    def _acquire(self, mode: Mode, timeout: float | None, owner: str | None) -> ZooKeeperLockHandle:
+    def _acquire(
+        self, mode: Mode, timeout: Seconds | None, owner: str | None
+    ) -> ZooKeeperLockHandle:
         handle = self._acquire_or_none(mode, timeout, owner, blocking=True)
         assert handle is not None
         return handle
 
     def _acquire_or_none(
-        self, mode: Mode, timeout: float | None, owner: str | None, *, blocking: bool
+        self, mode: Mode, timeout: Seconds | None, owner: str | None, *, blocking: bool
     ) -> ZooKeeperLockHandle | None:
         owner = owner or thread_owner()
         limit = self.timeout if timeout is None else check_positive("timeout", timeout)
