@@ -34,11 +34,14 @@ the cost over the default client is the median of the rounds' paired differences
 (the machine's speed drifts by more than the differences measured; a round's
 batches drift alike). Each row's CPU time (this thread's: the wait for Redis
 excluded) beside it. Then the same rows with GET answered from memory (the
-Python cost alone), and an L1 hit. Last, compression: a hit of a 200-row menu
-list stored as encoded, zlib- and zstd-compressed (zstd when zstandard is
-installed), each against the uncompressed one, over the wire and from memory; and
-typed values: the 20 rows read as dataclasses, pydantic models and msgspec Structs,
-each against the plain rows.
+Python cost alone), and an L1 hit. In both, a ``get_or_load`` hit with metrics on
+(:mod:`cacheguard.integrations.prometheus`) and with tracing on
+(:mod:`cacheguard.integrations.opentelemetry`: an SDK ``TracerProvider`` whose batch
+processor hands the spans to an exporter that drops them). Last, compression: a hit
+of a 200-row menu list stored as encoded, zlib- and zstd-compressed (zstd when
+zstandard is installed), each against the uncompressed one, over the wire and from
+memory; and typed values: the 20 rows read as dataclasses, pydantic models and
+msgspec Structs, each against the plain rows.
 """
 
 from __future__ import annotations
@@ -345,6 +348,57 @@ def _guard_bodies(guard: CacheGuard) -> dict[str, Callable[[int], None]]:
     }
 
 
+class _Observers:
+    """What the observed rows hit through: guards with metrics on (a ``CacheMetrics`` on
+    a registry of its own) and with tracing on (an SDK ``TracerProvider`` whose batch
+    processor hands the spans to an exporter that drops them: the SDK's whole cost
+    but the network's)."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+        from prometheus_client import CollectorRegistry
+
+        from cacheguard.integrations.prometheus import CacheMetrics
+
+        class Dropped(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        self.metrics = CacheMetrics(CollectorRegistry())
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(BatchSpanProcessor(Dropped()))
+
+    def metered(self, guard: Any) -> Any:
+        return self.metrics.instrument(guard)
+
+    def traced(self, guard: Any) -> Any:
+        from cacheguard.integrations.opentelemetry import instrument
+
+        instrument(guard, tracer_provider=self.provider)
+        return guard
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.provider.shutdown()
+
+
+def _observed_bodies(metered: CacheGuard, traced: CacheGuard) -> dict[str, Callable[[int], None]]:
+    value = _menu_rows()
+    return {
+        "get_or_load, metrics on": _batched(
+            lambda: metered.get_or_load("menu:7", lambda: value, ttl=3600)
+        ),
+        "get_or_load, tracing on": _batched(
+            lambda: traced.get_or_load("menu:7", lambda: value, ttl=3600)
+        ),
+    }
+
+
 def _decoded(client: Any) -> Callable[[int], None]:
     decode, get = _CODEC.decode, client.get
     return _batched(lambda: decode(get(RAW_KEY)))
@@ -360,15 +414,22 @@ def hit_path(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
     guard.get_or_load("menu:7", _menu_rows, ttl=3600)
     memory = CacheGuard(default, namespace=HIT_NAMESPACE)
     memory.client = _InMemory(default, [guard.keys("menu:7").value])  # type: ignore[assignment]
+    observers = _Observers()
+    wired = [CacheGuard.from_url(url, namespace=HIT_NAMESPACE) for _ in range(2)]
+    in_memory = [CacheGuard(default, namespace=HIT_NAMESPACE) for _ in range(2)]
+    for observed in in_memory:
+        observed.client = memory.client
     sections = {
         "over the wire": {
             "default client: GET + decode": _decoded(default),
             "guard's client: GET + decode": _decoded(guard.client),
             **_guard_bodies(guard),
+            **_observed_bodies(observers.metered(wired[0]), observers.traced(wired[1])),
         },
         "no I/O (GET from memory)": {
             "GET + decode": _decoded(_InMemory(default, [RAW_KEY])),
             **_guard_bodies(memory),
+            **_observed_bodies(observers.metered(in_memory[0]), observers.traced(in_memory[1])),
         },
     }
     results: dict[str, dict[str, Paired]] = {}
@@ -379,6 +440,9 @@ def hit_path(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
             results[where] = paired_batches(bodies, rounds)
         results["over the wire"]["L1 hit (get_or_load)"] = _l1_hit(url)
     finally:
+        observers.close()
+        for observed in wired:
+            observed.close()
         guard.close()
         default.close()
     return results
@@ -618,6 +682,21 @@ def _async_guard_bodies(guard: AsyncCacheGuard) -> dict[str, Any]:
     }
 
 
+def _async_observed_bodies(metered: AsyncCacheGuard, traced: AsyncCacheGuard) -> dict[str, Any]:
+    value = _menu_rows()
+
+    async def with_metrics() -> None:
+        await metered.get_or_load("menu:7", lambda: value, ttl=3600)
+
+    async def with_tracing() -> None:
+        await traced.get_or_load("menu:7", lambda: value, ttl=3600)
+
+    return {
+        "get_or_load (asyncio), metrics on": with_metrics,
+        "get_or_load (asyncio), tracing on": with_tracing,
+    }
+
+
 def _async_decoded(client: Any) -> Any:
     decode, get = _CODEC.decode, client.get
 
@@ -639,15 +718,24 @@ def async_hit_path(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
     loop.run_until_complete(guard.get_or_load("menu:7", _menu_rows, ttl=3600))
     memory = AsyncCacheGuard(default, namespace=HIT_NAMESPACE)
     memory.client = _AsyncInMemory(sync_client, [guard.keys("menu:7").value])  # type: ignore[assignment]
+    observers = _Observers()
+    wired = [AsyncCacheGuard.from_url(url, namespace=HIT_NAMESPACE) for _ in range(2)]
+    in_memory = [AsyncCacheGuard(default, namespace=HIT_NAMESPACE) for _ in range(2)]
+    for observed in in_memory:
+        observed.client = memory.client
     sections = {
         "over the wire": {
             "default client: await GET + decode": _async_decoded(default),
             "guard's client: await GET + decode": _async_decoded(guard.client),
             **_async_guard_bodies(guard),
+            **_async_observed_bodies(observers.metered(wired[0]), observers.traced(wired[1])),
         },
         "no I/O (GET from memory)": {
             "await GET + decode": _async_decoded(_AsyncInMemory(sync_client, [RAW_KEY])),
             **_async_guard_bodies(memory),
+            **_async_observed_bodies(
+                observers.metered(in_memory[0]), observers.traced(in_memory[1])
+            ),
         },
     }
 
@@ -666,6 +754,9 @@ def async_hit_path(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
                 run(300)
             results[where] = paired_batches(batches, rounds)
     finally:
+        observers.close()
+        for observed in wired:
+            loop.run_until_complete(observed.aclose())
         loop.run_until_complete(guard.aclose())
         loop.run_until_complete(default.aclose())
         loop.close()
@@ -708,7 +799,10 @@ def _hit_report(endpoint: RedisEndpoint, args: argparse.Namespace) -> list[str]:
         "batch of the first row of its block (a default redis-py client, `redis.Redis."
         "from_url(url)` or `redis.asyncio.Redis.from_url(url)`, GET + the codec's decode "
         "of the same payload); client CPU: this thread's CPU time, the wait for Redis "
-        "excluded. Then the same with GET answered from memory (the Python cost alone):",
+        "excluded. Metrics on: the guard instrumented by a `CacheMetrics`; tracing on: by "
+        "`cacheguard.integrations.opentelemetry.instrument`, with an SDK `TracerProvider` "
+        "whose batch processor hands the spans to an exporter that drops them. Then the same "
+        "with GET answered from memory (the Python cost alone):",
         "",
         *hit_table(sync, aio),
         "",

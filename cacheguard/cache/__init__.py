@@ -9,6 +9,7 @@
 * ``outage/``                     -- what a guard does while Redis is down: breaker,
   last-seen values, gutter, outbox recovery, shared timed-out loads
 * ``settings``, ``stats``         -- one validated settings record; counters and the hook
+* ``tracing``                     -- the seam a tracer plugs into (calls, loads, waits)
 * ``entry``, ``codec``            -- the stored envelope; msgpack / JSON / signed pickle
 * ``scripts``, ``wire``           -- the cache's Lua and its calls and reply parsers
 * ``templates``, ``singleflight``, ``loading``, ``l1``, ``invalidation``,

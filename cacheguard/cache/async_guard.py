@@ -274,22 +274,35 @@ class AsyncCacheGuard:
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
         name = self._state.key_name(name)
+        state = self._state  # a local: the hit path reads it often
         # Checked before the hit path leads the key's flight: a refusal leaves none open.
-        call = read_call(self._state, name, load, ttl, none_ttl, template)
-        lead = hit_lead(self._state, call)
-        if lead is None:
-            return await self._run(read(self._state, call), name)
-        # The hit path, as CacheGuard.get_or_load's (see cache/flows/read.py).
-        direct, client = self._state.direct_get, self.client
-        get = direct[1] if direct is not None and direct[0] is client else client.get
+        call = read_call(state, name, load, ttl, none_ttl, template)
+        # Traced as CacheGuard.get_or_load is: in this task's context, so spans the
+        # caller has current are the call's parents.
+        tracer = state.tracer
+        trace = None if tracer is None else tracer.begin("get_or_load", template)
         try:
-            raw, error = await get(value_key(self._state.namespace, name)), None
+            lead = hit_lead(state, call)
+            if lead is None:
+                return await self._run(read(state, call), name)
+            # The hit path, as CacheGuard.get_or_load's (see cache/flows/read.py).
+            direct, client = state.direct_get, self.client
+            get = direct[1] if direct is not None and direct[0] is client else client.get
+            try:
+                raw, error = await get(value_key(state.namespace, name)), None
+            except BaseException as exc:
+                raw, error = lookup_failed(name, exc)
+            value, rest = hit(state, call, lead, raw, error)
+            if rest is None:
+                return value
+            return await self._run(rest, name)
         except BaseException as exc:
-            raw, error = lookup_failed(name, exc)
-        value, rest = hit(self._state, call, lead, raw, error)
-        if rest is None:
-            return value
-        return await self._run(rest, name)
+            if trace is not None:
+                trace.failed(exc)
+            raise
+        finally:
+            if trace is not None:
+                trace.end()
 
     async def peek(
         self,
@@ -304,7 +317,7 @@ class AsyncCacheGuard:
             return await typed.apeek(self, value_type(type), name, template=template)
         self._binding.check()
         name = self._state.key_name(name)
-        return await self._run(peek_flow(self._state, name, template), name)
+        return await self._traced("peek", template, peek_flow(self._state, name, template), name)
 
     async def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
@@ -333,7 +346,7 @@ class AsyncCacheGuard:
         flow = refresh_flow(
             self._state, read_call(self._state, name, load, ttl, none_ttl, template)
         )
-        return await self._run(flow, name)
+        return await self._traced("refresh", template, flow, name)
 
     async def watermark(self) -> int:
         """The namespace's invalidation sequence now (see :meth:`CacheGuard.watermark`)."""
@@ -346,14 +359,16 @@ class AsyncCacheGuard:
         taking locks (see :meth:`CacheGuard.invalidate`)."""
         self._binding.check()
         names = self._state.key_names(names)
-        await self._run(invalidate_flow(self._state, names, template=template), ", ".join(names))
+        flow = invalidate_flow(self._state, names, template=template)
+        await self._traced("invalidate", template, flow, ", ".join(names))
 
     async def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix`` (a SCAN; see
         :meth:`CacheGuard.invalidate_prefix`); returns how many."""
         self._binding.check()
         prefix = self._state.key_prefix(prefix)
-        return await self._run(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
+        flow = invalidate_prefix_flow(self._state, prefix)
+        return await self._traced("invalidate_prefix", None, flow, f"{prefix}*")  # type: ignore[no-any-return]
 
     @asynccontextmanager
     async def write(self, *names: str, timeout: Seconds | None = None) -> AsyncIterator[None]:
@@ -404,6 +419,23 @@ class AsyncCacheGuard:
         await self.aclose()
 
     # -- the driver: every step of the flows, carried out with awaits -----------------------
+
+    async def _traced(
+        self, operation: str, template: str | None, flow: Generator[Any, Any, Any], name: str
+    ) -> Any:
+        """:meth:`_run` of a public call's ``flow``, traced as ``operation`` when the
+        guard has a tracer (see :mod:`cacheguard.cache.tracing`)."""
+        tracer = self._state.tracer
+        if tracer is None:
+            return await self._run(flow, name)
+        trace = tracer.begin(operation, template)
+        try:
+            return await self._run(flow, name)
+        except BaseException as exc:
+            trace.failed(exc)
+            raise
+        finally:
+            trace.end()
 
     async def _run(
         self,

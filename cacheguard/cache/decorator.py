@@ -113,7 +113,9 @@ def cached_with_lock(
             )
 
         return decorate_async
-    raise TypeError(f"guard must be a CacheGuard or an AsyncCacheGuard, not {guard.__class__.__name__}")
+    raise TypeError(
+        f"guard must be a CacheGuard or an AsyncCacheGuard, not {guard.__class__.__name__}"
+    )
 
 
 class DecorateWithDefault:

@@ -271,23 +271,35 @@ class CacheGuard:
                 self, value_type(type), name, load, ttl=ttl, none_ttl=none_ttl, template=template
             )
         name = self._state.key_name(name)
+        state = self._state  # a local: the hit path reads it often
         # Checked before the hit path leads the key's flight: a refusal leaves none open.
-        call = read_call(self._state, name, load, ttl, none_ttl, template)
-        lead = hit_lead(self._state, call)
-        if lead is None:
-            return self._run(read(self._state, call), name)  # type: ignore[no-any-return]
-        # The hit path (see cache/flows/read.py): the leader's GET without the flow,
-        # which goes on from its answer unless that is a value to serve at once.
-        direct, client = self._state.direct_get, self.client
-        get = direct[1] if direct is not None and direct[0] is client else client.get
+        call = read_call(state, name, load, ttl, none_ttl, template)
+        # Traced (cache/tracing.py) around the whole call; untraced, two None checks.
+        tracer = state.tracer
+        trace = None if tracer is None else tracer.begin("get_or_load", template)
         try:
-            raw, error = get(value_key(self._state.namespace, name)), None
+            lead = hit_lead(state, call)
+            if lead is None:
+                return self._run(read(state, call), name)  # type: ignore[no-any-return]
+            # The hit path (see cache/flows/read.py): the leader's GET without the flow,
+            # which goes on from its answer unless that is a value to serve at once.
+            direct, client = state.direct_get, self.client
+            get = direct[1] if direct is not None and direct[0] is client else client.get
+            try:
+                raw, error = get(value_key(state.namespace, name)), None
+            except BaseException as exc:
+                raw, error = lookup_failed(name, exc)
+            value, rest = hit(state, call, lead, raw, error)
+            if rest is None:
+                return value  # type: ignore[no-any-return]
+            return self._run(rest, name)  # type: ignore[no-any-return]
         except BaseException as exc:
-            raw, error = lookup_failed(name, exc)
-        value, rest = hit(self._state, call, lead, raw, error)
-        if rest is None:
-            return value  # type: ignore[no-any-return]
-        return self._run(rest, name)  # type: ignore[no-any-return]
+            if trace is not None:
+                trace.failed(exc)
+            raise
+        finally:
+            if trace is not None:
+                trace.end()
 
     def peek(
         self,
@@ -301,7 +313,7 @@ class CacheGuard:
         if type is not None:
             return typed.peek(self, value_type(type), name, template=template)
         name = self._state.key_name(name)
-        return self._run(peek_flow(self._state, name, template), name)
+        return self._traced("peek", template, peek_flow(self._state, name, template), name)
 
     def peek_entry(self, name: str) -> Entry | None:
         """The stored entry of ``name`` even past its logical expiry, or None."""
@@ -332,7 +344,7 @@ class CacheGuard:
         flow = refresh_flow(
             self._state, read_call(self._state, name, load, ttl, none_ttl, template)
         )
-        return self._run(flow, name)  # type: ignore[no-any-return]
+        return self._traced("refresh", template, flow, name)  # type: ignore[no-any-return]
 
     def watermark(self) -> int:
         """The namespace's invalidation sequence now: read it *before* a database
@@ -353,7 +365,8 @@ class CacheGuard:
         template, for the events' labels (as for :meth:`get_or_load`).
         """
         names = self._state.key_names(names)
-        self._run(invalidate_flow(self._state, names, template=template), ", ".join(names))
+        flow = invalidate_flow(self._state, names, template=template)
+        self._traced("invalidate", template, flow, ", ".join(names))
 
     def invalidate_prefix(self, prefix: str) -> int:
         """Invalidate every key whose name starts with ``prefix``: values and fills
@@ -361,7 +374,8 @@ class CacheGuard:
         so it is the fallback for changes whose keys cannot be listed; the number of
         keys invalidated is returned."""
         prefix = self._state.key_prefix(prefix)
-        return self._run(invalidate_prefix_flow(self._state, prefix), f"{prefix}*")  # type: ignore[no-any-return]
+        flow = invalidate_prefix_flow(self._state, prefix)
+        return self._traced("invalidate_prefix", None, flow, f"{prefix}*")  # type: ignore[no-any-return]
 
     @contextmanager
     def write(self, *names: str, timeout: Seconds | None = None) -> Iterator[None]:
@@ -425,6 +439,23 @@ class CacheGuard:
         self.close()
 
     # -- the driver: every step of the flows, carried out with blocking calls --------------
+
+    def _traced(
+        self, operation: str, template: str | None, flow: Generator[Any, Any, Any], name: str
+    ) -> Any:
+        """:meth:`_run` of a public call's ``flow``, traced as ``operation`` when the
+        guard has a tracer (see :mod:`cacheguard.cache.tracing`)."""
+        tracer = self._state.tracer
+        if tracer is None:
+            return self._run(flow, name)
+        trace = tracer.begin(operation, template)
+        try:
+            return self._run(flow, name)
+        except BaseException as exc:
+            trace.failed(exc)
+            raise
+        finally:
+            trace.end()
 
     def _run(
         self,

@@ -17,6 +17,7 @@ from typing import Any
 
 from cacheguard.cache.outage.fallback import mark_from_loader
 from cacheguard.cache.stats import StatsRecorder
+from cacheguard.cache.tracing import CallTracer
 from cacheguard.exceptions import BackendUnavailable, CacheGuardError, RecursiveLoadError
 
 __all__ = ["Loads"]
@@ -31,11 +32,12 @@ _LOADING: ContextVar[frozenset[tuple[int, str]]] = ContextVar(
 class Loads:
     """One guard's loader bookkeeping."""
 
-    __slots__ = ("_stats", "_timer")
+    __slots__ = ("_stats", "_timer", "tracer")
 
     def __init__(self, stats: StatsRecorder, timer: Callable[[], float]) -> None:
         self._stats = stats
         self._timer = timer
+        self.tracer: CallTracer | None = None  # GuardState.set_tracer's
 
     def refuse_recursion(self, name: str, template: str | None = None) -> None:
         """A loader asking for its own key would wait for itself: fail at once."""
@@ -49,10 +51,14 @@ class Loads:
         """Mark ``name`` as being loaded here; yields a function giving the seconds
         since the start. Counts the load, or its error (``template``: the key's)."""
         token = _LOADING.set(_LOADING.get() | {(id(self), name)})
+        # Begun here, not from the events: the loader's own spans nest inside it.
+        trace = None if self.tracer is None else self.tracer.load(name, template)
         start = self._timer()
         try:
             yield lambda: self._timer() - start
         except BaseException as exc:
+            if trace is not None:
+                trace.failed(exc)
             self._stats.count("load_errors", name, self._timer() - start, exc, template)
             if isinstance(exc, Exception) and (
                 not isinstance(exc, CacheGuardError) or isinstance(exc, BackendUnavailable)
@@ -64,6 +70,8 @@ class Loads:
         else:
             self._stats.count("loads", name, self._timer() - start, None, template)
         finally:
+            if trace is not None:
+                trace.end()
             _LOADING.reset(token)
 
     def run(

@@ -320,8 +320,11 @@ def read_flow(
                 # view. Load privately (see fill_flow's writing_here), storing nothing.
                 flow = fill_flow_of(state, call, lock, refresh=False, stale=None)
                 return (yield RunFill(lock, flow, valid_for_all, call))[0].value
-            left = state.settings.wait_timeout - (state.timer() - start)
-            if not (yield WaitFlight(flight, left)):
+            waiting = state.timer()
+            left = state.settings.wait_timeout - (waiting - start)
+            finished = yield WaitFlight(flight, left)
+            state.waited_for_leader(name, waiting)
+            if not finished:
                 waited = state.timer() - start
                 job = fill_job(state, call, lock)
                 flow = timed_out_flow(job, None, waited, since=lambda: start)

@@ -33,6 +33,7 @@ from cacheguard.cache.server_clock import ServerClock
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.cache.singleflight import SingleFlight
 from cacheguard.cache.stats import EventHook, Stats, StatsRecorder
+from cacheguard.cache.tracing import CallTracer
 from cacheguard.checks import MAX_SECONDS, Seconds, check_positive
 from cacheguard.exceptions import BackendUnavailable, GuardClosed
 from cacheguard.redis.keys import ResourceKeys, check_name
@@ -112,6 +113,9 @@ class GuardState:
         )
         self.replicas = replicas  # how many the deployment has, for confirm_replicas=None
         self.loads = Loads(self.recorder, timer)
+        # Told when calls begin and end (cache/tracing.py); None: not traced, and
+        # each call pays one attribute check for it.
+        self.tracer: CallTracer | None = None
         self.invalidation = Invalidation(settings.namespace, settings.version_ttl_ms, timer=timer)
         self.l1: L1Feed | None = None
         # What this process saw last, for outage_ttl and stale_if_error (docs/outage.md)
@@ -143,6 +147,18 @@ class GuardState:
     def remove_event_hook(self, hook: EventHook) -> None:
         """Stop calling ``hook``; :class:`ValueError` if it is not a hook of this guard."""
         self.recorder.remove_hook(hook)
+
+    def set_tracer(self, tracer: CallTracer | None) -> None:
+        """Trace this guard's calls and loads with ``tracer`` from now on (None: stop);
+        see :mod:`cacheguard.cache.tracing`."""
+        self.tracer = tracer
+        self.loads.tracer = tracer
+
+    def waited_for_leader(self, name: str, since: float) -> None:
+        """A follower's wait for the leader of ``name`` (begun at ``since``, by
+        :attr:`timer`) ended: the tracer's to know; no counter counts it."""
+        if self.tracer is not None:
+            self.tracer.waited(name, self.timer() - since)
 
     def keys(self, name: str) -> ResourceKeys:
         return ResourceKeys(self.namespace, name)
