@@ -226,16 +226,18 @@ async def test_batches_with_overlapping_reversed_names_do_not_wait_for_each_othe
     x, y, writer = make(wait_timeout=60), make(wait_timeout=60), make()
     gate = threading.Event()
     load_x, load_y = LoadMany(gate=gate), LoadMany(gate=gate)
-    async with writer.write("c", "d"):
-        batch_x = asyncio.ensure_future(x.get_or_load_many(["a", "b", "c", "d"], load_x, ttl=60))
-        await started(load_x)
-    batch_y = asyncio.ensure_future(y.get_or_load_many(["d", "c", "b", "a"], load_y, ttl=60))
-    await started(load_y)
+    expected = {n: value(n) for n in "abcd"}
     try:
+        async with writer.write("c", "d"):
+            batch_x = asyncio.ensure_future(
+                x.get_or_load_many(["a", "b", "c", "d"], load_x, ttl=60)
+            )
+            await started(load_x)
+        batch_y = asyncio.ensure_future(y.get_or_load_many(["d", "c", "b", "a"], load_y, ttl=60))
+        await started(load_y)
         assert (load_x.calls, load_y.calls) == ([["a", "b"]], [["d", "c"]])
     finally:
         gate.set()
-    expected = {n: value(n) for n in "abcd"}
     done, _ = await asyncio.wait([batch_x, batch_y], timeout=20)
     assert len(done) == 2, "the batches waited for each other"
     assert await batch_x == expected
