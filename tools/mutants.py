@@ -4409,7 +4409,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "cacheguard/cache/flows/batch.py",
         "                refresh=False,\n",
         "                refresh=True,\n",
-        ("tests/test_batch.py::test_a_key_filled_between_the_batchs_read_and_its_lock_is_not_loaded",),
+        (
+            "tests/test_batch.py::test_a_key_filled_between_the_batchs_read_and_its_lock_is_not_loaded",
+        ),
         within="_fill_many",
     ),
     Mutant(
