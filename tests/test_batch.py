@@ -18,11 +18,13 @@ import pytest
 import redis
 import redis.asyncio
 
+import cacheguard
 from cacheguard import (
     MISSING,
     BackendUnavailable,
     CacheGuard,
     IncompleteLoad,
+    NoDefaultGuard,
     cached_many_with_lock,
 )
 from cacheguard.aio import AsyncCacheGuard
@@ -266,6 +268,26 @@ async def test_a_failing_load_many_releases_every_lock_and_caches_nothing(
     assert guard.stats().load_errors == 2
 
 
+async def test_stale_if_error_answers_a_failing_batch_with_the_values_seen(make: Make) -> None:
+    guard, other = make(stale_if_error=60), make()
+    assert await guard.get_or_load_many(["a", "b"], LoadMany(), ttl=60) == {
+        "a": value("a"),
+        "b": value("b"),
+    }
+    await other.invalidate("a", "b")  # another process: what this one saw stays noted
+
+    def broken(names: list[str]) -> Any:
+        raise ZeroDivisionError("db down")
+
+    assert await guard.get_or_load_many(["b", "a"], broken, ttl=60) == {
+        "b": value("b"),
+        "a": value("a"),
+    }
+    assert guard.stats().stale_on_error == 2
+    with pytest.raises(ZeroDivisionError):  # "c" was never seen: nothing to answer with
+        await guard.get_or_load_many(["a", "c"], broken, ttl=60)
+
+
 async def test_a_name_left_out_by_load_many_raises_and_is_not_cached(
     make: Make, client: redis.Redis
 ) -> None:
@@ -339,6 +361,54 @@ async def test_a_decorated_function_of_a_list_of_ids(make: Make) -> None:
     await invalidate([1])
     assert await call([1, 2]) == {1: {"id": 1}, 2: {"id": 2}}
     assert asked == [[3, 1], [2], [1]]
+
+
+async def test_a_cancelled_asyncio_batch_ends_the_fills_it_began(
+    redis_url: str, namespace: str, client: redis.Redis
+) -> None:
+    guard = AsyncCacheGuard(redis.asyncio.Redis.from_url(redis_url), namespace=namespace)
+    called, never = asyncio.Event(), asyncio.Event()
+
+    async def stuck(names: list[str]) -> dict[str, str]:
+        called.set()
+        await never.wait()
+        raise AssertionError("not reached")
+
+    try:
+        batch = asyncio.ensure_future(guard.get_or_load_many(["a", "b"], stuck, ttl=60))
+        await asyncio.wait_for(called.wait(), 10)
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+        for name in ("a", "b"):
+            assert client.hgetall(guard.keys(name).lock) == {}  # no hold left behind
+            assert await guard.peek(name) is MISSING
+        got = await guard.get_or_load_many(
+            ["a", "b"], lambda names: dict.fromkeys(names, 1), ttl=60
+        )
+        assert got == {"a": 1, "b": 1}
+    finally:
+        await guard.aclose()
+        await guard.client.aclose()
+
+
+def test_a_function_decorated_without_a_guard_reads_through_the_installed_one(
+    client: redis.Redis,
+) -> None:
+    @cached_many_with_lock(key="menu:{menu_id}", ttl=60)
+    def menus(ids: list[int]) -> dict[int, str]:
+        return {i: f"menu {i}" for i in ids}
+
+    with pytest.raises(NoDefaultGuard):
+        menus([1])
+    guard = CacheGuard(client, namespace=f"t{uuid.uuid4().hex[:8]}")
+    try:
+        with cacheguard.use(guard):
+            assert menus([2, 1]) == {2: "menu 2", 1: "menu 1"}
+            assert guard.peek("menu:2") == "menu 2"
+    finally:
+        guard.invalidate("menu:1", "menu:2")
+        guard.close()
 
 
 def test_the_decorator_refuses_what_it_cannot_read_through(client: redis.Redis) -> None:

@@ -4457,6 +4457,16 @@ MUTANTS: tuple[Mutant, ...] = (
         within="_bypass_all",
     ),
     Mutant(
+        "batch-stale-if-error",
+        "under stale_if_error a batch whose load_many fails is answered by the values this "
+        "process saw, as get_or_load is",
+        "cacheguard/cache/flows/batch.py",
+        "            _stale_if_error(state, pending, values, exc)\n",
+        "            raise\n",
+        ("tests/test_batch.py::test_stale_if_error_answers_a_failing_batch_with_the_values_seen",),
+        within="batch_read",
+    ),
+    Mutant(
         "batch-decorated-invalidate",
         "a function decorated with cached_many_with_lock invalidates the keys of the ids given",
         "cacheguard/cache/many.py",

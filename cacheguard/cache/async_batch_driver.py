@@ -9,6 +9,7 @@ fills it holds before it propagates.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
@@ -36,8 +37,6 @@ from cacheguard.redis.clients import AsyncClient
 from cacheguard.redis.errors import REDIS_DOWN, classify
 
 __all__ = ["AsyncBatchDriver", "aget_many_raw"]
-
-import asyncio
 
 
 async def aget_many_raw(client: AsyncClient, keys: list[str]) -> list[Any]:

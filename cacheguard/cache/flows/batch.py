@@ -57,7 +57,7 @@ from cacheguard.cache.flows.read import (
 )
 from cacheguard.cache.flows.state import GuardState, Lock
 from cacheguard.cache.l1 import ABSENT
-from cacheguard.cache.outage.fallback import NOT_SEEN
+from cacheguard.cache.outage.fallback import NOT_SEEN, from_loader
 from cacheguard.cache.outage.recovery import ReplayFailed
 from cacheguard.cache.singleflight import Flight
 from cacheguard.exceptions import BackendUnavailable, IncompleteLoad
@@ -182,8 +182,29 @@ def batch_read(state: GuardState, calls: list[Read]) -> Generator[BatchStep, Any
                 state.recorder.count("l1_hits", call.name, 0.0, None, call.template)
                 values[call.name] = kept
     if pending:
-        yield from _read_pending(state, pending, values, start)
+        try:
+            yield from _read_pending(state, pending, values, start)
+        except Exception as exc:
+            _stale_if_error(state, pending, values, exc)
     return values
+
+
+def _stale_if_error(
+    state: GuardState, calls: list[Read], values: dict[str, Any], exc: Exception
+) -> None:
+    """Under ``stale_if_error``, a failing load or Redis being down is answered, as for
+    ``get_or_load``, by the last values seen here, if recent enough: only when every
+    name without a value has one (else ``exc`` is raised)."""
+    window, seen = state.settings.stale_if_error, state.last_seen
+    if not window or seen is None or not (isinstance(exc, BackendUnavailable) or from_loader(exc)):
+        raise exc
+    kept = {call: seen.within(call.name, window) for call in calls if call.name not in values}
+    if any(value is NOT_SEEN for value in kept.values()):
+        raise exc
+    for call, value in kept.items():
+        state.recorder.count("stale_on_error", call.name, 0.0, exc, call.template)
+        values[call.name] = value
+    log.info("served the last values seen of %d keys instead of %r", len(kept), exc)
 
 
 def _read_pending(
