@@ -251,16 +251,13 @@ def batch_worker(
 
     import asyncio
 
-    import redis.asyncio
-
     from cacheguard.aio import AsyncCacheGuard
 
     counter = client_for(url)
 
     async def main() -> list[dict[str, Any]]:
-        guard = AsyncCacheGuard(
-            redis.asyncio.Redis.from_url(url), namespace=namespace, lease=10, wait_timeout=30
-        )
+        # from_url: any deployment's URL (a cluster's too); closed with the guard
+        guard = AsyncCacheGuard.from_url(url, namespace=namespace, lease=10, wait_timeout=30)
 
         async def load_many(keys: list[str]) -> dict[str, Any]:
             await asyncio.sleep(0.05)
@@ -274,6 +271,5 @@ def batch_worker(
             return list(await asyncio.gather(*(run(order) for order in orders)))
         finally:
             await guard.aclose()
-            await guard.client.aclose()
 
     return asyncio.run(main())

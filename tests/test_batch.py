@@ -392,6 +392,23 @@ async def test_a_cancelled_asyncio_batch_ends_the_fills_it_began(
         await guard.client.aclose()
 
 
+async def test_a_batch_inside_its_own_write_loads_that_key_for_itself_only(
+    redis_url: str, namespace: str, client: redis.Redis
+) -> None:
+    guard = AsyncCacheGuard(redis.asyncio.Redis.from_url(redis_url), namespace=namespace)
+    load = LoadMany()
+    try:
+        async with guard.write("a"):  # this task's write: what it loads may be uncommitted
+            got = await guard.get_or_load_many(["a", "b"], load, ttl=60)
+            assert got == {"a": value("a"), "b": value("b")}
+            assert load.calls == [["a", "b"]]
+        assert not client.exists(guard.keys("a").value)  # ours alone: not stored
+        assert await guard.peek("b") == value("b")
+    finally:
+        await guard.aclose()
+        await guard.client.aclose()
+
+
 def test_a_function_decorated_without_a_guard_reads_through_the_installed_one(
     client: redis.Redis,
 ) -> None:

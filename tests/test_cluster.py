@@ -466,3 +466,27 @@ async def test_a_batch_reads_its_hits_with_one_pipeline_per_node(
     assert len(sent) == 1  # the client's pipeline sends one to each node
     assert {port: after[port] - before[port] for port in after} == per_master
     assert asked == [names]
+
+
+def test_overlapping_batches_across_processes_on_a_cluster_load_each_key_once(
+    redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    """tests/test_batch.py's test of the name, on a cluster: keys on every master."""
+    names = [f"item:{i}" for i in range(24)]
+    masters = {redis_cluster.master_for_key(ResourceKeys(cluster_ns, n).value).port for n in names}
+    assert len(masters) == 3
+    start_at = time.time() + 2.0  # the children's imports done, they start together
+    runs = [
+        (cluster_url(redis_cluster), cluster_ns, kind, 3, names, start_at)
+        for kind in ("sync", "async", "sync")
+    ]
+    results = run_processes(cache_workers.batch_worker, runs, timeout=90)
+    for per_process in results:
+        for got in per_process:
+            assert got == {name: {"name": name} for name in got}
+    client = redis_cluster.client()
+    try:
+        loads = {name: int(client.get(f"{cluster_ns}:loads:{name}") or 0) for name in names}
+    finally:
+        client.close()
+    assert loads == dict.fromkeys(names, 1)
