@@ -37,11 +37,13 @@ excluded) beside it. Then the same rows with GET answered from memory (the
 Python cost alone), and an L1 hit. In both, a ``get_or_load`` hit with metrics on
 (:mod:`cacheguard.integrations.prometheus`) and with tracing on
 (:mod:`cacheguard.integrations.opentelemetry`: an SDK ``TracerProvider`` whose batch
-processor hands the spans to an exporter that drops them). Last, compression: a hit
-of a 200-row menu list stored as encoded, zlib- and zstd-compressed (zstd when
-zstandard is installed), each against the uncompressed one, over the wire and from
-memory; and typed values: the 20 rows read as dataclasses, pydantic models and
-msgspec Structs, each against the plain rows.
+processor hands the spans to an exporter that drops them). Then a batch: 20 warm
+keys through ``get_or_load_many`` (one pipeline) against 20 single ``get_or_load``
+hits and against a default client's one MGET of 20 raw keys with their decodes.
+Last, compression: a hit of a 200-row menu list stored as encoded, zlib- and
+zstd-compressed (zstd when zstandard is installed), each against the uncompressed
+one, over the wire and from memory; and typed values: the 20 rows read as
+dataclasses, pydantic models and msgspec Structs, each against the plain rows.
 """
 
 from __future__ import annotations
@@ -404,6 +406,37 @@ def _decoded(client: Any) -> Callable[[int], None]:
     return _batched(lambda: decode(get(RAW_KEY)))
 
 
+# The batch rows: 20 warm keys read at once, against 20 single hits and one raw MGET.
+BATCH_NAMES = [f"menu:{i}" for i in range(100, 120)]
+RAW_BATCH_KEYS = [f"{RAW_KEY}:{i}" for i in range(20)]
+BATCH_SECTION = f"batch of {len(BATCH_NAMES)} hits (µs per batch)"
+BATCH_CALLS = 50  # calls per timed batch: each reads 20 keys
+
+
+def _batch_bodies(guard: CacheGuard, default: redis.Redis) -> dict[str, Callable[[int], None]]:
+    value = _menu_rows()
+    decode = _CODEC.decode
+    default.mset(dict.fromkeys(RAW_BATCH_KEYS, _CODEC.encode(value)))
+
+    def load_many(names: list[str]) -> dict[str, Any]:
+        return dict.fromkeys(names, value)
+
+    def singles() -> None:
+        for name in BATCH_NAMES:
+            guard.get_or_load(name, lambda: value, ttl=3600)
+
+    guard.get_or_load_many(BATCH_NAMES, load_many, ttl=3600)  # warm
+    return {
+        "20 x get_or_load": _batched(singles),
+        "default client: one MGET + 20 decodes": _batched(
+            lambda: [decode(raw) for raw in default.mget(RAW_BATCH_KEYS)]
+        ),
+        "get_or_load_many (20 keys)": _batched(
+            lambda: guard.get_or_load_many(BATCH_NAMES, load_many, ttl=3600)
+        ),
+    }
+
+
 def hit_path(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
     """µs per hit over the wire, beside a default redis-py client's GET + decode of
     the same payload, and with GET answered from memory (the Python cost alone)."""
@@ -439,6 +472,10 @@ def hit_path(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
                 run(300)  # connections, scripts, key names: warm, as in a service
             results[where] = paired_batches(bodies, rounds)
         results["over the wire"]["L1 hit (get_or_load)"] = _l1_hit(url)
+        batch_bodies = _batch_bodies(guard, default)
+        for run in batch_bodies.values():
+            run(BATCH_CALLS)
+        results[BATCH_SECTION] = paired_batches(batch_bodies, rounds, BATCH_CALLS)
     finally:
         observers.close()
         for observed in wired:
@@ -697,6 +734,31 @@ def _async_observed_bodies(metered: AsyncCacheGuard, traced: AsyncCacheGuard) ->
     }
 
 
+def _async_batch_bodies(guard: AsyncCacheGuard, default: Any) -> dict[str, Any]:
+    """:func:`_batch_bodies` on asyncio (the raw keys are set by the sync rows)."""
+    value = _menu_rows()
+    decode = _CODEC.decode
+
+    def load_many(names: list[str]) -> dict[str, Any]:
+        return dict.fromkeys(names, value)
+
+    async def singles() -> None:
+        for name in BATCH_NAMES:
+            await guard.get_or_load(name, lambda: value, ttl=3600)
+
+    async def mget() -> None:
+        [decode(raw) for raw in await default.mget(RAW_BATCH_KEYS)]
+
+    async def many() -> None:
+        await guard.get_or_load_many(BATCH_NAMES, load_many, ttl=3600)
+
+    return {
+        "20 x await get_or_load": singles,
+        "default client: one await MGET + 20 decodes": mget,
+        "await get_or_load_many (20 keys)": many,
+    }
+
+
 def _async_decoded(client: Any) -> Any:
     decode, get = _CODEC.decode, client.get
 
@@ -753,6 +815,10 @@ def async_hit_path(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
             for run in batches.values():
                 run(300)
             results[where] = paired_batches(batches, rounds)
+        batches = {name: batch(body) for name, body in _async_batch_bodies(guard, default).items()}
+        for run in batches.values():
+            run(BATCH_CALLS)
+        results[BATCH_SECTION] = paired_batches(batches, rounds, BATCH_CALLS)
     finally:
         observers.close()
         for observed in wired:
@@ -802,7 +868,10 @@ def _hit_report(endpoint: RedisEndpoint, args: argparse.Namespace) -> list[str]:
         "excluded. Metrics on: the guard instrumented by a `CacheMetrics`; tracing on: by "
         "`cacheguard.integrations.opentelemetry.instrument`, with an SDK `TracerProvider` "
         "whose batch processor hands the spans to an exporter that drops them. Then the same "
-        "with GET answered from memory (the Python cost alone):",
+        "with GET answered from memory (the Python cost alone); "
+        f"then {len(BATCH_NAMES)} warm keys read at once ({BATCH_CALLS}-call batches): "
+        "`get_or_load_many` (one pipeline) against 20 single hits and against one MGET "
+        "of 20 raw keys + their decodes, per batch of 20 keys:",
         "",
         *hit_table(sync, aio),
         "",

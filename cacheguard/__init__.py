@@ -22,6 +22,7 @@ from cacheguard.exceptions import (
     CacheGuardError,
     FillFailed,
     GuardClosed,
+    IncompleteLoad,
     KeyTemplateError,
     LockError,
     LockLostError,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from cacheguard.cache.default import use
     from cacheguard.cache.guard import MISSING, CacheGuard
     from cacheguard.cache.loader import CachedFunction, CacheLoader
+    from cacheguard.cache.many import cached_many_with_lock
     from cacheguard.cache.stats import CacheEvent, Stats
     from cacheguard.checks import Seconds
     from cacheguard.locks.local import LocalRWLock
@@ -63,6 +65,7 @@ __all__ = [
     "Codec",
     "FillFailed",
     "GuardClosed",
+    "IncompleteLoad",
     "JsonCodec",
     "KeyTemplateError",
     "LocalRWLock",
@@ -84,6 +87,7 @@ __all__ = [
     "WriteNotConfirmed",
     "WrongEventLoop",
     "__version__",
+    "cached_many_with_lock",
     "cached_with_lock",
     "use",
 ]
@@ -98,6 +102,7 @@ __getattr__, __dir__ = lazy_exports(
         "CacheLoader": "cacheguard.cache.loader",
         "CachedFunction": "cacheguard.cache.loader",
         "cached_with_lock": "cacheguard.cache.decorator",
+        "cached_many_with_lock": "cacheguard.cache.many",
         "use": "cacheguard.cache.default",
         "Codec": "cacheguard.cache.codec",
         "JsonCodec": "cacheguard.cache.codec",

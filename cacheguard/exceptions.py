@@ -15,6 +15,8 @@ catch the whole family at once::
     ├── SerializationError        a value could not be encoded (or a codec is misconfigured)
     ├── KeyTemplateError          a key template names a parameter the call does not have
     ├── FillFailed                another process's load kept failing while we waited
+    ├── IncompleteLoad            a batch loader left out names it was asked for
+    │                             (also a KeyError)
     ├── RecursiveLoadError        a loader asked for the very key it is loading
     ├── WrongEventLoop            an asyncio object used from a second event loop
     │                             (also a RuntimeError)
@@ -41,6 +43,7 @@ __all__ = [
     "CacheGuardError",
     "FillFailed",
     "GuardClosed",
+    "IncompleteLoad",
     "KeyTemplateError",
     "LockError",
     "LockLostError",
@@ -169,6 +172,23 @@ class FillFailed(CacheGuardError):
         )
         self.key = key
         self.attempts = attempts
+
+
+class IncompleteLoad(CacheGuardError, KeyError):
+    """A ``load_many`` given to ``get_or_load_many`` returned no value for some of
+    the names it was asked for (``missing``, in the order asked).
+
+    Nothing is cached for those names and their fills end (waiters elsewhere try
+    again); the names it did return are cached as usual. Return ``None`` for a
+    name that has no value: it is cached as any loader's None (``none_ttl``).
+    """
+
+    def __init__(self, missing: tuple[str, ...]) -> None:
+        super().__init__(f"load_many returned no value for {list(missing)!r}")
+        self.missing = missing
+
+    def __str__(self) -> str:  # KeyError's own would show the message's repr
+        return str(self.args[0])
 
 
 class RecursiveLoadError(CacheGuardError):

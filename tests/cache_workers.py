@@ -209,3 +209,67 @@ def wait_for_announced_fill(url: str, namespace: str, name: str, in_wait: Any) -
 
     value = guard.get_or_load(name, load, ttl=60)
     return {"value": value, "loads": len(loads)}
+
+
+def batch_worker(
+    url: str, namespace: str, kind: str, callers: int, names: list[str], start_at: float
+) -> list[dict[str, Any]]:
+    """``callers`` threads (``kind="sync"``) or tasks (``"async"``) each read a shuffled,
+    overlapping half of ``names`` or more with ``get_or_load_many``; every load of a
+    name counts itself in Redis."""
+    rng = random.Random(os.getpid())
+    orders = []
+    for _ in range(callers):
+        order = rng.sample(names, k=rng.randint(len(names) // 2, len(names)))
+        orders.append(order)
+
+    def loaded(client: Any, keys: list[str]) -> dict[str, Any]:
+        for key in keys:
+            client.incr(f"{namespace}:loads:{key}")
+        return {key: {"name": key} for key in keys}
+
+    if kind == "sync":
+        client = client_for(url)
+        guard = CacheGuard(client, namespace=namespace, lease=10, wait_timeout=30)
+        results: list[dict[str, Any]] = []
+        mutex = threading.Lock()
+
+        def run(index: int) -> None:
+            time.sleep(max(start_at - time.time(), 0))
+
+            def load_many(keys: list[str]) -> dict[str, Any]:
+                time.sleep(0.05)  # long enough for the others to find the keys busy
+                return loaded(client, keys)
+
+            got = guard.get_or_load_many(orders[index], load_many, ttl=60)
+            with mutex:
+                results.append(got)
+
+        run_threads(callers, run)
+        guard.close()
+        return results
+
+    import asyncio
+
+    from cacheguard.aio import AsyncCacheGuard
+
+    counter = client_for(url)
+
+    async def main() -> list[dict[str, Any]]:
+        # from_url: any deployment's URL (a cluster's too); closed with the guard
+        guard = AsyncCacheGuard.from_url(url, namespace=namespace, lease=10, wait_timeout=30)
+
+        async def load_many(keys: list[str]) -> dict[str, Any]:
+            await asyncio.sleep(0.05)
+            return loaded(counter, keys)
+
+        async def run(order: list[str]) -> dict[str, Any]:
+            await asyncio.sleep(max(start_at - time.time(), 0))
+            return await guard.get_or_load_many(order, load_many, ttl=60)
+
+        try:
+            return list(await asyncio.gather(*(run(order) for order in orders)))
+        finally:
+            await guard.aclose()
+
+    return asyncio.run(main())

@@ -88,6 +88,11 @@ class Guard:
     async def get_or_load(self, name: str, load: Callable[[], Any], **kwargs: Any) -> Any:
         return await self._call(self.guard.get_or_load, name, load, **kwargs)
 
+    async def get_or_load_many(
+        self, names: list[str], load_many: Callable[[list[str]], Any], **kwargs: Any
+    ) -> Any:
+        return await self._call(self.guard.get_or_load_many, names, load_many, **kwargs)
+
     async def peek(self, name: str) -> Any:
         return await self._call(self.guard.peek, name)
 

@@ -426,3 +426,67 @@ async def test_a_new_asyncio_cluster_client_with_no_node_answering_is_redis_down
             await guard.watermark()
     finally:
         await guard.aclose()
+
+
+async def test_a_batch_reads_its_hits_with_one_pipeline_per_node(
+    make: Make, redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    guard = make()
+    names = names_on_every_master(redis_cluster, cluster_ns) + [f"menu:x{i}" for i in range(9)]
+    asked: list[list[str]] = []
+
+    def load_many(keys: list[str]) -> dict[str, str]:
+        asked.append(keys)
+        return {key: f"value of {key}" for key in keys}
+
+    expected = {name: f"value of {name}" for name in names}
+    assert await guard.get_or_load_many(names, load_many, ttl=60) == expected
+    assert asked == [names]  # one load for the keys of every master
+
+    def gets_per_master() -> dict[int, int]:
+        counts = {}
+        for master in redis_cluster.masters():
+            with redis.Redis(port=master.port) as direct:
+                stats = direct.info("commandstats").get("cmdstat_get", {"calls": 0})
+                counts[master.port] = int(stats["calls"])
+        return counts
+
+    per_master: dict[int, int] = {}
+    for name in names:
+        port = redis_cluster.master_for_key(guard.keys(name).value).port
+        per_master[port] = per_master.get(port, 0) + 1
+    assert len(per_master) == 3
+    client = guard.guard.client
+    pipeline, sent = client.pipeline, []
+    client.pipeline = lambda **kwargs: sent.append(kwargs) or pipeline(**kwargs)
+    client.get = None  # no single GET may be sent
+    before = gets_per_master()
+    assert await guard.get_or_load_many(names, load_many, ttl=60) == expected
+    after = gets_per_master()
+    assert len(sent) == 1  # the client's pipeline sends one to each node
+    assert {port: after[port] - before[port] for port in after} == per_master
+    assert asked == [names]
+
+
+def test_overlapping_batches_across_processes_on_a_cluster_load_each_key_once(
+    redis_cluster: OwnedRedisCluster, cluster_ns: str
+) -> None:
+    """tests/test_batch.py's test of the name, on a cluster: keys on every master."""
+    names = [f"item:{i}" for i in range(24)]
+    masters = {redis_cluster.master_for_key(ResourceKeys(cluster_ns, n).value).port for n in names}
+    assert len(masters) == 3
+    start_at = time.time() + 2.0  # the children's imports done, they start together
+    runs = [
+        (cluster_url(redis_cluster), cluster_ns, kind, 3, names, start_at)
+        for kind in ("sync", "async", "sync")
+    ]
+    results = run_processes(cache_workers.batch_worker, runs, timeout=90)
+    for per_process in results:
+        for got in per_process:
+            assert got == {name: {"name": name} for name in got}
+    client = redis_cluster.client()
+    try:
+        loads = {name: int(client.get(f"{cluster_ns}:loads:{name}") or 0) for name in names}
+    finally:
+        client.close()
+    assert loads == dict.fromkeys(names, 1)

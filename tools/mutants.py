@@ -5050,6 +5050,118 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_shutdown.py::test_a_with_block_leaves_a_client_passed_in_open[async]",),
         within="AsyncCacheGuard.aclose",
     ),
+    # -- batch read-through (cache/flows/batch.py, batch_driver.py, many.py) -----------------
+    Mutant(
+        "batch-hits-one-round-trip",
+        "a batch reads all its names in one pipelined round trip, no GET per name (sync)",
+        "cacheguard/cache/batch_driver.py",
+        "return get_many_raw(self.client, [value_key(namespace, n) for n in step.names])",
+        "return [self.client.get(value_key(namespace, n)) for n in step.names]",
+        ("tests/test_batch.py::test_hits_come_in_one_round_trip_and_the_misses_in_one_load",),
+        within="BatchDriver.answer",
+    ),
+    Mutant(
+        "batch-hits-one-round-trip-async",
+        "a batch reads all its names in one pipelined round trip, no GET per name (asyncio)",
+        "cacheguard/cache/async_batch_driver.py",
+        "return await aget_many_raw(self.client, [value_key(namespace, n) for n in step.names])",
+        "return [await self.client.get(value_key(namespace, n)) for n in step.names]",
+        ("tests/test_batch.py::test_hits_come_in_one_round_trip_and_the_misses_in_one_load",),
+        within="AsyncBatchDriver.answer",
+    ),
+    Mutant(
+        "batch-judged-as-single-reads",
+        "a batch judges each reply as a single read does: a key of another type is a "
+        "corrupt entry, counted",
+        "cacheguard/cache/flows/batch.py",
+        "served, entry = judge_read(state, call, raw, l1_seen, ticket)",
+        "served, entry = judge_read(\n"
+        "            state, call, raw if raw.__class__ is bytes else None, l1_seen, ticket\n"
+        "        )",
+        ("tests/test_batch.py::test_entries_are_judged_as_single_reads_judge_them",),
+        within="_read_pending",
+    ),
+    Mutant(
+        "batch-l1-first",
+        "a batch serves what L1 keeps without reading Redis, as a single read does",
+        "cacheguard/cache/flows/batch.py",
+        "    if l1 is not None and not state.recovery.pending:",
+        "    if False:",
+        ("tests/test_batch.py::test_entries_are_judged_as_single_reads_judge_them",),
+        within="batch_read",
+    ),
+    Mutant(
+        "batch-double-checked-under-the-lock",
+        "a key filled between the batch's read and its fill's begin is served, not loaded again",
+        "cacheguard/cache/flows/batch.py",
+        "                refresh=False,\n",
+        "                refresh=True,\n",
+        (
+            "tests/test_batch.py::test_a_key_filled_between_the_batchs_read_and_its_lock_is_not_loaded",
+        ),
+        within="_fill_many",
+    ),
+    Mutant(
+        "batch-never-waits-holding-its-fills",
+        "a batch begins its fills without waiting: keys busy elsewhere (another filler, a "
+        "writer) are waited for only once its own fills ended, so overlapping batches never "
+        "wait for each other",
+        "cacheguard/cache/flows/batch.py",
+        "                background=True,  # never waits: busy elsewhere ends it at once\n",
+        "                background=False,\n",
+        (
+            "tests/test_batch.py::test_a_writer_holding_a_key_is_waited_for_while_the_other_keys_load",
+            "tests/test_batch.py::test_batches_with_overlapping_reversed_names_do_not_wait_for_each_other",
+        ),
+        within="_fill_many",
+    ),
+    Mutant(
+        "batch-failed-load-ends-every-fill",
+        "a load_many that raises ends every fill the batch began: no hold left, nothing cached",
+        "cacheguard/cache/flows/batch.py",
+        "                    yield from _end_failed(state, fill, exc)\n",
+        "                    pass\n",
+        ("tests/test_batch.py::test_a_failing_load_many_releases_every_lock_and_caches_nothing",),
+        within="_fill_many",
+    ),
+    Mutant(
+        "batch-left-out-name-not-cached",
+        "a name load_many left out is not cached and the call raises IncompleteLoad",
+        "cacheguard/cache/flows/batch.py",
+        "resume: Callable[[], Step] = functools.partial(flow.throw, incomplete)",
+        "resume: Callable[[], Step] = functools.partial(flow.send, (None, seconds, snapshot))",
+        ("tests/test_batch.py::test_a_name_left_out_by_load_many_raises_and_is_not_cached",),
+        within="_load_parked",
+    ),
+    Mutant(
+        "batch-outage-follows-on-backend-error",
+        "with Redis down a batch follows on_backend_error: raise refuses, bypass loads every "
+        "name in one load_many",
+        "cacheguard/cache/flows/batch.py",
+        "        state.refuse_bypass(call.name, exc, call.template, failure_counted=True)\n",
+        '        state.recorder.count("bypasses", call.name, 0.0, None, call.template)\n',
+        ("tests/test_batch.py::test_redis_down_bypasses_with_one_load_for_every_name",),
+        within="_bypass_all",
+    ),
+    Mutant(
+        "batch-stale-if-error",
+        "under stale_if_error a batch whose load_many fails is answered by the values this "
+        "process saw, as get_or_load is",
+        "cacheguard/cache/flows/batch.py",
+        "            _stale_if_error(state, pending, values, exc)\n",
+        "            raise\n",
+        ("tests/test_batch.py::test_stale_if_error_answers_a_failing_batch_with_the_values_seen",),
+        within="batch_read",
+    ),
+    Mutant(
+        "batch-decorated-invalidate",
+        "a function decorated with cached_many_with_lock invalidates the keys of the ids given",
+        "cacheguard/cache/many.py",
+        "            self.guard.invalidate(*keys, template=self.template)\n",
+        "            pass\n",
+        ("tests/test_batch.py::test_a_decorated_function_of_a_list_of_ids",),
+        within="CachedManyFunction.invalidate",
+    ),
 )
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -37,9 +38,12 @@ import redis.asyncio
 
 from cacheguard._loop import LoopBinding
 from cacheguard.cache import typed
+from cacheguard.cache.async_batch_driver import AsyncBatchDriver
 from cacheguard.cache.async_driver import Deferral, arun_load, drive_fill_async
+from cacheguard.cache.batch_driver import Batch, value_of
 from cacheguard.cache.driver import backend_down, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
+from cacheguard.cache.flows.batch import batch_read
 from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
@@ -303,6 +307,35 @@ class AsyncCacheGuard:
         finally:
             if trace is not None:
                 trace.end()
+
+    async def get_or_load_many(
+        self,
+        names: Iterable[str],
+        load_many: Callable[[list[str]], Any],
+        *,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
+        template: str | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`CacheGuard.get_or_load_many <cacheguard.CacheGuard.get_or_load_many>`,
+        awaited: ``load_many`` may be an ``async def`` (awaited) or a plain function."""
+        self._binding.check()
+        state = self._state
+
+        def load_one(name: str) -> Callable[[], Any]:
+            async def load() -> Any:
+                answer = load_many([name])
+                if inspect.isawaitable(answer):
+                    answer = await answer
+                return value_of(answer, name)
+
+            return load
+
+        batch = Batch(state, names, load_many, load_one, ttl, none_ttl, template)
+        if not batch.calls:
+            return {}
+        driver = AsyncBatchDriver(state, self.client, batch, self._run, self._answer)
+        return batch.result(await driver.drive(batch_read(state, batch.calls)))
 
     async def peek(
         self,

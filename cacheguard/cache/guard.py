@@ -19,7 +19,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -28,8 +28,10 @@ import redis
 
 from cacheguard._identity import enter_holder, leave_holder, on_fork_in_child
 from cacheguard.cache import typed
+from cacheguard.cache.batch_driver import Batch, BatchDriver, value_of
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
+from cacheguard.cache.flows.batch import batch_read
 from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
@@ -300,6 +302,37 @@ class CacheGuard:
         finally:
             if trace is not None:
                 trace.end()
+
+    def get_or_load_many(
+        self,
+        names: Iterable[str],
+        load_many: Callable[[list[str]], Mapping[str, T]],
+        *,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None = MISSING,
+        template: str | None = None,
+    ) -> dict[str, T]:
+        """The cached values of ``names`` (a dict in their order, duplicates once),
+        those missing loaded by one ``load_many(missing_names)`` call returning a
+        mapping name -> value.
+
+        Each name gets what :meth:`get_or_load` gives it (one load across
+        processes, version-checked stores, write locks respected); the hits come
+        in one round trip (one per node on a cluster). Names another caller is
+        filling are waited for once our own fills ended; where a single read would
+        load one of them, ``load_many`` is called for it alone. A name
+        ``load_many`` leaves out raises :class:`~cacheguard.IncompleteLoad` (nothing
+        cached for it; the names it returned are). See ``docs/batch.md``."""
+        state = self._state
+
+        def load_one(name: str) -> Callable[[], Any]:
+            return lambda: value_of(load_many([name]), name)
+
+        batch = Batch(state, names, load_many, load_one, ttl, none_ttl, template)
+        if not batch.calls:
+            return {}
+        driver = BatchDriver(state, self.client, batch, self._run, self._answer)
+        return batch.result(driver.drive(batch_read(state, batch.calls)))
 
     def peek(
         self,

@@ -74,6 +74,31 @@ class Loads:
                 trace.end()
             _LOADING.reset(token)
 
+    @contextmanager
+    def loading_many(
+        self, names: tuple[str, ...], template: str | None = None
+    ) -> Iterator[Callable[[], float]]:
+        """:meth:`loading` for one load of several names (a batch's ``load_many``):
+        all marked as being loaded, a load (or a load error) counted for each."""
+        token = _LOADING.set(_LOADING.get() | {(id(self), name) for name in names})
+        start = self._timer()
+        try:
+            yield lambda: self._timer() - start
+        except BaseException as exc:
+            for name in names:
+                self._stats.count("load_errors", name, self._timer() - start, exc, template)
+            if isinstance(exc, Exception) and (
+                not isinstance(exc, CacheGuardError) or isinstance(exc, BackendUnavailable)
+            ):
+                mark_from_loader(exc)
+            raise
+        else:
+            seconds = self._timer() - start
+            for name in names:
+                self._stats.count("loads", name, seconds, None, template)
+        finally:
+            _LOADING.reset(token)
+
     def run(
         self, name: str, load: Callable[[], Any], template: str | None = None
     ) -> tuple[Any, float]:

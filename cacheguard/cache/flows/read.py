@@ -264,10 +264,13 @@ def valid_for_all() -> int:
     return VALID_FOR_ALL
 
 
-def read(state: GuardState, call: Read) -> Generator[ReadStep, Any, Any]:
+def read(
+    state: GuardState, call: Read, since: float | None = None
+) -> Generator[ReadStep, Any, Any]:
     """The flow of ``get_or_load``: :func:`read_flow`, answered by the last value
-    seen instead of an error under ``stale_if_error``."""
-    flow = read_flow(state, call)
+    seen instead of an error under ``stale_if_error``. ``since``: when the call
+    began, if before now (a batch's names read one by one share its wait budget)."""
+    flow = read_flow(state, call, since=since)
     if state.settings.stale_if_error:
         return stale_if_error(state, flow, call)
     return flow
@@ -292,11 +295,14 @@ def stale_if_error(
 
 
 def read_flow(
-    state: GuardState, call: Read, led: tuple[Flight, float, Sent] | None = None
+    state: GuardState,
+    call: Read,
+    led: tuple[Flight, float, Sent] | None = None,
+    since: float | None = None,
 ) -> Generator[ReadStep, Any, Any]:
     """``get_or_load``: the cached value of the call's key, loaded once if missing.
     ``led``: the flight a driver's hit path leads, when its call began, and the GET
-    it sent; the flow goes on from that GET's answer."""
+    it sent; the flow goes on from that GET's answer. ``since``: see :func:`read`."""
     name, template = call.name, call.template
     if led is not None:
         flight, start, sent = led
@@ -308,7 +314,7 @@ def read_flow(
             if kept is not ABSENT:
                 state.recorder.count("l1_hits", name, 0.0, None, template)
                 return kept
-        start = state.timer()
+        start = state.timer() if since is None else since
         while True:  # bounded: every pass waits on a leader that was already running
             flight, leader, joined = state.flights.join(name, start)
             if leader:
