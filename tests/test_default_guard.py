@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 import cacheguard
 from cacheguard import CacheGuard, NoDefaultGuard, cached_with_lock
 from cacheguard.aio import AsyncCacheGuard
-from cacheguard.cache.default import Installed, installed
+from cacheguard.cache.default import Installed, _installed, installed
 
 loaded: list[Any] = []
 
@@ -91,13 +91,35 @@ def test_use_replaces_and_puts_back(redis_url: str, namespace: str) -> None:
             menu_of(1)  # the first again: a hit
             assert loaded == [("sync", 1), ("sync", 1)]
             inner = cacheguard.use(second)
-            outer.restore()  # replaced since: the newer installation stands
+            outer.restore()  # ended under a newer one: the newer stands
             assert installed("sync") is second
             inner.restore()
-            assert installed("sync") is first
+            with pytest.raises(NoDefaultGuard):  # both ended: none is left
+                installed("sync")
+            # Installations ending out of order: the newest still in force is the default.
+            with CacheGuard.from_url(redis_url, namespace=f"{namespace}-3") as third:
+                a, b, c = cacheguard.use(first), cacheguard.use(second), cacheguard.use(third)
+                b.restore()
+                assert installed("sync") is third
+                c.restore()
+                assert installed("sync") is first  # a's, not b's (b ended first)
+                a.restore()
         finally:
             outer.restore()
             second.invalidate("menu:1")
+
+
+def test_installations_of_closed_guards_do_not_pile_up(redis_url: str, namespace: str) -> None:
+    installs = []
+    for _ in range(5):  # an app that installs a new guard on every start, never ending any
+        guard = CacheGuard.from_url(redis_url, namespace=namespace)
+        installs.append(cacheguard.use(guard))
+        guard.close()
+    assert len(_installed["sync"]) == 1  # only the newest, closed: the others were dropped
+    with pytest.raises(NoDefaultGuard, match="closed"):
+        menu_of(1)
+    installs[-1].restore()
+    assert not hasattr(menu_of.guard, "__wrapped__")  # introspection: AttributeError
 
 
 def test_a_closed_default_guard_is_refused_clearly(redis_url: str, namespace: str) -> None:

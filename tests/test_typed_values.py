@@ -11,15 +11,25 @@ import dataclasses
 import datetime as dt
 import decimal
 import enum
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import msgspec
 import pydantic
 import pytest
 
-from cacheguard import MISSING, CacheGuard, CacheLoader, SerializationError, cached_with_lock
+from cacheguard import (
+    MISSING,
+    CacheGuard,
+    CacheLoader,
+    JsonCodec,
+    PickleCodec,
+    SerializationError,
+    cached_with_lock,
+)
 from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader
 from cacheguard.codecs import (
     DataclassValues,
@@ -253,6 +263,9 @@ def test_an_entry_stored_before_its_type_changed_is_loaded_again(
             7, "Lunch"
         )
         assert loads == ["v2"]  # then a hit
+        stats = guard.stats()
+        # the old data was a miss (counted as an entry that does not decode), never served
+        assert (stats.corrupt_entries, stats.l2_hits) == (1, 1)
 
     _run(kind, redis_url, namespace, test)
 
@@ -341,3 +354,169 @@ def test_a_loader_returning_another_type_fails_and_caches_nothing(
         assert guard.peek_entry("wrong") is None  # nothing stored
     with pytest.raises(TypeError, match="Opaque"):
         CacheLoader(guard, key="o", load=Opaque, ttl=60, type=Opaque)
+
+
+@dataclasses.dataclass
+class Shape:
+    a: int
+    b: int  # a field the stored entries below do not have
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_readers_of_an_entry_stored_before_its_type_changed_load_it_once(
+    kind: str, redis_url: str, namespace: str
+) -> None:
+    # After a deploy that changed a type, every hot key holds data of the old shape:
+    # the readers must not each load it (one load, the others wait for it, as for
+    # any miss), in one process and across guards (processes).
+    loads: list[int] = []
+
+    def load() -> Shape:
+        loads.append(1)
+        threading.Event().wait(0.05)  # a database query: the others arrive meanwhile
+        return Shape(1, 2)
+
+    with CacheGuard.from_url(redis_url, namespace=namespace) as old:
+        old.get_or_load("shape", lambda: {"a": 1}, ttl=60)  # the old shape, stored
+
+    async def main() -> list[Any]:
+        if kind == "sync":
+            guards = [CacheGuard.from_url(redis_url, namespace=namespace) for _ in range(2)]
+            try:
+                calls = [
+                    asyncio.to_thread(guards[i % 2].get_or_load, "shape", load, ttl=60, type=Shape)
+                    for i in range(20)
+                ]
+                return list(await asyncio.gather(*calls))
+            finally:
+                for guard in guards:
+                    guard.close()
+        aguards = [AsyncCacheGuard.from_url(redis_url, namespace=namespace) for _ in range(2)]
+        try:
+            return list(
+                await asyncio.gather(
+                    *(
+                        aguards[i % 2].get_or_load("shape", load, ttl=60, type=Shape)
+                        for i in range(20)
+                    )
+                )
+            )
+        finally:
+            for aguard in aguards:
+                await aguard.aclose()
+
+    assert asyncio.run(main()) == [Shape(1, 2)] * 20
+    assert loads == [1]  # filled once, as any miss
+
+
+class Size(enum.Enum):
+    SMALL = (1, 2)  # a value no codec keeps as it is
+
+
+@dataclasses.dataclass
+class WithInitVar:
+    a: int
+    scale: dataclasses.InitVar[int]
+
+
+@dataclasses.dataclass
+class Report:
+    path: Path  # no family handles a Path: a pickling guard keeps it as it is
+
+
+def test_types_whose_values_would_not_come_back_are_refused_when_given() -> None:
+    with pytest.raises(TypeError, match="enum is stored by its value"):
+        value_type(Size)
+    with pytest.raises(TypeError, match="InitVar 'scale' has no default"):
+        value_type(WithInitVar)
+    assert value_type(bool | str).dump(True) is True  # a bool where the union has bool
+    assert value_type(bool | str).load("x") == "x"
+    with pytest.raises(SerializationError):
+        value_type(int | str).dump(True)
+
+
+def test_int_keys_come_back_from_the_json_codec(redis_url: str, namespace: str) -> None:
+    loads: list[int] = []
+
+    def load() -> dict[int, str]:
+        loads.append(1)
+        return {1: "a", 2: "b"}
+
+    with CacheGuard.from_url(redis_url, namespace=namespace, codec=JsonCodec()) as guard:
+        for _ in range(3):
+            assert guard.get_or_load("ints", load, ttl=60, type=dict[int, str]) == {1: "a", 2: "b"}
+        assert loads == [1]  # JSON made the keys strings: read back as ints, a hit
+        assert guard.stats().corrupt_entries == 0
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [MenuModel | None, MenuStruct | None, Menu | None],
+    ids=["pydantic", "msgspec", "dataclass"],
+)
+def test_none_keeps_none_ttl_in_every_family(
+    annotation: Any, redis_url: str, namespace: str
+) -> None:
+    loads: list[int] = []
+
+    def load() -> None:
+        loads.append(1)
+
+    with CacheGuard.from_url(redis_url, namespace=namespace) as guard:
+        for _ in range(2):
+            assert guard.get_or_load("none", load, ttl=60, none_ttl=None, type=annotation) is None
+        assert loads == [1, 1]  # none_ttl=None: a None is never cached
+        assert guard.get_or_load("kept", load, ttl=60, none_ttl=30, type=annotation) is None
+        assert guard.peek("kept") is None  # stored as None, not as the JSON "null"
+
+
+def test_decorators_infer_only_what_a_family_handles_and_type_false_opts_out(
+    redis_url: str, namespace: str
+) -> None:
+    with CacheGuard.from_url(
+        redis_url, namespace=namespace, codec=PickleCodec(hmac_key=b"k" * 32)
+    ) as pickling:
+
+        @cached_with_lock(pickling, key="report", ttl=60)
+        def report() -> Report:
+            return Report(Path("/tmp/x"))
+
+        assert report() == report() == Report(Path("/tmp/x"))  # pickled, as before
+
+        @cached_with_lock(pickling, key="dish", ttl=60)
+        def dish() -> Dish:
+            return Dish("Soup", decimal.Decimal(1))
+
+        assert dish() == dish()
+        assert isinstance(pickling.peek("dish"), Dish)  # a pickling guard keeps the type
+
+    with CacheGuard.from_url(redis_url, namespace=namespace) as plain:
+
+        @cached_with_lock(plain, key="report", ttl=60)
+        def report_as_it_is() -> Report:
+            return Report(Path("/tmp/x"))
+
+        with pytest.raises(SerializationError, match="msgpack"):  # the codec's, as before
+            report_as_it_is()
+
+    with CacheGuard.from_url(redis_url, namespace=namespace) as guard:
+
+        @cached_with_lock(guard, key="annotated", ttl=60)
+        def annotated() -> MenuModel:
+            return {"id": 1}  # type: ignore[return-value]
+
+        with pytest.raises(SerializationError, match="pass type=False"):
+            annotated()
+
+        @cached_with_lock(guard, key="as-it-is", ttl=60, type=False)
+        def as_it_is() -> MenuModel:
+            return {"id": 1}  # type: ignore[return-value]
+
+        assert as_it_is() == as_it_is() == {"id": 1}
+
+        @cached_with_lock(guard, key="unhandled", ttl=60)
+        def unhandled() -> list[Size]:
+            return [Size.SMALL]
+
+        with pytest.raises(SerializationError):  # no family: the codec's own refusal
+            unhandled()

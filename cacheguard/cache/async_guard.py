@@ -275,12 +275,24 @@ class AsyncCacheGuard:
             return await typed.aget_or_load(
                 self, value_type(type), name, load, ttl=ttl, none_ttl=none_ttl, template=template
             )
+        return await self._get_or_load(name, load, ttl, none_ttl, template, None)
+
+    async def _get_or_load(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None,
+        template: str | None,
+        fits: Callable[[Any], bool] | None,
+    ) -> Any:
+        """:meth:`get_or_load`; ``fits`` as for :meth:`CacheGuard._get_or_load`."""
         self._binding.check()
         # template: labels the call's events (see CacheGuard.get_or_load)
         name = self._state.key_name(name)
         state = self._state  # a local: the hit path reads it often
         # Checked before the hit path leads the key's flight: a refusal leaves none open.
-        call = read_call(state, name, load, ttl, none_ttl, template)
+        call = read_call(state, name, load, ttl, none_ttl, template, fits)
         # Traced as CacheGuard.get_or_load is: in this task's context, so spans the
         # caller has current are the call's parents.
         tracer = state.tracer

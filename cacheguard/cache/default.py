@@ -44,7 +44,8 @@ Driver = Literal["sync", "asyncio"]
 _ASYNC_GUARD = "cacheguard.cache.async_guard"
 
 _GUARD_CLASS = {"sync": "CacheGuard", "asyncio": "AsyncCacheGuard"}
-_installed: dict[Driver, Any] = {}
+# Per driver, the installations in force, the newest last: the default is the newest.
+_installed: dict[Driver, list[Installed]] = {"sync": [], "asyncio": []}
 
 
 def _driver_of(guard: object) -> Driver:
@@ -57,21 +58,18 @@ def _driver_of(guard: object) -> Driver:
 
 
 class Installed:
-    """What :func:`use` did: :meth:`restore` (or leaving its ``with`` block) puts
-    back the guard installed before, unless another was installed since."""
+    """What :func:`use` did: :meth:`restore` (or leaving its ``with`` block) ends
+    this installation; the default is then the newest one still in force, whatever
+    order installations end in."""
 
-    def __init__(self, driver: Driver, guard: Any, previous: Any) -> None:
+    def __init__(self, driver: Driver, guard: Any) -> None:
         self.driver = driver
         self.guard = guard
-        self.previous = previous
 
     def restore(self) -> None:
-        if _installed.get(self.driver) is not self.guard:
-            return  # replaced since: the newer installation stands
-        if self.previous is None:
-            del _installed[self.driver]
-        else:
-            _installed[self.driver] = self.previous
+        installations = _installed[self.driver]
+        if self in installations:
+            installations.remove(self)
 
     def __enter__(self) -> Installed:
         return self
@@ -87,20 +85,29 @@ class Installed:
 
 def use(guard: CacheGuard | AsyncCacheGuard) -> Installed:
     """Install ``guard`` as the default guard of its driver (sync or asyncio) for
-    every function decorated without a guard, replacing the one installed before.
-    Returns an :class:`Installed`: a context manager that puts the previous one back."""
+    every function decorated without a guard, in front of the one installed before.
+    Returns an :class:`Installed`: a context manager that ends this installation.
+    Installations of closed guards are dropped as a new one comes (an app that
+    installs a new guard on every start, never ending the old, keeps none of them)."""
     driver = _driver_of(guard)
-    previous = _installed.get(driver)
-    _installed[driver] = guard
-    return Installed(driver, guard, previous)
+    installation = Installed(driver, guard)
+    installations = _installed[driver]
+    installations[:] = [i for i in installations if not i.guard._state.closed]
+    installations.append(installation)
+    return installation
+
+
+def _newest(driver: Driver) -> Any:
+    installations = _installed[driver]
+    return installations[-1].guard if installations else None
 
 
 def installed(driver: Driver) -> Any:
     """The default guard of ``driver``; :class:`NoDefaultGuard` if none is
     installed or the installed one was closed."""
-    guard = _installed.get(driver)
+    guard = _newest(driver)
     if guard is None:
-        other = _installed.get("asyncio" if driver == "sync" else "sync")
+        other = _newest("asyncio" if driver == "sync" else "sync")
         hint = (
             f" (an {type(other).__name__} is: it serves "
             f"{'async def functions' if driver == 'sync' else 'plain functions'})"
@@ -130,6 +137,8 @@ class DefaultGuard:
         self.driver: Driver = driver
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # introspection (hasattr, copy, inspect) asks for dunders
+            raise AttributeError(name)
         return getattr(installed(self.driver), name)
 
     def __repr__(self) -> str:

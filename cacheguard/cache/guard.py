@@ -272,17 +272,30 @@ class CacheGuard:
             return typed.get_or_load(  # type: ignore[no-any-return]
                 self, value_type(type), name, load, ttl=ttl, none_ttl=none_ttl, template=template
             )
+        return self._get_or_load(name, load, ttl, none_ttl, template, None)  # type: ignore[no-any-return]
+
+    def _get_or_load(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None,
+        template: str | None,
+        fits: Callable[[Any], bool] | None,
+    ) -> Any:
+        """:meth:`get_or_load`; ``fits``: a typed read's check of stored values
+        (cache/typed.py: one that does not fit is a miss, filled once)."""
         name = self._state.key_name(name)
         state = self._state  # a local: the hit path reads it often
         # Checked before the hit path leads the key's flight: a refusal leaves none open.
-        call = read_call(state, name, load, ttl, none_ttl, template)
+        call = read_call(state, name, load, ttl, none_ttl, template, fits)
         # Traced (cache/tracing.py) around the whole call; untraced, two None checks.
         tracer = state.tracer
         trace = None if tracer is None else tracer.begin("get_or_load", template)
         try:
             lead = hit_lead(state, call)
             if lead is None:
-                return self._run(read(state, call), name)  # type: ignore[no-any-return]
+                return self._run(read(state, call), name)
             # The hit path (see cache/flows/read.py): the leader's GET without the flow,
             # which goes on from its answer unless that is a value to serve at once.
             direct, client = state.direct_get, self.client
@@ -293,8 +306,8 @@ class CacheGuard:
                 raw, error = lookup_failed(name, exc)
             value, rest = hit(state, call, lead, raw, error)
             if rest is None:
-                return value  # type: ignore[no-any-return]
-            return self._run(rest, name)  # type: ignore[no-any-return]
+                return value
+            return self._run(rest, name)
         except BaseException as exc:
             if trace is not None:
                 trace.failed(exc)

@@ -120,14 +120,18 @@ class KeyedLoader(Generic[P, R]):
         # The values' type: given, or (a decorator) read from the return annotation at
         # the first call, when every name it uses is defined.
         self._values: ValueType | Unresolved | None = (
-            value_type(type) if type is not None else UNRESOLVED if infer_type else None
+            None
+            if type is False or (type is None and not infer_type)  # False: values as they are
+            else UNRESOLVED
+            if type is None
+            else value_type(type)
         )
 
     def _value_type(self) -> ValueType | None:
         """The values' type, the return annotation's read once (see __init__)."""
         values = self._values
         if isinstance(values, Unresolved):
-            values = self._values = typed.return_value_type(self.load)
+            values = self._values = typed.return_value_type(self.load, self.guard.settings.codec)
         return values
 
     def __reduce__(self) -> tuple[Any, ...]:

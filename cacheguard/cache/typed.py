@@ -3,9 +3,10 @@
 The cache holds what the value type's ``dump`` made of a loaded value: plain data
 its codec stores. A read gets plain data back from the guard, as any read does
 (a hit, a load, a wait for another process's load, a stale or a bypass value), and
-the value type makes the typed value of it. Data that no longer fits the type (an
-entry stored before the type changed) is not served: the key is loaded again,
-under its locks as ``refresh`` does, and stored over it.
+the value type makes the typed value of it. The read checks every stored value it
+finds against the type (``Read.fits``): data that no longer fits (an entry stored
+before the type changed) is a miss, counted as a corrupt entry, and the key is
+filled once across processes as any miss is.
 
 The sync functions take a :class:`~cacheguard.CacheGuard`, the ``a``-prefixed ones
 an :class:`~cacheguard.aio.AsyncCacheGuard`; both take the value type, made once by
@@ -35,24 +36,59 @@ __all__ = [
 ]
 
 
-def return_value_type(func: Callable[..., Any]) -> ValueType | None:
+def return_value_type(func: Callable[..., Any], codec: object) -> ValueType | None:
     """The value type of ``func``'s return annotation (an ``async def``'s: what it
     returns when awaited) if it names a dataclass, a pydantic model or a msgspec
-    Struct; None otherwise, or when the annotation cannot be resolved (then values
-    go to the codec as they are, as without an annotation)."""
+    Struct that a family handles. None, and values go to the codec as they are, as
+    without an annotation, when it names none, cannot be resolved (a name only a
+    type checker sees), names a type no family handles (a dataclass with a Path
+    field), or when the guard pickles (PickleCodec keeps every type as it is)."""
+    from cacheguard.cache.codec import PickleCodec  # noqa: PLC0415
     from cacheguard.codecs import value_type  # noqa: PLC0415  (only for annotated functions)
 
+    if isinstance(codec, PickleCodec):
+        return None
     try:
         annotation = typing.get_type_hints(func, include_extras=True).get("return")
     except Exception:  # a name only a type checker sees (TYPE_CHECKING), a bad string
         return None
     if annotation is None or not names_a_family(annotation):
         return None
-    return value_type(annotation)
+    try:
+        return value_type(annotation)
+    except TypeError:  # no family handles it: as before typed values, as it is
+        return None
 
 
 def _dumping(values: ValueType, load: Callable[[], Any]) -> Callable[[], Any]:
     return lambda: values.dump(load())
+
+
+class _Fits:
+    """A typed read's check of stored values (``Read.fits``): converts them, and
+    keeps the last conversion so the value served is not converted twice."""
+
+    __slots__ = ("data", "value", "values")
+
+    def __init__(self, values: ValueType) -> None:
+        self.values = values
+        self.data: Any = _NOTHING
+        self.value: Any = None
+
+    def __call__(self, data: Any) -> bool:
+        try:
+            self.value = self.values.load(data)
+        except ValueError:
+            return False
+        self.data = data
+        return True
+
+    def load(self, data: Any) -> Any:
+        """``data`` as the type: the checked conversion when it is the data checked."""
+        return self.value if data is self.data else self.values.load(data)
+
+
+_NOTHING = object()
 
 
 def get_or_load(
@@ -65,12 +101,14 @@ def get_or_load(
     none_ttl: Seconds | Missing | None,
     template: str | None,
 ) -> Any:
-    """``guard.get_or_load`` of a typed value."""
+    """``guard.get_or_load`` of a typed value: stored data that does not fit the type
+    is a miss inside the read (filled once across processes, as a corrupt entry is)."""
     dumped = _dumping(values, load)
-    data = guard.get_or_load(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
+    fits = _Fits(values)
+    data = guard._get_or_load(name, dumped, ttl, none_ttl, template, fits)
     try:
-        return values.load(data)
-    except ValueError:  # stored before the type changed: not served, loaded again
+        return fits.load(data)
+    except ValueError:  # shared by an untyped read of the key in this process: load again
         data = guard.refresh(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
         return values.load(data)
 
@@ -122,12 +160,13 @@ async def aget_or_load(
     none_ttl: Seconds | Missing | None,
     template: str | None,
 ) -> Any:
-    """``await guard.get_or_load`` of a typed value."""
+    """``await guard.get_or_load`` of a typed value (see :func:`get_or_load`)."""
     dumped = _adumping(values, load)
-    data = await guard.get_or_load(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
+    fits = _Fits(values)
+    data = await guard._get_or_load(name, dumped, ttl, none_ttl, template, fits)
     try:
-        return values.load(data)
-    except ValueError:  # stored before the type changed: not served, loaded again
+        return fits.load(data)
+    except ValueError:  # shared by an untyped read of the key in this process: load again
         data = await guard.refresh(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
         return values.load(data)
 

@@ -132,18 +132,25 @@ class PydanticValues:
 
         self.annotation = annotation
         self._adapter = pydantic.TypeAdapter(annotation)
+        try:  # a None stays None (the guard's none_ttl applies to it)
+            self._adapter.validate_python(None)
+            self._nullable = True
+        except pydantic.ValidationError:
+            self._nullable = False
 
     def dump(self, value: Any) -> Any:
         import pydantic_core  # noqa: PLC0415
 
+        if value is None and self._nullable:
+            return None
         try:
             return self._adapter.dump_json(value, warnings="error").decode()
         except pydantic_core.PydanticSerializationError as exc:
-            raise SerializationError(
-                f"cannot store {value!r:.80} as {_name(self.annotation)}: {exc}"
-            ) from exc
+            raise SerializationError(_not_of_the_type(value, self.annotation, exc)) from exc
 
     def load(self, data: Any) -> Any:
+        if data is None and self._nullable:
+            return None
         if not isinstance(data, str):
             raise ValueError(
                 f"not pydantic JSON of {_name(self.annotation)}: {type(data).__name__}"
@@ -161,16 +168,23 @@ class MsgspecValues:
         self.annotation = annotation
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(annotation)
+        try:  # a None stays None (the guard's none_ttl applies to it)
+            msgspec.convert(None, annotation)
+            self._nullable = True
+        except msgspec.ValidationError:
+            self._nullable = False
 
     def dump(self, value: Any) -> Any:
+        if value is None and self._nullable:
+            return None
         try:
             return self._encoder.encode(value).decode()
         except (TypeError, ValueError) as exc:
-            raise SerializationError(
-                f"cannot store {value!r:.80} as {_name(self.annotation)}: {exc}"
-            ) from exc
+            raise SerializationError(_not_of_the_type(value, self.annotation, exc)) from exc
 
     def load(self, data: Any) -> Any:
+        if data is None and self._nullable:
+            return None
         if not isinstance(data, str):
             raise ValueError(f"not the JSON of {_name(self.annotation)}: {type(data).__name__}")
         return self._decoder.decode(data)  # msgspec.ValidationError is a ValueError
@@ -195,9 +209,7 @@ class DataclassValues:
         try:
             return self._dump(value)
         except ValueError as exc:
-            raise SerializationError(
-                f"cannot store {value!r:.80} as {_name(self.annotation)}: {exc}"
-            ) from exc
+            raise SerializationError(_not_of_the_type(value, self.annotation, exc)) from exc
 
     def load(self, data: Any) -> Any:
         return self._load(data)
@@ -240,6 +252,14 @@ def _converters(annotation: Any, seen: Seen) -> tuple[Convert, Convert]:
     )
 
 
+def _not_of_the_type(value: Any, annotation: Any, exc: BaseException) -> str:
+    return (
+        f"cannot store {value!r:.80} as {_name(annotation)}: {exc} (a decorated "
+        "function's return annotation names the type: fix it, or pass type=False to "
+        "store the values as they are)"
+    )
+
+
 def _name(annotation: Any) -> str:
     return getattr(annotation, "__qualname__", None) or repr(annotation)
 
@@ -248,9 +268,11 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _checked(kind: type) -> Convert:
+def _checked(kind: type | tuple[type, ...]) -> Convert:
+    bools = kind is bool or (isinstance(kind, tuple) and bool in kind)
+
     def check(value: Any) -> Any:
-        if isinstance(value, bool) and kind is not bool:  # a bool is an int, not for us
+        if isinstance(value, bool) and not bools:  # a bool is an int, not for us
             raise _mismatch(kind, value)
         if not isinstance(value, kind):
             raise _mismatch(kind, value)
@@ -281,6 +303,12 @@ def _literal(allowed: tuple[Any, ...]) -> Convert:
 
 
 def _enum(kind: type[enum.Enum]) -> tuple[Convert, Convert]:
+    if not all(isinstance(member.value, (str, int, float, _NONE)) for member in kind):
+        raise TypeError(
+            f"cacheguard cannot cache values of type {_name(kind)}: an enum is stored by "
+            "its value, and its values are not all str, int, float or None"
+        )
+
     def dump(value: Any) -> Any:
         if not isinstance(value, kind):
             raise _mismatch(kind, value)
@@ -295,7 +323,7 @@ def _union(annotation: Any, arguments: tuple[Any, ...], seen: Seen) -> tuple[Con
     if len(others) == 1:
         dump_one, load_one = _converters(others[0], seen)
     elif all(isinstance(other, type) and other in _SCALARS for other in others):
-        dump_one = load_one = _checked(tuple(others))  # type: ignore[arg-type]
+        dump_one = load_one = _checked(tuple(others))
     else:
         raise TypeError(
             f"cacheguard cannot cache values of type {annotation!r}: a union of several "
@@ -319,6 +347,16 @@ def _dataclass(kind: type, seen: Seen) -> tuple[Convert, Convert]:
         hints = typing.get_type_hints(kind)
     except (NameError, TypeError) as exc:
         raise TypeError(f"cannot read the annotations of {_name(kind)}: {exc}") from exc
+    for extra in getattr(kind, "__dataclass_fields__", {}).values():
+        if (
+            extra._field_type is dataclasses._FIELD_INITVAR  # type: ignore[attr-defined]
+            and extra.default is dataclasses.MISSING
+            and extra.default_factory is dataclasses.MISSING
+        ):
+            raise TypeError(
+                f"cacheguard cannot cache values of type {_name(kind)}: its InitVar "
+                f"{extra.name!r} has no default, and is not stored (it is no field)"
+            )
     fields = [f for f in dataclasses.fields(kind) if f.init]
     converters = {f.name: _converters(hints.get(f.name, Any), seen) for f in fields}
     dumps = [
@@ -397,6 +435,8 @@ def _tuple(arguments: tuple[Any, ...], seen: Seen) -> tuple[Convert, Convert]:
 
 def _dict(key: Any, item: Any, seen: Seen) -> tuple[Convert, Convert]:
     dump_key, load_key = _converters(key, seen)
+    if key in (int, float):  # JSON stores every key as a string: read it back as one
+        load_key = _number_key(key, load_key)
     dump_item, load_item = _converters(item, seen)
 
     def dump(value: Any) -> Any:
@@ -410,3 +450,15 @@ def _dict(key: Any, item: Any, seen: Seen) -> tuple[Convert, Convert]:
         return {load_key(k): load_item(v) for k, v in data.items()}
 
     return dump, load
+
+
+def _number_key(kind: type, load: Convert) -> Convert:
+    def key(value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return kind(value)
+            except ValueError:
+                raise _mismatch(kind, value) from None
+        return load(value)
+
+    return key

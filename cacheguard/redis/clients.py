@@ -394,12 +394,12 @@ async def _send(connection: Any, packed: list[bytes]) -> None:
     ``send_packed_command`` does: a write that outlasts the socket timeout is a
     :class:`redis.TimeoutError`, a broken socket a :class:`redis.ConnectionError`,
     the connection dropped either way."""
-    writer = getattr(connection, "_writer", None)
-    if writer is None:  # not redis-py's stream connection: its own send
+    if getattr(connection, "_writer", None) is None:  # not redis-py's stream connection
         await connection.send_packed_command(packed)
         return
     if connection.health_check_interval:  # asked for in the URL: a PING when due
         await connection.check_health()
+    writer = connection._writer  # read after the health check (it may reconnect)
     try:
         writer.writelines(packed)
         if writer.transport.get_write_buffer_size():  # the kernel did not take it all

@@ -137,7 +137,7 @@ class Read:
     """One read of one key (``get_or_load``, ``refresh``): what its flow, and every
     step that runs its loader, need to know. Made by :func:`read_call`."""
 
-    __slots__ = ("load", "name", "none_ttl", "template", "ttl")
+    __slots__ = ("fits", "load", "name", "none_ttl", "template", "ttl")
 
     def __init__(
         self,
@@ -146,12 +146,16 @@ class Read:
         ttl: float,
         none_ttl: float | Missing | None,
         template: str | None,
+        fits: Callable[[Any], bool] | None = None,
     ) -> None:
         self.name = name
         self.load = load
         self.ttl = ttl
         self.none_ttl = none_ttl
         self.template = template  # labels the call's events (see cache/stats.py)
+        # A typed read's check of a stored value (cache/typed.py): one that does not
+        # fit the type read is a miss, as bytes that do not decode are.
+        self.fits = fits
 
     def __repr__(self) -> str:
         return f"Read({self.name!r}, ttl={self.ttl!r})"
@@ -164,16 +168,17 @@ def read_call(
     ttl: Seconds,
     none_ttl: Seconds | Missing | None,
     template: str | None = None,
+    fits: Callable[[Any], bool] | None = None,
 ) -> Read:
     """The record of a read of ``name`` (already checked), its lifetimes checked and
     made seconds (a timedelta too): ``ttl``, and ``none_ttl`` unless MISSING (the
-    setting's) or None (never cached)."""
+    setting's) or None (never cached). ``fits``: see :class:`Read`."""
     lifetime = (
         none_ttl
         if isinstance(none_ttl, Missing) or none_ttl is None
         else check_positive("none_ttl", none_ttl)
     )
-    return Read(name, load, state.checked_ttl(ttl), lifetime, template)
+    return Read(name, load, state.checked_ttl(ttl), lifetime, template, fits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,7 +437,7 @@ def hit(
     name = call.name
     try:
         entry = hit_entry(state, name, raw, error)
-        if entry is not None:
+        if entry is not None and (call.fits is None or call.fits(entry.value)):
             now = state.server_clock.now()
             verdict = judge(entry, now, state.settings, state.rng)
             if verdict != MISS:
@@ -744,7 +749,7 @@ def judge_read(
     the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
     past its expiry for the stale policy). ``seen_ticket``: :meth:`GuardState.seen_ticket`,
     taken before the GET."""
-    entry = state.decode(call.name, raw, template=call.template)
+    entry = state.decode(call.name, raw, template=call.template, fits=call.fits)
     if entry is None:
         return False, None
     now = state.server_clock.now()
@@ -843,8 +848,8 @@ def fill_job(state: GuardState, call: Read, lock: Lock) -> FillJob:
         saw_server_clock=state.server_clock.sample,
         rng=state.rng,
         count=functools.partial(state.recorder.count, template=template),
-        decode=functools.partial(state.decode, name, template=template),
-        decode_quiet=functools.partial(state.decode, name, count=False),
+        decode=functools.partial(state.decode, name, template=template, fits=call.fits),
+        decode_quiet=functools.partial(state.decode, name, count=False, fits=call.fits),
         backend_failed=functools.partial(state.backend_failed, template=template),
         shared_loads=state.shared_loads,
         backoff=state.wait_backoff,

@@ -234,14 +234,26 @@ class GuardState:
         return self.l1.guard() if self.l1 is not None else None
 
     def decode(
-        self, name: str, raw: Any, *, count: bool = True, template: str | None = None
+        self,
+        name: str,
+        raw: Any,
+        *,
+        count: bool = True,
+        template: str | None = None,
+        fits: Callable[[Any], bool] | None = None,
     ) -> Entry | None:
         """An entry from what a GET or a script returned; what is not one of ours
-        (corrupt bytes, another type of key) is a miss, counted unless ``count``
-        is false (the same bytes were counted when first read)."""
+        (corrupt bytes, another type of key, a value that does not ``fits`` the type
+        a typed read asks for) is a miss, counted unless ``count`` is false (the same
+        bytes were counted when first read)."""
         try:
             if raw.__class__ is bytes:
-                return unpack_entry(self.settings.codec, raw)
+                entry = unpack_entry(self.settings.codec, raw)
+                if fits is not None and not fits(entry.value):
+                    raise ValueError(
+                        "its value does not fit the type read (stored before it changed?)"
+                    )
+                return entry
             if raw is None:
                 return None
             if isinstance(raw, Exception):
