@@ -140,6 +140,38 @@ def test_with_reset_the_demo_fills_only_its_own_table(redis_url: str, tmp_path: 
     assert _tables_and_rows(url) == {"menu": 1, "cacheguard_demo_menu": 40}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("runner", "cwd"),
+    [
+        # The README's form, from anywhere: the folder is run as a script.
+        ([str(EXAMPLES / "menu_service")], None),
+        # As a module of the repository root (examples/ is a namespace package).
+        (["-m", "examples.menu_service"], ROOT),
+    ],
+    ids=["folder", "module"],
+)
+def test_the_demo_runs_as_a_folder_and_as_a_module(
+    runner: list[str], cwd: Path | None, redis_url: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "REDIS_URL": redis_url}
+    env.pop("DATABASE_URL", None)
+    command = [sys.executable, *runner, "demo", "--no-chart", "--only", "cacheguard"]
+    command += ["--processes", "1", "--threads", "2", "--seconds", "0.5"]
+    done = subprocess.run(
+        command,
+        env=env,
+        cwd=cwd or tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[ cacheguard] done" in done.stdout
+    assert _row(done.stdout, "cacheguard")["stale"] == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

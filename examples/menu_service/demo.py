@@ -5,10 +5,11 @@ while a writer renames menu 1 every ``write_every`` seconds (its name carries a
 revision, ``Menu 1 #17``). Each write ends with the cache entry invalidated, so
 every write starts a stampede on a cold ``menu:list``:
 
-* unprotected: the documents' first version. Readers GET, on a miss query the
-  database and SET; the writer DELs the entry, then updates and commits. Every
-  reader that misses queries the database, and one that queried between the
-  DEL and the COMMIT puts the old list back: stale until the next write;
+* unprotected: cache-aside as services commonly write it. Readers GET, on a
+  miss query the database and SET; the writer DELs the entry, then updates and
+  commits. Every reader that misses queries the database, and one that queried
+  between the DEL and the COMMIT puts the old list back: stale until the next
+  write;
 * cacheguard: ``MenuRepository`` (read-through with locks, writes through
   tracked sessions): one query per invalidation, no stale read.
 
@@ -35,7 +36,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cacheguard import CacheGuard
 from cacheguard.integrations.sqlalchemy import track_models
-from menu_service.infra import (
+
+from .infra import (
     Backends,
     QueryLog,
     backends,
@@ -43,8 +45,8 @@ from menu_service.infra import (
     make_engine,
     seed,
 )
-from menu_service.models import Menu
-from menu_service.repository import MenuRepository
+from .models import Menu
+from .repository import MenuRepository
 
 MODES = ("unprotected", "cacheguard")
 CTX = mp.get_context("spawn")
@@ -278,7 +280,7 @@ class _Writer:
         else:
 
             def update(menu: dict[str, Any]) -> dict[str, Any]:
-                # The documents' first write path: 1. delete the cache, 2. update the DB.
+                # Cache-aside's usual write path: delete the entry, then update the row.
                 client.delete(f"{namespace}:menu:list")
                 with sessions.begin() as session:
                     row = session.get(Menu, menu["id"])
