@@ -232,3 +232,23 @@ def test_the_table_lines_up_and_defines_a_stale_read() -> None:
     assert "| unprotected |    42609 |" in lines[2]
     assert definition == STALE_READ
     assert "before the read began" in STALE_READ
+
+
+@pytest.mark.parametrize(
+    ("cacheguard_p50", "explained"), [(1.52, True), (1.18, False), (0.9, False)]
+)
+def test_a_higher_median_with_cacheguard_is_explained(
+    cacheguard_p50: float, explained: bool
+) -> None:
+    """The table says why cacheguard's median read is the slower one, and only when it is."""
+    from menu_service.demo import SHARED_GET, STALE_READ, RunResult, format_table
+
+    runs = [  # one latency each: it is the median
+        RunResult("unprotected", 42609, 313, 5877, 9, [1.18]),
+        RunResult("cacheguard", 62679, 10, 0, 9, [cacheguard_p50]),
+    ]
+    notes = format_table(runs).split("\n\n")[1:]
+    assert notes == ([STALE_READ, SHARED_GET] if explained else [STALE_READ])
+    assert SHARED_GET.startswith("p50 is higher with cacheguard because")
+    # One run alone has nothing to compare with.
+    assert format_table(runs[1:]).split("\n\n")[1:] == [STALE_READ]

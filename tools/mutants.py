@@ -2707,6 +2707,28 @@ MUTANTS: tuple[Mutant, ...] = (
         within="main",
     ),
     Mutant(
+        "demo-explains-a-higher-median",
+        "the demo says under its table why cacheguard's median read is the slower one",
+        "examples/menu_service/demo.py",
+        '    if p50.get("cacheguard", 0.0) > p50.get("unprotected", math.inf):\n',
+        "    if False:\n",
+        (
+            "tests/test_menu_service.py::test_a_higher_median_with_cacheguard_is_explained[1.52-True]",
+        ),
+        within="format_table",
+    ),
+    Mutant(
+        "demo-explains-only-a-higher-median",
+        "the demo explains a slower cacheguard median only when it is the slower one",
+        "examples/menu_service/demo.py",
+        '    if p50.get("cacheguard", 0.0) > p50.get("unprotected", math.inf):\n',
+        '    if p50.get("cacheguard", 0.0) >= p50.get("unprotected", math.inf):\n',
+        (
+            "tests/test_menu_service.py::test_a_higher_median_with_cacheguard_is_explained[1.18-False]",
+        ),
+        within="format_table",
+    ),
+    Mutant(
         "demo-accepts-its-own-table",
         "a database holding only the demo's own table (from an earlier run) needs no --reset",
         "examples/menu_service/infra.py",
