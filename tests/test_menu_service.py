@@ -140,6 +140,38 @@ def test_with_reset_the_demo_fills_only_its_own_table(redis_url: str, tmp_path: 
     assert _tables_and_rows(url) == {"menu": 1, "cacheguard_demo_menu": 40}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("runner", "cwd"),
+    [
+        # The README's form, from anywhere: the folder is run as a script.
+        ([str(EXAMPLES / "menu_service")], None),
+        # As a module of the repository root (examples/ is a namespace package).
+        (["-m", "examples.menu_service"], ROOT),
+    ],
+    ids=["folder", "module"],
+)
+def test_the_demo_runs_as_a_folder_and_as_a_module(
+    runner: list[str], cwd: Path | None, redis_url: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "REDIS_URL": redis_url}
+    env.pop("DATABASE_URL", None)
+    command = [sys.executable, *runner, "demo", "--no-chart", "--only", "cacheguard"]
+    command += ["--processes", "1", "--threads", "2", "--seconds", "0.5"]
+    done = subprocess.run(
+        command,
+        env=env,
+        cwd=cwd or tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[ cacheguard] done" in done.stdout
+    assert _row(done.stdout, "cacheguard")["stale"] == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -200,3 +232,23 @@ def test_the_table_lines_up_and_defines_a_stale_read() -> None:
     assert "| unprotected |    42609 |" in lines[2]
     assert definition == STALE_READ
     assert "before the read began" in STALE_READ
+
+
+@pytest.mark.parametrize(
+    ("cacheguard_p50", "explained"), [(1.52, True), (1.18, False), (0.9, False)]
+)
+def test_a_higher_median_with_cacheguard_is_explained(
+    cacheguard_p50: float, explained: bool
+) -> None:
+    """The table says why cacheguard's median read is the slower one, and only when it is."""
+    from menu_service.demo import SHARED_GET, STALE_READ, RunResult, format_table
+
+    runs = [  # one latency each: it is the median
+        RunResult("unprotected", 42609, 313, 5877, 9, [1.18]),
+        RunResult("cacheguard", 62679, 10, 0, 9, [cacheguard_p50]),
+    ]
+    notes = format_table(runs).split("\n\n")[1:]
+    assert notes == ([STALE_READ, SHARED_GET] if explained else [STALE_READ])
+    assert SHARED_GET.startswith("p50 is higher with cacheguard because")
+    # One run alone has nothing to compare with.
+    assert format_table(runs[1:]).split("\n\n")[1:] == [STALE_READ]

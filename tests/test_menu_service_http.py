@@ -198,6 +198,11 @@ BAD_REQUESTS = [
     ("line separator in a name", request("PUT", "/menus/1", '{"name": "a\\u2028b"}'), 422),
     ("non-character in a name", request("PUT", "/menus/1", '{"name": "a\\uffffb"}'), 422),
     ("id zero", request("GET", "/menus/0"), 422),
+    ("negative id", request("GET", "/menus/-1"), 422),
+    ("minus zero", request("GET", "/menus/-0"), 422),
+    ("negative id beyond 64 bits", request("GET", f"/menus/-{BIG}"), 422),
+    ("PUT negative id", request("PUT", "/menus/-1", '{"name": "x"}'), 422),
+    ("a minus alone", request("GET", "/menus/-"), 404),
     ("unknown id", request("GET", "/menus/999"), 404),
     ("sort beyond 64 bits", request("PUT", "/menus/1", f'{{"sort": {BIG}}}'), 422),
     ("sort beyond the column", request("PUT", "/menus/1", '{"sort": 2147483648}'), 422),
@@ -374,6 +379,25 @@ def test_reads_through_the_cache_and_writes_through_the_hooks(service: Service) 
     stats = call(port, "GET", "/stats").json()
     assert stats["reads"]["loads"] >= 3
     assert stats["db_queries"] > queries
+
+
+def test_stats_count_the_writes(service: Service) -> None:
+    """Each PUT that reaches the write path is counted by its outcome (the sync
+    guard's own counters are read-path ones: a PUT never moved them)."""
+    port = service.port
+    before = call(port, "GET", "/stats").json()["writes"]
+    assert call(port, "PUT", "/menus/6", {"url": "/menu/six"}).status == 200
+    assert call(port, "PUT", "/menus/999", {"name": "x"}).status == 404
+    assert call(port, "PUT", "/menus/6", {"parent_id": 999}).status == 422
+    assert call(port, "PUT", "/menus/6", {"sort": "5"}).status == 422  # refused before
+    after = call(port, "GET", "/stats").json()["writes"]
+    assert after == {
+        **before,
+        "updates": before["updates"] + 1,
+        "not_found": before["not_found"] + 1,
+        "invalid_parent": before["invalid_parent"] + 1,
+    }
+    assert after["failed"] == after["backend_errors"] == 0
 
 
 def test_metrics_are_scraped_in_prometheus_format(service: Service) -> None:

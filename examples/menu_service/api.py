@@ -5,7 +5,8 @@
 * ``PUT /menus/{id}``: a plain ``def`` (FastAPI runs it in its thread pool) on the
   sync :class:`~menu_service.repository.MenuRepository`, whose tracked sessions
   lock, invalidate, commit and invalidate again;
-* ``GET /stats``: both guards' counters and the database queries;
+* ``GET /stats``: the asyncio guard's counters, the PUTs' outcomes and the
+  database queries;
 * ``GET /metrics``: Prometheus text format (cacheguard's counters and histograms).
 
 Every error is JSON: ``{"detail": ...}`` (422 for a body or path that fails
@@ -16,6 +17,7 @@ from :mod:`menu_service.limits`, 503 while Redis or the database is unavailable)
 from __future__ import annotations
 
 import logging
+import threading
 import unicodedata
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,15 +32,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import sessionmaker
+from starlette.convertors import Convertor, register_url_convertor
 
 from cacheguard import CacheGuard, CacheGuardError
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.integrations.prometheus import CacheMetrics
 from cacheguard.integrations.sqlalchemy import track_models
-from menu_service.infra import QueryLog, make_async_engine, make_engine
-from menu_service.limits import MAX_BODY_BYTES, BodyLimits
-from menu_service.models import EDITABLE, Menu
-from menu_service.repository import (
+
+from .infra import QueryLog, make_async_engine, make_engine
+from .limits import MAX_BODY_BYTES, BodyLimits
+from .models import EDITABLE, Menu
+from .repository import (
     AsyncMenuRepository,
     InvalidParent,
     MenuNotFound,
@@ -55,6 +59,23 @@ NAME_LENGTH = 100
 URL_LENGTH = 200
 
 MenuId = Annotated[int, Path(ge=1, le=INT32_MAX, description="a menu's id")]
+
+
+class _SignedInt(Convertor[int]):
+    """Starlette's ``int`` matches digits only, so ``/menus/-1`` matched no route (a
+    404): with the sign, an id below 1 reaches ``MenuId``'s check and is a 422 like
+    ``/menus/0``. Anything else that is not digits stays an unknown path."""
+
+    regex = "-?[0-9]+"
+
+    def convert(self, value: str) -> int:
+        return int(value)
+
+    def to_string(self, value: int) -> str:
+        return str(int(value))
+
+
+register_url_convertor("signed_int", _SignedInt())
 # Cc control, Zl/Zp line and paragraph separators, Cn unassigned and non-characters,
 # Co private use, Cs surrogates.
 _REFUSED_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cn", "Co", "Cs"})
@@ -120,6 +141,26 @@ class ServiceConfig:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
 
+class WriteCounts:
+    """What the PUTs that reached the write path came to. The sync guard's own
+    ``stats()`` count its reads (hits, loads, waits); a PUT reads nothing through it
+    (it locks, invalidates and commits), so those stay zero however many PUTs ran."""
+
+    OUTCOMES = ("updates", "not_found", "invalid_parent", "failed")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()  # PUTs run on FastAPI's thread pool
+        self._counts = dict.fromkeys(self.OUTCOMES, 0)
+
+    def count(self, outcome: str) -> None:
+        with self._mutex:
+            self._counts[outcome] += 1
+
+    def as_dict(self) -> dict[str, int]:
+        with self._mutex:
+            return dict(self._counts)
+
+
 @dataclass
 class _Running:
     """What the lifespan opened (and closes): both guards, both engines."""
@@ -128,6 +169,7 @@ class _Running:
     writes: MenuRepository
     queries: QueryLog
     metrics: CacheMetrics
+    write_counts: WriteCounts = field(default_factory=WriteCounts)
 
 
 def create_app(config: ServiceConfig) -> FastAPI:
@@ -183,7 +225,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     app = FastAPI(
         title="menu service",
-        description="The menu service of the cacheguard documents.",
+        description="Menus read through cacheguard, written through tracked sessions.",
         lifespan=lifespan,
         redirect_slashes=False,  # /menus/ is a 404 like any unknown path, not a redirect
     )
@@ -193,7 +235,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """Every menu, ordered by ``sort`` (cached as ``menu:list``)."""
         return await state().reads.get_list()
 
-    @app.get("/menus/{menu_id:int}")
+    @app.get("/menus/{menu_id:signed_int}")
     async def get_menu(menu_id: MenuId) -> dict[str, Any]:
         """One menu (cached as ``menu:{id}``, misses too)."""
         try:
@@ -201,23 +243,35 @@ def create_app(config: ServiceConfig) -> FastAPI:
         except MenuNotFound:
             raise HTTPException(404, f"no menu {menu_id}") from None
 
-    @app.put("/menus/{menu_id:int}")
+    @app.put("/menus/{menu_id:signed_int}")
     def update_menu(menu_id: MenuId, update: MenuUpdate) -> dict[str, Any]:
         """Change any of name, parent_id, sort, url (the sync write path)."""
+        now = state()
         try:
-            return state().writes.update_menu_by_id({"id": menu_id, **update.changes()})
+            menu = now.writes.update_menu_by_id({"id": menu_id, **update.changes()})
         except MenuNotFound:
+            now.write_counts.count("not_found")
             raise HTTPException(404, f"no menu {menu_id}") from None
         except InvalidParent as exc:
+            now.write_counts.count("invalid_parent")
             raise HTTPException(422, str(exc)) from None
+        except Exception:  # answered 503 or 500 by the handlers below
+            now.write_counts.count("failed")
+            raise
+        now.write_counts.count("updates")
+        return menu
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        """Both guards' counters (reads: asyncio, writes: sync) and the DB queries."""
+        """The reads' counters (the asyncio guard's), the PUTs' outcomes with the
+        write path's Redis errors (the sync guard's ``backend_errors``), the DB queries."""
         now = state()
         return {
             "reads": now.reads.guard.stats().as_dict(),
-            "writes": now.writes.guard.stats().as_dict(),
+            "writes": {
+                **now.write_counts.as_dict(),
+                "backend_errors": now.writes.guard.stats().backend_errors,
+            },
             "db_queries": now.queries.count,
         }
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from menu_service import demo
-from menu_service.infra import (
+from . import demo
+from .infra import (
     DatabaseNotEmpty,
     async_database_url,
     backends,
@@ -18,7 +18,7 @@ from menu_service.infra import (
     make_engine,
     seed,
 )
-from menu_service.models import Menu
+from .models import Menu
 
 
 def _positive(kind: Callable[[str], float], upper: float) -> Callable[[str], float]:
@@ -67,7 +67,7 @@ class _WithDefaults(argparse.HelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="menu_service",
-        description="The menu service of the cacheguard documents.",
+        description="A menu service cached with cacheguard: its stampede demo and its HTTP API.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,serve}")
     d = commands.add_parser(
@@ -195,8 +195,8 @@ def serve(args: argparse.Namespace) -> int:
     directory (if any) are removed on the way out of ``backends()``, whenever the
     signal comes (while starting, too)."""
     try:  # the service extra: FastAPI, uvicorn
-        from menu_service.api import ServiceConfig  # noqa: PLC0415
-        from menu_service.server import Stopped, listen, run, stop_signals_raise  # noqa: PLC0415
+        from .api import ServiceConfig  # noqa: PLC0415
+        from .server import Stopped, listen, run, stop_signals_raise  # noqa: PLC0415
     except ImportError as exc:
         print(
             f"menu_service serve needs the service extra ({exc.name} is missing): "

@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 
 from cacheguard.integrations.sqlalchemy import sqlite_async_engine, sqlite_engine
 from cacheguard.testing import redis_server
-from menu_service.models import Menu
+
+from .models import Menu
 
 
 @dataclass(frozen=True)

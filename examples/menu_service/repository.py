@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cacheguard import CacheGuard, CacheLoader
 from cacheguard.aio import AsyncCacheGuard, AsyncCacheLoader
-from menu_service.models import EDITABLE, Menu
+
+from .models import EDITABLE, Menu
 
 LIST_KEY = "menu:list"
 MENU_KEY = "menu:{menu_id}"

@@ -18,8 +18,8 @@ from types import FrameType
 
 import uvicorn
 
-from menu_service.api import ServiceConfig, create_app
-from menu_service.limits import guarded_protocol
+from .api import ServiceConfig, create_app
+from .limits import guarded_protocol
 
 
 class Stopped(Exception):
