@@ -87,6 +87,10 @@ def cached_with_lock(
     ``async def`` here, at decoration (``TypeError``). The result pickles by
     reference, as the function it replaces (see :mod:`cacheguard.cache.loader`).
 
+    ``type``: the values' type (see :mod:`cacheguard.codecs`); without it, the
+    return annotation's when it names a dataclass, a pydantic model or a msgspec
+    Struct that a family handles; ``False``: values as the codec stores them.
+
     Without ``guard``, every call reads through the default guard that
     :func:`cacheguard.use` installed, looked up when the call is made: the
     ``CacheGuard`` for a plain function, the ``AsyncCacheGuard`` for an ``async

@@ -18,11 +18,12 @@ the annotation by :func:`value_type`:
   Decimal, UUID; enums by value; lists, tuples, sets, dicts, ``X | None``).
 
 ``@cached_with_lock`` takes the value type from the function's return annotation
-when it names a dataclass, a model or a Struct (``async def``: the awaited type);
-``CacheLoader``, ``get_or_load`` and ``refresh`` take it as ``type=``. A type no
-family handles raises ``TypeError`` when it is given. A hit whose data no longer
-fits the type (the type changed between deploys) is not served: the key is
-loaded again and stored (see :mod:`cacheguard.cache.typed`).
+when it names a dataclass, a model or a Struct that a family handles (``async
+def``: the awaited type; not for a guard with PickleCodec; ``type=False``: never);
+``CacheLoader``, ``get_or_load``, ``refresh`` and ``peek`` take it as ``type=``. A
+type no family handles raises ``TypeError`` when it is given. Stored data that no
+longer fits the type (the type changed between deploys) is a miss, filled once
+across processes (see :mod:`cacheguard.cache.typed`).
 """
 
 from __future__ import annotations
