@@ -2,7 +2,7 @@
 by the session fixture): keys on every master, fills and writes across slots,
 wake-ups over sharded pub/sub, L1 invalidations broadcast to every process.
 
-Failovers under load are not here yet (see docs/guide.md, "Cluster and Sentinel").
+Failovers under load (a master killed, a Sentinel failover) are in tests/test_failovers.py.
 """
 
 from __future__ import annotations
