@@ -537,9 +537,7 @@ def compressed_hits(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
             writer.invalidate(names[label])
             writer.get_or_load(names[label], lambda: rows, ttl=3600)
             sizes[label] = len(default.get(writer.keys(names[label]).value) or b"")
-    guard = CacheGuard.from_url(url, namespace=HIT_NAMESPACE)
-    memory = CacheGuard(default, namespace=HIT_NAMESPACE)
-    memory.client = _InMemory(default, [guard.keys(n).value for n in names.values()])  # type: ignore[assignment]
+    default.close()
 
     def hits(reader: CacheGuard) -> dict[str, Callable[[int], None]]:
         return {
@@ -549,6 +547,21 @@ def compressed_hits(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
             for label, name in names.items()
         }
 
+    return _over_the_wire_and_in_memory(url, list(names.values()), hits, rounds)
+
+
+def _over_the_wire_and_in_memory(
+    url: str,
+    names: list[str],
+    hits: Callable[[CacheGuard], dict[str, Callable[[int], None]]],
+    rounds: int,
+) -> dict[str, dict[str, Paired]]:
+    """``hits`` (the rows of one comparison, each a batch of hits of ``names``) on a
+    guard from ``from_url`` and on one whose GETs are answered from memory, paired."""
+    default = redis.Redis.from_url(url)
+    guard = CacheGuard.from_url(url, namespace=HIT_NAMESPACE)
+    memory = CacheGuard(default, namespace=HIT_NAMESPACE)
+    memory.client = _InMemory(default, [guard.keys(n).value for n in names])  # type: ignore[assignment]
     results: dict[str, dict[str, Paired]] = {}
     try:
         for where, bodies in {
@@ -565,11 +578,11 @@ def compressed_hits(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
     return results
 
 
-def compressed_table(blocks: dict[str, dict[str, Paired]]) -> list[str]:
-    """The compressed hits' rows, each against the uncompressed hit (its block's first)."""
+def against_the_first_row(blocks: dict[str, dict[str, Paired]], first: str) -> list[str]:
+    """A comparison's rows, each against its block's first row (named ``first``)."""
     lines = [
-        "| GET | operation | µs / call | µs over the uncompressed hit | vs uncompressed "
-        "| client CPU µs / call | CPU µs over the uncompressed hit |",
+        f"| GET | operation | µs / call | µs over {first} | vs {first} "
+        f"| client CPU µs / call | CPU µs over {first} |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for where, block in blocks.items():
@@ -624,15 +637,12 @@ def _typed_rows() -> dict[str, tuple[Any, Any]]:
 def typed_hits(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
     """µs per hit of the 20-row menu list read as each family's values
     (``get_or_load(..., type=...)``), against the hit of the plain rows."""
-    default = redis.Redis.from_url(url)
-    guard = CacheGuard.from_url(url, namespace=HIT_NAMESPACE)
     families = _typed_rows()
     names = {label: f"menu:typed:{i}" for i, label in enumerate(families)}
-    for label, (value, kind) in families.items():
-        guard.invalidate(names[label])
-        guard.get_or_load(names[label], lambda value=value: value, ttl=3600, type=kind)
-    memory = CacheGuard(default, namespace=HIT_NAMESPACE)
-    memory.client = _InMemory(default, [guard.keys(n).value for n in names.values()])  # type: ignore[assignment]
+    with CacheGuard.from_url(url, namespace=HIT_NAMESPACE) as writer:
+        for label, (value, kind) in families.items():
+            writer.invalidate(names[label])
+            writer.get_or_load(names[label], lambda value=value: value, ttl=3600, type=kind)
 
     def hits(reader: CacheGuard) -> dict[str, Callable[[int], None]]:
         return {
@@ -644,37 +654,7 @@ def typed_hits(url: str, rounds: int) -> dict[str, dict[str, Paired]]:
             for label, (value, kind) in families.items()
         }
 
-    results: dict[str, dict[str, Paired]] = {}
-    try:
-        for where, bodies in {
-            "over the wire": hits(guard),
-            "no I/O (GET from memory)": hits(memory),
-        }.items():
-            for run in bodies.values():
-                run(300)
-            results[where] = paired_batches(bodies, rounds)
-    finally:
-        guard.close()
-        memory.close()
-        default.close()
-    return results
-
-
-def typed_table(blocks: dict[str, dict[str, Paired]]) -> list[str]:
-    """The typed hits' rows, each against the plain rows' hit (its block's first)."""
-    lines = [
-        "| GET | operation | µs / call | µs over plain dicts | vs plain dicts "
-        "| client CPU µs / call | CPU µs over plain dicts |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for where, block in blocks.items():
-        base = next(iter(block.values()))
-        for label, p in block.items():
-            lines.append(
-                f"| {where} | {label} | {p.wall:.1f} | {p.wall_over:+.1f} "
-                f"| {p.wall / base.wall:.2f}x | {p.cpu:.1f} | {p.cpu_over:+.1f} |"
-            )
-    return lines
+    return _over_the_wire_and_in_memory(url, list(names.values()), hits, rounds)
 
 
 class _AsyncInMemory:
@@ -881,14 +861,14 @@ def _hit_report(endpoint: RedisEndpoint, args: argparse.Namespace) -> list[str]:
         "each); over the uncompressed hit: the median of each round's paired difference. "
         "An uncompressed entry's hit is the one above, with a larger value.",
         "",
-        *compressed_table(compressed),
+        *against_the_first_row(compressed, "the uncompressed hit"),
         "",
         "Typed values: a hit of the same 20-row menu list read as plain dicts, and as "
         "dataclasses, pydantic models and msgspec Structs (`get_or_load(..., type=...)`, "
         "each stored by its family: see cacheguard.codecs); over plain dicts: the median "
         "of each round's paired difference.",
         "",
-        *typed_table(typed),
+        *against_the_first_row(typed, "plain dicts"),
     ]
 
 
