@@ -331,6 +331,63 @@ async def test_redis_down_bypasses_with_one_load_for_every_name(make: Make) -> N
     assert load.calls == []
 
 
+def fail_scripts_of(guard: Guard, name: str) -> list[str]:
+    """Make the scripts sent for ``name``'s keys fail as a dropped connection does;
+    returns the names whose scripts were sent, in order."""
+    client = guard.guard.client
+    tag = guard.keys(name).tag
+    sent: list[str] = []
+    evalsha = client.evalsha
+
+    def seen(args: tuple[Any, ...]) -> None:  # (sha, number of keys, first key, ...)
+        sent.append(str(args[2]).split("{", 1)[1].split("}", 1)[0])
+        if tag in str(args[2]):
+            raise redis.ConnectionError(f"injected: the connection dropped for {name!r}")
+
+    if guard.kind == "sync":
+
+        def failing(*args: Any) -> Any:
+            seen(args)
+            return evalsha(*args)
+
+        client.evalsha = failing
+    else:
+
+        async def afailing(*args: Any) -> Any:
+            seen(args)
+            return await evalsha(*args)
+
+        client.evalsha = afailing
+    return sent
+
+
+async def test_redis_failing_mid_batch_stops_the_fills_and_loads_the_rest_at_once(
+    make: Make,
+) -> None:
+    guard = make(on_backend_error="bypass")
+    sent = fail_scripts_of(guard, "c")  # the GETs pass; "c"'s fill cannot begin
+    load = LoadMany()
+    names = ["a", "b", "c", "d", "e", "f"]
+    assert await guard.get_or_load_many(names, load, ttl=60) == {n: value(n) for n in names}
+    assert load.calls == [names]  # the fills begun and the bypassed names: one load
+    assert not {"d", "e", "f"} & set(sent)  # never tried
+    stats = guard.stats()
+    assert (stats.bypasses, stats.backend_errors) == (4, 1)
+    assert await guard.peek("a") == value("a")  # begun before: its fill ended as usual
+    assert await guard.peek("b") == value("b")
+    for name in "cdef":
+        assert await guard.peek(name) is MISSING  # bypassed: nothing stored
+
+    raising = make(on_backend_error="raise", namespace=f"{guard.guard.namespace}-raise")
+    fail_scripts_of(raising, "c")
+    load = LoadMany()
+    with pytest.raises(BackendUnavailable):
+        await raising.get_or_load_many(names, load, ttl=60)
+    assert load.calls == []
+    assert await raising.peek("a") is MISSING  # the fills begun ended, storing nothing
+    assert await raising.get_or_load("a", lambda: "again", ttl=60) == "again"  # not held
+
+
 async def test_a_decorated_function_of_a_list_of_ids(make: Make) -> None:
     guard = make()
     asked: list[list[int]] = []

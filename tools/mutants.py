@@ -5318,7 +5318,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "        state.refuse_bypass(call.name, exc, call.template, failure_counted=True)\n",
         '        state.recorder.count("bypasses", call.name, 0.0, None, call.template)\n',
         ("tests/test_batch.py::test_redis_down_bypasses_with_one_load_for_every_name",),
-        within="_bypass_all",
+        within="_bypassed_calls",
+    ),
+    Mutant(
+        "batch-mid-batch-outage-one-load",
+        "Redis failing a fill's begin mid-batch stops the batch's fills: the fills begun and "
+        "every remaining miss are loaded by one load_many, the rest bypassed, never tried",
+        "cacheguard/cache/flows/batch.py",
+        "            if down is not None:  # Redis failed: no more fills begun, no more attempts\n",
+        "            if down is not None and not unbegun:\n",
+        (
+            "tests/test_batch.py::"
+            "test_redis_failing_mid_batch_stops_the_fills_and_loads_the_rest_at_once",
+        ),
+        within="_fill_many",
     ),
     Mutant(
         "batch-stale-if-error",

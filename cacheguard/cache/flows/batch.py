@@ -22,7 +22,9 @@ and the load:
 No caller waits while holding a fill or a flight of its own, so two batches with
 overlapping names (in any order) cannot wait for each other. Redis unreachable
 (or its circuit open) for the round trip: ``on_backend_error`` for every name,
-then one ``load_many`` for them all, storing nothing.
+then one ``load_many`` for them all, storing nothing. Redis failing a fill's
+begin in step 2: no more fills are begun, and step 3's ``load_many`` also loads
+every remaining miss, bypassed as above (nothing stored, no more attempts).
 """
 
 from __future__ import annotations
@@ -284,12 +286,36 @@ def _bypass_all(
     circuit is open (None): a value seen within ``outage_ttl`` per name, then
     ``on_backend_error`` (raise, or one ``load_many`` for the rest, storing
     nothing). With a gutter, each name goes through it as ``get_or_load`` does."""
-    if exc is not None:
-        state.backend_failed(calls[0].name, exc, template=calls[0].template)
     if fallbacks and state.gutter is not None:
+        if exc is not None:
+            state.backend_failed(calls[0].name, exc, template=calls[0].template)
         for call in calls:
             values[call.name] = yield ReadOne(bypass(state, call, None, fallbacks=True), call.name)
         return
+    direct = _bypassed_calls(state, calls, exc, values, fallbacks=fallbacks)
+    if not direct:
+        return
+    tickets = [state.seen_ticket(call.name) for call in direct]
+    names = tuple(call.name for call in direct)
+    loaded, _, _ = yield LoadMany(names)
+    _check_complete(names, loaded)
+    _keep_bypassed(state, direct, tickets, loaded, values)
+
+
+def _bypassed_calls(
+    state: GuardState,
+    calls: list[Read],
+    exc: BaseException | None,
+    values: dict[str, Any],
+    *,
+    fallbacks: bool = True,
+) -> list[Read]:
+    """The bypass of ``calls`` up to its load (Redis failed with ``exc``, counted
+    once here, or a circuit is open): a value seen within ``outage_ttl`` served,
+    else ``on_backend_error`` (raise, or count a bypass). The calls to load
+    directly, storing nothing."""
+    if exc is not None:
+        state.backend_failed(calls[0].name, exc, template=calls[0].template)
     direct: list[Read] = []
     seen = state.last_seen
     for call in calls:
@@ -301,12 +327,18 @@ def _bypass_all(
                 continue
         state.refuse_bypass(call.name, exc, call.template, failure_counted=True)
         direct.append(call)
-    if not direct:
-        return
-    tickets = [state.seen_ticket(call.name) for call in direct]
-    names = tuple(call.name for call in direct)
-    loaded, _, _ = yield LoadMany(names)
-    _check_complete(names, loaded)
+    return direct
+
+
+def _keep_bypassed(
+    state: GuardState,
+    direct: list[Read],
+    tickets: list[int],
+    loaded: dict[str, Any],
+    values: dict[str, Any],
+) -> None:
+    """The values loaded for bypassed ``direct`` calls: served and remembered, not stored."""
+    seen = state.last_seen
     for call, ticket in zip(direct, tickets, strict=True):
         value = values[call.name] = loaded[call.name]
         if seen is not None and not state.rwlock(call.name).local.is_write_held_by_me():
@@ -330,8 +362,13 @@ def _fill_many(
     later: list[Read] = []  # read alone once our own fills ended
     led: list[BatchFill] = []  # flights we lead, until finished
     parked: list[BatchFill] = []  # fills we begun, stopped at their load
+    unbegun: list[Read] = []  # misses left once Redis failed a fill's begin
+    down: BackendUnavailable | None = None
     try:
         for call, stale in sorted(misses, key=lambda miss: miss[0].name):
+            if down is not None:  # Redis failed: no more fills begun, no more attempts
+                unbegun.append(call)
+                continue
             flight = state.flights.lead(call.name, start)
             if flight is None:  # another caller of this process reads it: follow it later
                 later.append(call)
@@ -351,8 +388,13 @@ def _fill_many(
             led.append(fill)
             try:
                 outcome = yield from _advance(state, fill, functools.partial(next, flow))
-            except BackendUnavailable:  # before any load: its read alone bypasses
-                outcome = _SKIPPED
+            except BackendUnavailable as exc:  # before any load: bypassed with the rest
+                yield EndFill(fill)
+                led.remove(fill)
+                state.flights.finish(call.name, flight, valid_below=0)  # followers go on
+                down = exc
+                unbegun.append(call)
+                continue
             if outcome is PARKED:
                 parked.append(fill)
                 continue
@@ -364,10 +406,16 @@ def _fill_many(
                 later.append(call)
             else:
                 _done(state, fill, outcome, values, l1_seen)
-        if parked:
+        direct: list[Read] = []
+        if down is not None and state.gutter is None:
+            direct = _bypassed_calls(state, unbegun, client_error(down), values)
+        if parked or direct:
             position = {call.name: i for i, (call, _) in enumerate(misses)}
             parked.sort(key=lambda fill: position[fill.name])  # load_many: the caller's order
-            yield from _load_parked(state, parked, led, values, l1_seen)
+            direct.sort(key=lambda call: position[call.name])
+            yield from _load_parked(state, parked, led, values, l1_seen, direct)
+        if down is not None and state.gutter is not None:  # each through it, nothing held
+            yield from _bypass_all(state, unbegun, client_error(down), values)
     except BaseException as exc:
         if not isinstance(exc, GeneratorExit):
             for fill in parked:  # whose fills are still ours: end them, storing nothing
@@ -435,10 +483,13 @@ def _load_parked(
     led: list[BatchFill],
     values: dict[str, Any],
     l1_seen: tuple[int, object] | None,
+    direct: list[Read],
 ) -> Generator[BatchStep, Any, None]:
-    """One ``load_many`` for the fills we begun, then each fill ends with its value
-    (stored version-checked, announced); a name it left out ends failed."""
-    names = tuple(fill.name for fill in parked)
+    """One ``load_many`` for the fills we begun and the ``direct`` (bypassed) calls,
+    then each fill ends with its value (stored version-checked, announced); a name
+    it left out ends failed. Nothing is stored for the ``direct`` calls."""
+    tickets = [state.seen_ticket(call.name) for call in direct]
+    names = tuple(fill.name for fill in parked) + tuple(call.name for call in direct)
     loaded, seconds, snapshot = yield LoadMany(names)
     missing = tuple(name for name in names if name not in loaded)
     incomplete = IncompleteLoad(missing) if missing else None
@@ -470,6 +521,9 @@ def _load_parked(
         _done(state, fill, outcome, values, l1_seen)
     if error is not None:
         raise error
+    if incomplete is not None:  # only bypassed names were left out
+        raise incomplete
+    _keep_bypassed(state, direct, tickets, loaded, values)
 
 
 def _end_failed(
