@@ -420,6 +420,32 @@ async def test_a_decorated_function_of_a_list_of_ids(make: Make) -> None:
     assert asked == [[3, 1], [2], [1]]
 
 
+async def test_distinct_ids_with_one_key_are_refused_before_any_load(make: Make) -> None:
+    guard = make()
+    asked: list[list[Any]] = []
+
+    def values(ids: list[Any]) -> dict[Any, str]:
+        asked.append(list(ids))
+        return {i: f"value of {i!r}" for i in ids}
+
+    if guard.kind == "sync":
+        cached = cached_many_with_lock(guard.guard, key="d:{}", ttl=60)(values)
+
+        async def call(ids: list[Any]) -> Any:
+            return await asyncio.to_thread(cached, ids)
+    else:
+
+        async def avalues(ids: list[Any]) -> dict[Any, str]:
+            return values(ids)
+
+        call = cached_many_with_lock(guard.guard, key="d:{}", ttl=60)(avalues)
+    with pytest.raises(ValueError, match=r"ids 1 and '1' both have the key 'd:1'"):
+        await call([1, "1", 2])
+    assert asked == []  # refused before any load
+    assert await guard.peek("d:2") is MISSING
+    assert await call([1, 2, 1]) == {1: "value of 1", 2: "value of 2"}  # the same id twice
+
+
 async def test_a_cancelled_asyncio_batch_ends_the_fills_it_began(
     redis_url: str, namespace: str, client: redis.Redis
 ) -> None:

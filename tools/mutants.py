@@ -5344,6 +5344,16 @@ MUTANTS: tuple[Mutant, ...] = (
         within="batch_read",
     ),
     Mutant(
+        "batch-decorated-distinct-ids-one-key",
+        "a function decorated with cached_many_with_lock refuses, before any load, distinct "
+        "ids whose keys are alike (one value cannot answer both)",
+        "cacheguard/cache/many.py",
+        "            if distinct and known is not item and known != item:\n",
+        "            if False:\n",
+        ("tests/test_batch.py::test_distinct_ids_with_one_key_are_refused_before_any_load",),
+        within="_Many._keys",
+    ),
+    Mutant(
         "batch-decorated-invalidate",
         "a function decorated with cached_many_with_lock invalidates the keys of the ids given",
         "cacheguard/cache/many.py",

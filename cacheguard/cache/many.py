@@ -74,10 +74,22 @@ class _Many(Generic[I, V]):
         self.key = key_maker(key)
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
-    def _keys(self, ids: Iterable[I]) -> dict[str, I]:
+    def _keys(self, ids: Iterable[I], *, distinct: bool = False) -> dict[str, I]:
+        """Each id's key, duplicates once; with ``distinct``, two different ids whose
+        keys are alike (``1`` and ``"1"`` in ``"menu:{}"``) are refused: one value
+        could not answer both."""
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise TypeError(f"ids must be an iterable of ids, not {type(ids).__name__}")
-        return {self.key(item): item for item in ids}
+        by_key: dict[str, I] = {}
+        for item in ids:
+            key = self.key(item)
+            known = by_key.setdefault(key, item)
+            if distinct and known is not item and known != item:
+                raise ValueError(
+                    f"ids {known!r} and {item!r} both have the key {key!r} "
+                    f"(key={self.template!r}): give ids of one type"
+                )
+        return by_key
 
     @staticmethod
     def _by_key(answer: Any, by_key: dict[str, I], keys: list[str]) -> dict[str, Any]:
@@ -100,7 +112,7 @@ class CachedManyFunction(_Many[I, V]):
     """A function of a list of ids read through a :class:`~cacheguard.CacheGuard`."""
 
     def __call__(self, ids: Iterable[I]) -> dict[I, V]:
-        by_key = self._keys(ids)
+        by_key = self._keys(ids, distinct=True)
 
         def load_many(keys: list[str]) -> dict[str, Any]:
             return self._by_key(self.func([by_key[key] for key in keys]), by_key, keys)
@@ -122,7 +134,7 @@ class AsyncCachedManyFunction(_Many[I, V]):
     :class:`~cacheguard.aio.AsyncCacheGuard`; calls are awaited."""
 
     async def __call__(self, ids: Iterable[I]) -> dict[I, V]:
-        by_key = self._keys(ids)
+        by_key = self._keys(ids, distinct=True)
 
         async def load_many(keys: list[str]) -> dict[str, Any]:
             answer = await self.func([by_key[key] for key in keys])
