@@ -8,6 +8,7 @@ what they hold, the outage bypass; then across real processes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -444,6 +445,70 @@ async def test_distinct_ids_with_one_key_are_refused_before_any_load(make: Make)
     assert asked == []  # refused before any load
     assert await guard.peek("d:2") is MISSING
     assert await call([1, 2, 1]) == {1: "value of 1", 2: "value of 2"}  # the same id twice
+
+
+@dataclasses.dataclass
+class Dish:
+    id: int
+    name: str
+
+
+async def test_typed_values_are_stored_as_data_and_come_back_typed(make: Make) -> None:
+    guard = make()
+    load = LoadMany()
+
+    def dishes(names: list[str]) -> dict[str, Dish]:
+        load(names)
+        return {name: Dish(int(name[-1]), name) for name in names}
+
+    await guard.get_or_load("dish:2", lambda: {"id": "not an int"}, ttl=60)  # an older shape
+    names = ["dish:1", "dish:2"]
+    want = {name: Dish(int(name[-1]), name) for name in names}
+    assert await guard.get_or_load_many(names, dishes, ttl=60, type=Dish) == want
+    assert load.calls == [names]  # data that does not fit the type is a miss
+    assert guard.stats().corrupt_entries == 1
+    assert await guard.peek("dish:1") == {"id": 1, "name": "dish:1"}  # stored as data
+    assert await guard.get_or_load_many(names, dishes, ttl=60, type=Dish) == want  # hits
+    assert load.calls == [names]
+
+
+async def test_a_decorated_function_infers_its_values_type(make: Make) -> None:
+    guard = make()
+    asked: list[list[int]] = []
+
+    def dishes(ids: list[int]) -> dict[int, Dish]:
+        asked.append(list(ids))
+        return {i: Dish(i, f"dish {i}") for i in ids}
+
+    def plain(ids: list[int]) -> dict[int, Dish]:  # type=False: values as the codec keeps them
+        return {i: {"id": i} for i in ids}  # type: ignore[misc]
+
+    if guard.kind == "sync":
+        cached = cached_many_with_lock(guard.guard, key="dish:{}", ttl=60)(dishes)
+        untyped = cached_many_with_lock(guard.guard, key="plain:{}", ttl=60, type=False)(plain)
+
+        async def call(ids: list[int]) -> Any:
+            return await asyncio.to_thread(cached, ids)
+
+        async def call_untyped(ids: list[int]) -> Any:
+            return await asyncio.to_thread(untyped, ids)
+    else:
+
+        async def adishes(ids: list[int]) -> dict[int, Dish]:
+            return dishes(ids)
+
+        async def aplain(ids: list[int]) -> dict[int, Dish]:
+            return plain(ids)
+
+        call = cached_many_with_lock(guard.guard, key="dish:{}", ttl=60)(adishes)
+        call_untyped = cached_many_with_lock(guard.guard, key="plain:{}", ttl=60, type=False)(
+            aplain
+        )
+    assert await call([1, 2]) == {1: Dish(1, "dish 1"), 2: Dish(2, "dish 2")}
+    assert await call([2, 1]) == {2: Dish(2, "dish 2"), 1: Dish(1, "dish 1")}  # hits, typed
+    assert asked == [[1, 2]]
+    assert await guard.peek("dish:1") == {"id": 1, "name": "dish 1"}
+    assert await call_untyped([3]) == {3: {"id": 3}}
 
 
 async def test_a_cancelled_asyncio_batch_ends_the_fills_it_began(

@@ -4306,7 +4306,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_typed_values.py::test_decorators_infer_only_what_a_family_handles_and_type_false_opts_out",
         ),
-        within="return_value_type",
+        within="_return_annotation",
     ),
     Mutant(
         "typed-inference-of-an-unhandled-type-falls-back",
@@ -4318,7 +4318,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_typed_values.py::test_decorators_infer_only_what_a_family_handles_and_type_false_opts_out",
         ),
-        within="return_value_type",
+        within="_value_type_of",
     ),
     Mutant(
         "typed-type-false-opts-out",
@@ -5352,6 +5352,35 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if False:\n",
         ("tests/test_batch.py::test_distinct_ids_with_one_key_are_refused_before_any_load",),
         within="_Many._keys",
+    ),
+    Mutant(
+        "batch-typed-unfit-is-a-miss",
+        "a typed batch reads stored data that does not fit the type as a miss, loaded with "
+        "the batch's other misses",
+        "cacheguard/cache/batch_driver.py",
+        "call = read_call(state, checked, load_one(name), ttl, none_ttl, template, fits)",
+        "call = read_call(state, checked, load_one(name), ttl, none_ttl, template, None)",
+        ("tests/test_batch.py::test_typed_values_are_stored_as_data_and_come_back_typed",),
+        within="Batch.__init__",
+    ),
+    Mutant(
+        "batch-typed-stored-as-data",
+        "a typed batch stores what load_many returns as the type dumps it, plain data",
+        "cacheguard/cache/batch_driver.py",
+        "values[name] = value if self.values is None else self.values.dump(value)",
+        "values[name] = value",
+        ("tests/test_batch.py::test_typed_values_are_stored_as_data_and_come_back_typed",),
+        within="Batch.loaded",
+    ),
+    Mutant(
+        "batch-decorated-infers-type",
+        "cached_many_with_lock reads the values' type from a return annotation "
+        "dict[I, V] and returns typed values",
+        "cacheguard/cache/many.py",
+        "values = self._values = typed.mapping_value_type(self.func, codec)",
+        "values = self._values = None",
+        ("tests/test_batch.py::test_a_decorated_function_infers_its_values_type",),
+        within="_Many._value_type",
     ),
     Mutant(
         "batch-decorated-invalidate",

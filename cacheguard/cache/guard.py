@@ -72,7 +72,7 @@ from cacheguard.cache.write_locks import (
     store_write_locks,
 )
 from cacheguard.checks import Seconds
-from cacheguard.codecs import value_type
+from cacheguard.codecs import ValueType, value_type
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 from cacheguard.redis.clients import (
     SyncClient,
@@ -324,10 +324,11 @@ class CacheGuard:
         ttl: Seconds,
         none_ttl: Seconds | Missing | None = MISSING,
         template: str | None = None,
+        type: Any = None,
     ) -> dict[str, T]:
         """The cached values of ``names`` (a dict in their order, duplicates once),
         those missing loaded by one ``load_many(missing_names)`` call returning a
-        mapping name -> value.
+        mapping name -> value. ``type``: the values' type, as for :meth:`get_or_load`.
 
         Each name gets what :meth:`get_or_load` gives it (one load across
         processes, version-checked stores, write locks respected); the hits come
@@ -336,16 +337,45 @@ class CacheGuard:
         load one of them, ``load_many`` is called for it alone. A name
         ``load_many`` leaves out raises :class:`~cacheguard.IncompleteLoad` (nothing
         cached for it; the names it returned are). See ``docs/batch.md``."""
+        values = None if type is None else value_type(type)
+        return self._get_or_load_many(names, load_many, ttl, none_ttl, template, values)
+
+    def _get_or_load_many(
+        self,
+        names: Iterable[str],
+        load_many: Callable[[list[str]], Any],
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None,
+        template: str | None,
+        values: ValueType | None,
+    ) -> dict[str, Any]:
+        """:meth:`get_or_load_many` with ``values`` (the values' type made, or None)."""
         state = self._state
 
-        def load_one(name: str) -> Callable[[], Any]:
+        def loaded_alone(name: str) -> Callable[[], Any]:
             return lambda: value_of(load_many([name]), name)
 
-        batch = Batch(state, names, load_many, load_one, ttl, none_ttl, template)
+        def load_one(name: str) -> Callable[[], Any]:
+            load = loaded_alone(name)
+            return load if values is None else typed.dumping(values, load)
+
+        batch = Batch(state, names, load_many, load_one, ttl, none_ttl, template, values)
         if not batch.calls:
             return {}
         driver = BatchDriver(state, self.client, batch, self._run, self._answer)
-        return batch.result(driver.drive(batch_read(state, batch.calls)))
+        result, unfit = batch.result(driver.drive(batch_read(state, batch.calls)))
+        if values is not None:  # names shared by an untyped read here: loaded again
+            for name in unfit:
+                result[name] = typed.refresh(
+                    self,
+                    values,
+                    name,
+                    loaded_alone(name),
+                    ttl=ttl,
+                    none_ttl=none_ttl,
+                    template=template,
+                )
+        return result
 
     def peek(
         self,
