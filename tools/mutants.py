@@ -5383,6 +5383,16 @@ MUTANTS: tuple[Mutant, ...] = (
         within="_Many._value_type",
     ),
     Mutant(
+        "batch-gets-per-node",
+        "a batch's GETs go one pipeline per node: a dead node's failure is charged to its "
+        "own breaker and bypasses its names only, the other nodes' names are served",
+        "cacheguard/cache/flows/batch.py",
+        "        groups.setdefault(id(state.breaker(call.name)), []).append(call)\n",
+        "        groups.setdefault(0, []).append(call)\n",
+        ("tests/test_cluster.py::test_a_batch_with_a_dead_shard_bypasses_only_that_shards_names",),
+        within="_get_by_node",
+    ),
+    Mutant(
         "batch-decorated-invalidate",
         "a function decorated with cached_many_with_lock invalidates the keys of the ids given",
         "cacheguard/cache/many.py",

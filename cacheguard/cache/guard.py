@@ -332,9 +332,10 @@ class CacheGuard:
 
         Each name gets what :meth:`get_or_load` gives it (one load across
         processes, version-checked stores, write locks respected); the hits come
-        in one round trip (one per node on a cluster). Names another caller is
-        filling are waited for once our own fills ended; where a single read would
-        load one of them, ``load_many`` is called for it alone. A name
+        in one round trip (one per node on a cluster; a node down bypasses its own
+        names only). Names another caller is filling are waited for once our own
+        fills ended; where a single read would load one of them, ``load_many`` is
+        called for it alone. A name
         ``load_many`` leaves out raises :class:`~cacheguard.IncompleteLoad` (nothing
         cached for it; the names it returned are). See ``docs/batch.md``."""
         values = None if type is None else value_type(type)

@@ -4,8 +4,9 @@ Each name gets what ``get_or_load`` gives it; the batch only shares round trips
 and the load:
 
 1. L1, when the guard has one, then one GET per name in a single round trip
-   (:class:`GetMany`: a pipeline; on a cluster, one per node), every reply judged
-   by the single read's own :func:`~cacheguard.cache.flows.read.judge_read`;
+   (:class:`GetMany`: a pipeline; on a cluster, one per node, a node that fails
+   charged to its own breaker and bypassing its own names only), every reply
+   judged by the single read's own :func:`~cacheguard.cache.flows.read.judge_read`;
 2. the misses, in name order, each tried without waiting: the key's single flight
    led (else another caller of this process has it), its local read lock taken
    if free (:class:`TryHold`), and its fill flow run in background mode, which
@@ -105,9 +106,9 @@ class BatchFill:
 
 @dataclass(frozen=True, slots=True)
 class GetMany:
-    """Step: GET the value of each of ``names`` in one round trip (on a cluster, one
-    pipeline per node). Answer: the replies in order (bytes, None, or the error a key
-    of another type gave); Redis being down is thrown in."""
+    """Step: GET the value of each of ``names`` (keys of one node) in one round trip.
+    Answer: the replies in order (bytes, None, or the error a key of another type
+    gave); Redis being down is thrown in."""
 
     names: tuple[str, ...]
 
@@ -226,24 +227,22 @@ def _read_pending(
     if not reachable:
         return
     l1_seen = state.l1_seen() if state.l1 is not None else None  # before the GET
-    tickets = [state.seen_ticket(call.name) for call in reachable]
-    names = tuple(call.name for call in reachable)
-    try:
-        if state.timer() >= state.server_clock.resample_at:
-            yield from timed_lookup(state, names[0])  # samples the server's clock
-        raws = yield GetMany(names)
-    except BackendUnavailable as exc:
-        yield from _bypass_all(state, reachable, client_error(exc), values)
-        return
-    for breaker in {id(b): b for b in map(state.breaker, names)}.values():
-        breaker.success()  # closing, it marks the recovery pending
+    tickets = {call.name: state.seen_ticket(call.name) for call in reachable}
+    raws, failed, error = yield from _get_by_node(state, reachable, sample=True)
+    if failed:  # those nodes' names only, each node's failure charged to its breaker
+        yield from _bypass_all(state, failed, error, values, counted=True)
+        reachable = [call for call in reachable if call.name in raws]
+        if not reachable:
+            return
     if state.recovery.pending:
-        raws = yield from _replayed_then_reread(state, reachable)
-        if raws is None:  # nothing read from Redis may be served yet
+        reread = yield from _replayed_then_reread(state, reachable)
+        if reread is None:  # nothing read from Redis may be served yet
             yield from _bypass_all(state, reachable, None, values, fallbacks=False)
             return
+        raws = reread
     misses: list[tuple[Read, Entry | None]] = []
-    for call, raw, ticket in zip(reachable, raws, tickets, strict=True):
+    for call in reachable:
+        raw, ticket = raws[call.name], tickets[call.name]
         served, entry = judge_read(state, call, raw, l1_seen, ticket)
         if served:
             values[call.name] = entry.value  # type: ignore[union-attr]
@@ -253,9 +252,39 @@ def _read_pending(
         yield from _fill_many(state, misses, values, l1_seen, start)
 
 
+def _get_by_node(
+    state: GuardState, calls: list[Read], *, sample: bool = False
+) -> Generator[BatchStep, Any, tuple[dict[str, Any], list[Read], BaseException | None]]:
+    """GET the value of each call's key, one :class:`GetMany` per node (per breaker:
+    one on a single Redis): the replies by name, the calls of the nodes that
+    failed (each failure counted once, on its own node's breaker) and the first
+    failure. ``sample``: the server's clock is sampled first when due."""
+    groups: dict[int, list[Read]] = {}
+    for call in calls:
+        groups.setdefault(id(state.breaker(call.name)), []).append(call)
+    raws: dict[str, Any] = {}
+    failed: list[Read] = []
+    error: BaseException | None = None
+    for group in groups.values():
+        names = tuple(call.name for call in group)
+        try:
+            if sample and state.timer() >= state.server_clock.resample_at:
+                yield from timed_lookup(state, names[0])  # samples the server's clock
+            replies = yield GetMany(names)
+        except BackendUnavailable as exc:
+            error = error or client_error(exc)
+            state.backend_failed(names[0], client_error(exc), template=group[0].template)
+            failed.extend(group)
+            continue
+        sample = False
+        state.breaker(names[0]).success()  # closing, it marks the recovery pending
+        raws.update(zip(names, replies, strict=True))
+    return raws, failed, error
+
+
 def _replayed_then_reread(
     state: GuardState, calls: list[Read]
-) -> Generator[BatchStep, Any, list[Any] | None]:
+) -> Generator[BatchStep, Any, dict[str, Any] | None]:
     """The batch's :func:`~cacheguard.cache.flows.read.replayed_then_reread`: None
     when the replays or the GETs after them failed."""
     first = calls[0]
@@ -266,12 +295,8 @@ def _replayed_then_reread(
         if not isinstance(exc, ReplayFailed):
             log.warning("outbox replay failed, a batch is not served from Redis: %s", exc)
         return None
-    try:
-        raws: list[Any] = yield GetMany(tuple(call.name for call in calls))
-    except BackendUnavailable as exc:
-        state.backend_failed(first.name, client_error(exc), template=first.template)
-        return None
-    return raws
+    raws, failed, _ = yield from _get_by_node(state, calls)
+    return None if failed else raws
 
 
 def _bypass_all(
@@ -281,18 +306,20 @@ def _bypass_all(
     values: dict[str, Any],
     *,
     fallbacks: bool = True,
+    counted: bool = False,
 ) -> Generator[BatchStep, Any, None]:
-    """Redis is down (``exc``, one failure for the batch's one round trip) or a
-    circuit is open (None): a value seen within ``outage_ttl`` per name, then
-    ``on_backend_error`` (raise, or one ``load_many`` for the rest, storing
-    nothing). With a gutter, each name goes through it as ``get_or_load`` does."""
+    """Redis is down (``exc``, one failure for the batch's one round trip; with
+    ``counted``, failures counted already, per node) or a circuit is open (None):
+    a value seen within ``outage_ttl`` per name, then ``on_backend_error`` (raise,
+    or one ``load_many`` for the rest, storing nothing). With a gutter, each name
+    goes through it as ``get_or_load`` does."""
     if fallbacks and state.gutter is not None:
-        if exc is not None:
+        if exc is not None and not counted:
             state.backend_failed(calls[0].name, exc, template=calls[0].template)
         for call in calls:
             values[call.name] = yield ReadOne(bypass(state, call, None, fallbacks=True), call.name)
         return
-    direct = _bypassed_calls(state, calls, exc, values, fallbacks=fallbacks)
+    direct = _bypassed_calls(state, calls, exc, values, fallbacks=fallbacks, counted=counted)
     if not direct:
         return
     tickets = [state.seen_ticket(call.name) for call in direct]
@@ -309,12 +336,13 @@ def _bypassed_calls(
     values: dict[str, Any],
     *,
     fallbacks: bool = True,
+    counted: bool = False,
 ) -> list[Read]:
     """The bypass of ``calls`` up to its load (Redis failed with ``exc``, counted
-    once here, or a circuit is open): a value seen within ``outage_ttl`` served,
-    else ``on_backend_error`` (raise, or count a bypass). The calls to load
-    directly, storing nothing."""
-    if exc is not None:
+    once here unless ``counted``, or a circuit is open): a value seen within
+    ``outage_ttl`` served, else ``on_backend_error`` (raise, or count a bypass).
+    The calls to load directly, storing nothing."""
+    if exc is not None and not counted:
         state.backend_failed(calls[0].name, exc, template=calls[0].template)
     direct: list[Read] = []
     seen = state.last_seen
