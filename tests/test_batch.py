@@ -447,6 +447,39 @@ async def test_distinct_ids_with_one_key_are_refused_before_any_load(make: Make)
     assert await call([1, 2, 1]) == {1: "value of 1", 2: "value of 2"}  # the same id twice
 
 
+async def test_entries_due_for_a_refresh_are_refreshed_together_in_the_background(
+    make: Make,
+) -> None:
+    guard = make(stale_ttl=30)
+    asked: list[list[str]] = []
+    round_of = {"n": 1}
+
+    def load_many(names: list[str]) -> dict[str, str]:
+        asked.append(list(names))
+        return {name: f"{name} #{round_of['n']}" for name in names}
+
+    names = [f"item:{i}" for i in range(6)]
+    first = {name: f"{name} #1" for name in names}
+    assert await guard.get_or_load_many(names, load_many, ttl=0.3) == first
+    deadline = time.monotonic() + 10
+    while await guard.peek(names[-1]) is not MISSING:  # expired: in the stale window
+        assert time.monotonic() < deadline, "the entries never expired"
+        await asyncio.sleep(0.02)
+    round_of["n"] = 2
+    assert await guard.get_or_load_many(names, load_many, ttl=60) == first  # stale, served
+
+    def refreshed() -> bool:
+        return guard.stats().early_refreshes == len(names)
+
+    assert await asyncio.to_thread(wait_until, refreshed, 10)
+    assert asked == [names, names]  # one load_many for the whole batch's refresh
+    assert guard.stats().stale_served == len(names)
+    assert await guard.get_or_load_many(names, load_many, ttl=60) == {
+        name: f"{name} #2" for name in names
+    }
+    assert asked == [names, names]
+
+
 @dataclasses.dataclass
 class Dish:
     id: int

@@ -5251,9 +5251,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "a batch judges each reply as a single read does: a key of another type is a "
         "corrupt entry, counted",
         "cacheguard/cache/flows/batch.py",
-        "served, entry = judge_read(state, call, raw, l1_seen, ticket)",
+        "served, entry = judge_read(state, call, raw, l1_seen, ticket, refresh)",
         "served, entry = judge_read(\n"
-        "            state, call, raw if raw.__class__ is bytes else None, l1_seen, ticket\n"
+        "            state, call, raw if raw.__class__ is bytes else None, l1_seen, ticket,\n"
+        "            refresh,\n"
         "        )",
         ("tests/test_batch.py::test_entries_are_judged_as_single_reads_judge_them",),
         within="_read_pending",
@@ -5391,6 +5392,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "        groups.setdefault(0, []).append(call)\n",
         ("tests/test_cluster.py::test_a_batch_with_a_dead_shard_bypasses_only_that_shards_names",),
         within="_get_by_node",
+    ),
+    Mutant(
+        "batch-refreshes-together",
+        "the entries a batch served that were due for a refresh (early refresh, the stale "
+        "window) are refreshed together in the background, with one load_many",
+        "cacheguard/cache/flows/batch.py",
+        "        refresh = None if due is None else due.append\n",
+        "        refresh = None\n",
+        (
+            "tests/test_batch.py::"
+            "test_entries_due_for_a_refresh_are_refreshed_together_in_the_background",
+        ),
+        within="_read_pending",
     ),
     Mutant(
         "batch-decorated-invalidate",

@@ -43,11 +43,12 @@ from cacheguard.cache.async_driver import Deferral, arun_load, drive_fill_async
 from cacheguard.cache.batch_driver import Batch, value_of
 from cacheguard.cache.driver import backend_down, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flows.batch import batch_read
+from cacheguard.cache.flows.batch import batch_read, refresh_many
 from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
     LoadNow,
+    Read,
     Replay,
     RunFill,
     WaitFlight,
@@ -365,7 +366,10 @@ class AsyncCacheGuard:
         if not batch.calls:
             return {}
         driver = AsyncBatchDriver(state, self.client, batch, self._run, self._answer)
-        result, unfit = batch.result(await driver.drive(batch_read(state, batch.calls)))
+        due: list[Read] = []  # served, due for a refresh: refreshed together
+        result, unfit = batch.result(await driver.drive(batch_read(state, batch.calls, due)))
+        if due:
+            self._refresh_many(batch, due)
         if values is not None:  # names shared by an untyped read here: loaded again
             for name in unfit:
                 result[name] = await typed.arefresh(
@@ -610,6 +614,11 @@ class AsyncCacheGuard:
     def _start_background(self, flow: Generator[Any, Any, None], name: str) -> bool:
         self._spawn(self._run(flow, name), "cacheguard-refresh")
         return True
+
+    def _refresh_many(self, batch: Batch, due: list[Read]) -> None:
+        """Refresh a batch's ``due`` entries in a task, with one ``load_many``."""
+        driver = AsyncBatchDriver(self._state, self.client, batch, self._run, self._answer)
+        self._spawn(driver.drive(refresh_many(self._state, due)), "cacheguard-refresh")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         # In a context of its own: a background refresh is nobody's nested load, and

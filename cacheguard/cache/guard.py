@@ -31,11 +31,12 @@ from cacheguard.cache import typed
 from cacheguard.cache.batch_driver import Batch, BatchDriver, value_of
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flows.batch import batch_read
+from cacheguard.cache.flows.batch import batch_read, refresh_many
 from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
     LoadNow,
+    Read,
     Replay,
     RunFill,
     WaitFlight,
@@ -364,7 +365,10 @@ class CacheGuard:
         if not batch.calls:
             return {}
         driver = BatchDriver(state, self.client, batch, self._run, self._answer)
-        result, unfit = batch.result(driver.drive(batch_read(state, batch.calls)))
+        due: list[Read] = []  # served, due for a refresh: refreshed together
+        result, unfit = batch.result(driver.drive(batch_read(state, batch.calls, due)))
+        if due:
+            self._refresh_many(batch, due)
         if values is not None:  # names shared by an untyped read here: loaded again
             for name in unfit:
                 result[name] = typed.refresh(
@@ -642,6 +646,15 @@ class CacheGuard:
         except RuntimeError:  # executor shut down (close() or interpreter exit)
             return False
         return True
+
+    def _refresh_many(self, batch: Batch, due: list[Read]) -> None:
+        """Refresh a batch's ``due`` entries in a worker thread, with one ``load_many``."""
+        driver = BatchDriver(self._state, self.client, batch, self._run, self._answer)
+        flow = refresh_many(self._state, due)
+        try:
+            self._background().submit(driver.drive, flow)
+        except RuntimeError:  # executor shut down (close() or interpreter exit)
+            flow.close()
 
     def _background(self) -> ThreadPoolExecutor:
         with self._executor_mutex:

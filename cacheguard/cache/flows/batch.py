@@ -6,7 +6,8 @@ and the load:
 1. L1, when the guard has one, then one GET per name in a single round trip
    (:class:`GetMany`: a pipeline; on a cluster, one per node, a node that fails
    charged to its own breaker and bypassing its own names only), every reply
-   judged by the single read's own :func:`~cacheguard.cache.flows.read.judge_read`;
+   judged by the single read's own :func:`~cacheguard.cache.flows.read.judge_read`
+   (entries served but due for a refresh collected, for one :func:`refresh_many`);
 2. the misses, in name order, each tried without waiting: the key's single flight
    led (else another caller of this process has it), its local read lock taken
    if free (:class:`TryHold`), and its fill flow run in background mode, which
@@ -63,7 +64,7 @@ from cacheguard.cache.l1 import ABSENT
 from cacheguard.cache.outage.fallback import NOT_SEEN, from_loader
 from cacheguard.cache.outage.recovery import ReplayFailed
 from cacheguard.cache.singleflight import Flight
-from cacheguard.exceptions import BackendUnavailable, IncompleteLoad
+from cacheguard.exceptions import BackendUnavailable, GuardClosed, IncompleteLoad
 
 __all__ = [
     "BatchFill",
@@ -75,6 +76,7 @@ __all__ = [
     "ReadOne",
     "TryHold",
     "batch_read",
+    "refresh_many",
 ]
 
 log = logging.getLogger("cacheguard")
@@ -167,8 +169,13 @@ PARKED: Final = _Parked()  # a fill stopped at its load: we are the key's filler
 _SKIPPED: Final = Outcome(None, "skipped")
 
 
-def batch_read(state: GuardState, calls: list[Read]) -> Generator[BatchStep, Any, dict[str, Any]]:
-    """``get_or_load_many`` over ``calls`` (distinct names, checked): name -> value."""
+def batch_read(
+    state: GuardState, calls: list[Read], due: list[Read] | None = None
+) -> Generator[BatchStep, Any, dict[str, Any]]:
+    """``get_or_load_many`` over ``calls`` (distinct names, checked): name -> value.
+    ``due``: gets the calls whose entries were served but are due for a refresh
+    (early refresh, the stale window), for one :func:`refresh_many` of them all;
+    without it, each is refreshed alone."""
     start = state.timer()
     for call in calls:  # before anything is led or held
         state.loads.refuse_recursion(call.name, call.template)
@@ -186,7 +193,7 @@ def batch_read(state: GuardState, calls: list[Read]) -> Generator[BatchStep, Any
                 values[call.name] = kept
     if pending:
         try:
-            yield from _read_pending(state, pending, values, start)
+            yield from _read_pending(state, pending, values, start, due)
         except Exception as exc:
             _stale_if_error(state, pending, values, exc)
     return values
@@ -211,7 +218,11 @@ def _stale_if_error(
 
 
 def _read_pending(
-    state: GuardState, calls: list[Read], values: dict[str, Any], start: float
+    state: GuardState,
+    calls: list[Read],
+    values: dict[str, Any],
+    start: float,
+    due: list[Read] | None,
 ) -> Generator[BatchStep, Any, None]:
     allowed: dict[int, bool] = {}  # asked once per breaker: a half-open one allows one probe
     reachable: list[Read] = []
@@ -243,7 +254,8 @@ def _read_pending(
     misses: list[tuple[Read, Entry | None]] = []
     for call in reachable:
         raw, ticket = raws[call.name], tickets[call.name]
-        served, entry = judge_read(state, call, raw, l1_seen, ticket)
+        refresh = None if due is None else due.append
+        served, entry = judge_read(state, call, raw, l1_seen, ticket, refresh)
         if served:
             values[call.name] = entry.value  # type: ignore[union-attr]
         else:
@@ -583,3 +595,81 @@ def _done(
     valid_below = 0 if outcome.private else fill.sealed
     state.flights.finish(call.name, fill.flight, outcome.value, valid_below=valid_below)
     values[call.name] = outcome.value
+
+
+def refresh_many(state: GuardState, calls: list[Read]) -> Generator[BatchStep, Any, dict[str, Any]]:
+    """The background refresh of the entries a batch served that were due for one:
+    the names no refresh of this process runs yet, each refilled as a single
+    background refresh is (its fill begun without waiting, given up when the key
+    is busy elsewhere), with one ``load_many`` for all the fills begun. Failures
+    are logged; nothing is returned."""
+    led: list[tuple[Read, Flight]] = []
+    if not state.closed:
+        for call in calls:
+            flight, leader, _ = state.refreshes.join(call.name)
+            if leader:
+                led.append((call, flight))
+    try:
+        yield from _refresh_led(state, led)
+    except GuardClosed:
+        log.debug("background refresh of %d keys dropped: the guard closed", len(led))
+    except Exception:
+        log.exception("background refresh of %d keys failed", len(led))
+    finally:
+        for call, flight in led:
+            state.refreshes.finish(call.name, flight)
+    return {}
+
+
+def _refresh_led(
+    state: GuardState, led: list[tuple[Read, Flight]]
+) -> Generator[BatchStep, Any, None]:
+    parked: list[BatchFill] = []
+    try:
+        for call, flight in led:
+            lock = state.rwlock(call.name)
+            flow = fill_flow_of(state, call, lock, refresh=True, stale=None, background=True)
+            fill = BatchFill(call, lock, flight, flow, 0)
+            try:
+                outcome = yield from _advance(state, fill, functools.partial(next, flow))
+            except BackendUnavailable:  # before any load: the next read goes on as usual
+                yield EndFill(fill)
+                break
+            if outcome is PARKED:
+                parked.append(fill)
+            else:
+                yield EndFill(fill)
+        if parked:
+            yield from _refresh_parked(state, parked)
+    except BaseException as exc:
+        if not isinstance(exc, GeneratorExit):
+            for fill in parked:  # whose fills are still ours: end them, storing nothing
+                if fill.step is not None:
+                    yield from _end_failed(state, fill, exc)
+        raise
+
+
+def _refresh_parked(state: GuardState, parked: list[BatchFill]) -> Generator[BatchStep, Any, None]:
+    """One ``load_many`` for the refreshes begun, then each ends as its fill does."""
+    names = tuple(fill.name for fill in parked)
+    loaded, seconds, snapshot = yield LoadMany(names)
+    missing = tuple(name for name in names if name not in loaded)
+    incomplete = IncompleteLoad(missing) if missing else None
+    error: BaseException | None = None
+    for fill in parked:
+        fill.step = None
+        if fill.name in missing:
+            resume: Callable[[], Step] = functools.partial(fill.flow.throw, incomplete)
+        else:
+            resume = functools.partial(fill.flow.send, (loaded[fill.name], seconds, snapshot))
+        try:
+            outcome = yield from _advance(state, fill, resume, park=False)
+        except Exception as exc:  # its store failed, or its name was left out
+            error = error or exc
+        else:
+            assert isinstance(outcome, Outcome)
+            if outcome.source == "loaded":
+                state.recorder.count("early_refreshes", fill.name, 0.0, None, fill.call.template)
+        yield EndFill(fill)
+    if error is not None:
+        raise error
