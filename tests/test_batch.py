@@ -8,6 +8,7 @@ what they hold, the outage bypass; then across real processes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -331,6 +332,63 @@ async def test_redis_down_bypasses_with_one_load_for_every_name(make: Make) -> N
     assert load.calls == []
 
 
+def fail_scripts_of(guard: Guard, name: str) -> list[str]:
+    """Make the scripts sent for ``name``'s keys fail as a dropped connection does;
+    returns the names whose scripts were sent, in order."""
+    client = guard.guard.client
+    tag = guard.keys(name).tag
+    sent: list[str] = []
+    evalsha = client.evalsha
+
+    def seen(args: tuple[Any, ...]) -> None:  # (sha, number of keys, first key, ...)
+        sent.append(str(args[2]).split("{", 1)[1].split("}", 1)[0])
+        if tag in str(args[2]):
+            raise redis.ConnectionError(f"injected: the connection dropped for {name!r}")
+
+    if guard.kind == "sync":
+
+        def failing(*args: Any) -> Any:
+            seen(args)
+            return evalsha(*args)
+
+        client.evalsha = failing
+    else:
+
+        async def afailing(*args: Any) -> Any:
+            seen(args)
+            return await evalsha(*args)
+
+        client.evalsha = afailing
+    return sent
+
+
+async def test_redis_failing_mid_batch_stops_the_fills_and_loads_the_rest_at_once(
+    make: Make,
+) -> None:
+    guard = make(on_backend_error="bypass")
+    sent = fail_scripts_of(guard, "c")  # the GETs pass; "c"'s fill cannot begin
+    load = LoadMany()
+    names = ["a", "b", "c", "d", "e", "f"]
+    assert await guard.get_or_load_many(names, load, ttl=60) == {n: value(n) for n in names}
+    assert load.calls == [names]  # the fills begun and the bypassed names: one load
+    assert not {"d", "e", "f"} & set(sent)  # never tried
+    stats = guard.stats()
+    assert (stats.bypasses, stats.backend_errors) == (4, 1)
+    assert await guard.peek("a") == value("a")  # begun before: its fill ended as usual
+    assert await guard.peek("b") == value("b")
+    for name in "cdef":
+        assert await guard.peek(name) is MISSING  # bypassed: nothing stored
+
+    raising = make(on_backend_error="raise", namespace=f"{guard.guard.namespace}-raise")
+    fail_scripts_of(raising, "c")
+    load = LoadMany()
+    with pytest.raises(BackendUnavailable):
+        await raising.get_or_load_many(names, load, ttl=60)
+    assert load.calls == []
+    assert await raising.peek("a") is MISSING  # the fills begun ended, storing nothing
+    assert await raising.get_or_load("a", lambda: "again", ttl=60) == "again"  # not held
+
+
 async def test_a_decorated_function_of_a_list_of_ids(make: Make) -> None:
     guard = make()
     asked: list[list[int]] = []
@@ -361,6 +419,129 @@ async def test_a_decorated_function_of_a_list_of_ids(make: Make) -> None:
     await invalidate([1])
     assert await call([1, 2]) == {1: {"id": 1}, 2: {"id": 2}}
     assert asked == [[3, 1], [2], [1]]
+
+
+async def test_distinct_ids_with_one_key_are_refused_before_any_load(make: Make) -> None:
+    guard = make()
+    asked: list[list[Any]] = []
+
+    def values(ids: list[Any]) -> dict[Any, str]:
+        asked.append(list(ids))
+        return {i: f"value of {i!r}" for i in ids}
+
+    if guard.kind == "sync":
+        cached = cached_many_with_lock(guard.guard, key="d:{}", ttl=60)(values)
+
+        async def call(ids: list[Any]) -> Any:
+            return await asyncio.to_thread(cached, ids)
+    else:
+
+        async def avalues(ids: list[Any]) -> dict[Any, str]:
+            return values(ids)
+
+        call = cached_many_with_lock(guard.guard, key="d:{}", ttl=60)(avalues)
+    with pytest.raises(ValueError, match=r"ids 1 and '1' both have the key 'd:1'"):
+        await call([1, "1", 2])
+    assert asked == []  # refused before any load
+    assert await guard.peek("d:2") is MISSING
+    assert await call([1, 2, 1]) == {1: "value of 1", 2: "value of 2"}  # the same id twice
+
+
+async def test_entries_due_for_a_refresh_are_refreshed_together_in_the_background(
+    make: Make,
+) -> None:
+    guard = make(stale_ttl=30)
+    asked: list[list[str]] = []
+    round_of = {"n": 1}
+
+    def load_many(names: list[str]) -> dict[str, str]:
+        asked.append(list(names))
+        return {name: f"{name} #{round_of['n']}" for name in names}
+
+    names = [f"item:{i}" for i in range(6)]
+    first = {name: f"{name} #1" for name in names}
+    assert await guard.get_or_load_many(names, load_many, ttl=0.3) == first
+    deadline = time.monotonic() + 10
+    while await guard.peek(names[-1]) is not MISSING:  # expired: in the stale window
+        assert time.monotonic() < deadline, "the entries never expired"
+        await asyncio.sleep(0.02)
+    round_of["n"] = 2
+    assert await guard.get_or_load_many(names, load_many, ttl=60) == first  # stale, served
+
+    def refreshed() -> bool:
+        return guard.stats().early_refreshes == len(names)
+
+    assert await asyncio.to_thread(wait_until, refreshed, 10)
+    assert asked == [names, names]  # one load_many for the whole batch's refresh
+    assert guard.stats().stale_served == len(names)
+    assert await guard.get_or_load_many(names, load_many, ttl=60) == {
+        name: f"{name} #2" for name in names
+    }
+    assert asked == [names, names]
+
+
+@dataclasses.dataclass
+class Dish:
+    id: int
+    name: str
+
+
+async def test_typed_values_are_stored_as_data_and_come_back_typed(make: Make) -> None:
+    guard = make()
+    load = LoadMany()
+
+    def dishes(names: list[str]) -> dict[str, Dish]:
+        load(names)
+        return {name: Dish(int(name[-1]), name) for name in names}
+
+    await guard.get_or_load("dish:2", lambda: {"id": "not an int"}, ttl=60)  # an older shape
+    names = ["dish:1", "dish:2"]
+    want = {name: Dish(int(name[-1]), name) for name in names}
+    assert await guard.get_or_load_many(names, dishes, ttl=60, type=Dish) == want
+    assert load.calls == [names]  # data that does not fit the type is a miss
+    assert guard.stats().corrupt_entries == 1
+    assert await guard.peek("dish:1") == {"id": 1, "name": "dish:1"}  # stored as data
+    assert await guard.get_or_load_many(names, dishes, ttl=60, type=Dish) == want  # hits
+    assert load.calls == [names]
+
+
+async def test_a_decorated_function_infers_its_values_type(make: Make) -> None:
+    guard = make()
+    asked: list[list[int]] = []
+
+    def dishes(ids: list[int]) -> dict[int, Dish]:
+        asked.append(list(ids))
+        return {i: Dish(i, f"dish {i}") for i in ids}
+
+    def plain(ids: list[int]) -> dict[int, Dish]:  # type=False: values as the codec keeps them
+        return {i: {"id": i} for i in ids}  # type: ignore[misc]
+
+    if guard.kind == "sync":
+        cached = cached_many_with_lock(guard.guard, key="dish:{}", ttl=60)(dishes)
+        untyped = cached_many_with_lock(guard.guard, key="plain:{}", ttl=60, type=False)(plain)
+
+        async def call(ids: list[int]) -> Any:
+            return await asyncio.to_thread(cached, ids)
+
+        async def call_untyped(ids: list[int]) -> Any:
+            return await asyncio.to_thread(untyped, ids)
+    else:
+
+        async def adishes(ids: list[int]) -> dict[int, Dish]:
+            return dishes(ids)
+
+        async def aplain(ids: list[int]) -> dict[int, Dish]:
+            return plain(ids)
+
+        call = cached_many_with_lock(guard.guard, key="dish:{}", ttl=60)(adishes)
+        call_untyped = cached_many_with_lock(guard.guard, key="plain:{}", ttl=60, type=False)(
+            aplain
+        )
+    assert await call([1, 2]) == {1: Dish(1, "dish 1"), 2: Dish(2, "dish 2")}
+    assert await call([2, 1]) == {2: Dish(2, "dish 2"), 1: Dish(1, "dish 1")}  # hits, typed
+    assert asked == [[1, 2]]
+    assert await guard.peek("dish:1") == {"id": 1, "name": "dish 1"}
+    assert await call_untyped([3]) == {3: {"id": 3}}
 
 
 async def test_a_cancelled_asyncio_batch_ends_the_fills_it_began(

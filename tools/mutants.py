@@ -4306,7 +4306,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_typed_values.py::test_decorators_infer_only_what_a_family_handles_and_type_false_opts_out",
         ),
-        within="return_value_type",
+        within="_return_annotation",
     ),
     Mutant(
         "typed-inference-of-an-unhandled-type-falls-back",
@@ -4318,7 +4318,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_typed_values.py::test_decorators_infer_only_what_a_family_handles_and_type_false_opts_out",
         ),
-        within="return_value_type",
+        within="_value_type_of",
     ),
     Mutant(
         "typed-type-false-opts-out",
@@ -5251,9 +5251,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "a batch judges each reply as a single read does: a key of another type is a "
         "corrupt entry, counted",
         "cacheguard/cache/flows/batch.py",
-        "served, entry = judge_read(state, call, raw, l1_seen, ticket)",
+        "served, entry = judge_read(state, call, raw, l1_seen, ticket, refresh)",
         "served, entry = judge_read(\n"
-        "            state, call, raw if raw.__class__ is bytes else None, l1_seen, ticket\n"
+        "            state, call, raw if raw.__class__ is bytes else None, l1_seen, ticket,\n"
+        "            refresh,\n"
         "        )",
         ("tests/test_batch.py::test_entries_are_judged_as_single_reads_judge_them",),
         within="_read_pending",
@@ -5318,7 +5319,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "        state.refuse_bypass(call.name, exc, call.template, failure_counted=True)\n",
         '        state.recorder.count("bypasses", call.name, 0.0, None, call.template)\n',
         ("tests/test_batch.py::test_redis_down_bypasses_with_one_load_for_every_name",),
-        within="_bypass_all",
+        within="_bypassed_calls",
+    ),
+    Mutant(
+        "batch-mid-batch-outage-one-load",
+        "Redis failing a fill's begin mid-batch stops the batch's fills: the fills begun and "
+        "every remaining miss are loaded by one load_many, the rest bypassed, never tried",
+        "cacheguard/cache/flows/batch.py",
+        "            if down is not None:  # Redis failed: no more fills begun, no more attempts\n",
+        "            if down is not None and not unbegun:\n",
+        (
+            "tests/test_batch.py::"
+            "test_redis_failing_mid_batch_stops_the_fills_and_loads_the_rest_at_once",
+        ),
+        within="_fill_many",
     ),
     Mutant(
         "batch-stale-if-error",
@@ -5329,6 +5343,68 @@ MUTANTS: tuple[Mutant, ...] = (
         "            raise\n",
         ("tests/test_batch.py::test_stale_if_error_answers_a_failing_batch_with_the_values_seen",),
         within="batch_read",
+    ),
+    Mutant(
+        "batch-decorated-distinct-ids-one-key",
+        "a function decorated with cached_many_with_lock refuses, before any load, distinct "
+        "ids whose keys are alike (one value cannot answer both)",
+        "cacheguard/cache/many.py",
+        "            if distinct and known is not item and known != item:\n",
+        "            if False:\n",
+        ("tests/test_batch.py::test_distinct_ids_with_one_key_are_refused_before_any_load",),
+        within="_Many._keys",
+    ),
+    Mutant(
+        "batch-typed-unfit-is-a-miss",
+        "a typed batch reads stored data that does not fit the type as a miss, loaded with "
+        "the batch's other misses",
+        "cacheguard/cache/batch_driver.py",
+        "call = read_call(state, checked, load_one(name), ttl, none_ttl, template, fits)",
+        "call = read_call(state, checked, load_one(name), ttl, none_ttl, template, None)",
+        ("tests/test_batch.py::test_typed_values_are_stored_as_data_and_come_back_typed",),
+        within="Batch.__init__",
+    ),
+    Mutant(
+        "batch-typed-stored-as-data",
+        "a typed batch stores what load_many returns as the type dumps it, plain data",
+        "cacheguard/cache/batch_driver.py",
+        "values[name] = value if self.values is None else self.values.dump(value)",
+        "values[name] = value",
+        ("tests/test_batch.py::test_typed_values_are_stored_as_data_and_come_back_typed",),
+        within="Batch.loaded",
+    ),
+    Mutant(
+        "batch-decorated-infers-type",
+        "cached_many_with_lock reads the values' type from a return annotation "
+        "dict[I, V] and returns typed values",
+        "cacheguard/cache/many.py",
+        "values = self._values = typed.mapping_value_type(self.func, codec)",
+        "values = self._values = None",
+        ("tests/test_batch.py::test_a_decorated_function_infers_its_values_type",),
+        within="_Many._value_type",
+    ),
+    Mutant(
+        "batch-gets-per-node",
+        "a batch's GETs go one pipeline per node: a dead node's failure is charged to its "
+        "own breaker and bypasses its names only, the other nodes' names are served",
+        "cacheguard/cache/flows/batch.py",
+        "        groups.setdefault(id(state.breaker(call.name)), []).append(call)\n",
+        "        groups.setdefault(0, []).append(call)\n",
+        ("tests/test_cluster.py::test_a_batch_with_a_dead_shard_bypasses_only_that_shards_names",),
+        within="_get_by_node",
+    ),
+    Mutant(
+        "batch-refreshes-together",
+        "the entries a batch served that were due for a refresh (early refresh, the stale "
+        "window) are refreshed together in the background, with one load_many",
+        "cacheguard/cache/flows/batch.py",
+        "        refresh = None if due is None else due.append\n",
+        "        refresh = None\n",
+        (
+            "tests/test_batch.py::"
+            "test_entries_due_for_a_refresh_are_refreshed_together_in_the_background",
+        ),
+        within="_read_pending",
     ),
     Mutant(
         "batch-decorated-invalidate",

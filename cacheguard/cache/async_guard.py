@@ -43,11 +43,12 @@ from cacheguard.cache.async_driver import Deferral, arun_load, drive_fill_async
 from cacheguard.cache.batch_driver import Batch, value_of
 from cacheguard.cache.driver import backend_down, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flows.batch import batch_read
+from cacheguard.cache.flows.batch import batch_read, refresh_many
 from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
     LoadNow,
+    Read,
     Replay,
     RunFill,
     WaitFlight,
@@ -82,7 +83,7 @@ from cacheguard.cache.write_locks import (
     async_store_write_locks,
 )
 from cacheguard.checks import Seconds, check_int
-from cacheguard.codecs import value_type
+from cacheguard.codecs import ValueType, value_type
 from cacheguard.locks.async_local import current_task
 from cacheguard.locks.async_two_tier import AsyncLockFactory, AsyncTwoTierRWLock
 from cacheguard.redis.async_notifier import aclose_notifiers_of, async_notifier_for
@@ -328,13 +329,27 @@ class AsyncCacheGuard:
         ttl: Seconds,
         none_ttl: Seconds | Missing | None = MISSING,
         template: str | None = None,
+        type: Any = None,
     ) -> dict[str, Any]:
         """:meth:`CacheGuard.get_or_load_many <cacheguard.CacheGuard.get_or_load_many>`,
         awaited: ``load_many`` may be an ``async def`` (awaited) or a plain function."""
         self._binding.check()
+        values = None if type is None else value_type(type)
+        return await self._get_or_load_many(names, load_many, ttl, none_ttl, template, values)
+
+    async def _get_or_load_many(
+        self,
+        names: Iterable[str],
+        load_many: Callable[[list[str]], Any],
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None,
+        template: str | None,
+        values: ValueType | None,
+    ) -> dict[str, Any]:
+        """:meth:`get_or_load_many` with ``values`` (the values' type made, or None)."""
         state = self._state
 
-        def load_one(name: str) -> Callable[[], Any]:
+        def loaded_alone(name: str) -> Callable[[], Any]:
             async def load() -> Any:
                 answer = load_many([name])
                 if inspect.isawaitable(answer):
@@ -343,11 +358,30 @@ class AsyncCacheGuard:
 
             return load
 
-        batch = Batch(state, names, load_many, load_one, ttl, none_ttl, template)
+        def load_one(name: str) -> Callable[[], Any]:
+            load = loaded_alone(name)
+            return load if values is None else typed.adumping(values, load)
+
+        batch = Batch(state, names, load_many, load_one, ttl, none_ttl, template, values)
         if not batch.calls:
             return {}
         driver = AsyncBatchDriver(state, self.client, batch, self._run, self._answer)
-        return batch.result(await driver.drive(batch_read(state, batch.calls)))
+        due: list[Read] = []  # served, due for a refresh: refreshed together
+        result, unfit = batch.result(await driver.drive(batch_read(state, batch.calls, due)))
+        if due:
+            self._refresh_many(batch, due)
+        if values is not None:  # names shared by an untyped read here: loaded again
+            for name in unfit:
+                result[name] = await typed.arefresh(
+                    self,
+                    values,
+                    name,
+                    loaded_alone(name),
+                    ttl=ttl,
+                    none_ttl=none_ttl,
+                    template=template,
+                )
+        return result
 
     async def peek(
         self,
@@ -580,6 +614,11 @@ class AsyncCacheGuard:
     def _start_background(self, flow: Generator[Any, Any, None], name: str) -> bool:
         self._spawn(self._run(flow, name), "cacheguard-refresh")
         return True
+
+    def _refresh_many(self, batch: Batch, due: list[Read]) -> None:
+        """Refresh a batch's ``due`` entries in a task, with one ``load_many``."""
+        driver = AsyncBatchDriver(self._state, self.client, batch, self._run, self._answer)
+        self._spawn(driver.drive(refresh_many(self._state, due)), "cacheguard-refresh")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         # In a context of its own: a background refresh is nobody's nested load, and

@@ -29,8 +29,10 @@ from cacheguard.cache.flows.batch import (
 )
 from cacheguard.cache.flows.read import Read, read_call, valid_for_all
 from cacheguard.cache.flows.state import GuardState, value_key
+from cacheguard.cache.typed import Fits
 from cacheguard.cache.watermark import collecting
 from cacheguard.checks import Seconds
+from cacheguard.codecs import ValueType
 from cacheguard.exceptions import IncompleteLoad, LockTimeout
 from cacheguard.redis.clients import SyncClient
 from cacheguard.redis.errors import REDIS_DOWN, classify
@@ -41,9 +43,12 @@ __all__ = ["Batch", "BatchDriver", "get_many_raw"]
 class Batch:
     """One ``get_or_load_many`` call: its distinct names (the caller's, in order),
     their checked names, and the reads the flow runs. ``load_one(name)`` makes the
-    loader of a name read alone (``load_many`` called for it only)."""
+    loader of a name read alone (``load_many`` called for it only, its value dumped
+    when typed). With ``values`` (the values' type, see :mod:`cacheguard.cache.typed`)
+    stored data that does not fit it is a miss, what ``load_many`` returns is stored
+    as ``values.dump`` makes it, and :meth:`result` converts every value."""
 
-    __slots__ = ("calls", "checked", "load_many", "names", "original")
+    __slots__ = ("calls", "checked", "fits", "load_many", "names", "original", "values")
 
     def __init__(
         self,
@@ -54,6 +59,7 @@ class Batch:
         ttl: Seconds,
         none_ttl: Seconds | Missing | None,
         template: str | None,
+        values: ValueType | None = None,
     ) -> None:
         if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
             raise TypeError(
@@ -66,19 +72,33 @@ class Batch:
         self.checked = state.key_names(self.names)
         self.original = dict(zip(self.checked, self.names, strict=True))
         self.load_many = load_many
+        self.values = values
+        self.fits: dict[str, Fits | None] = {}
         self.calls: list[Read] = []
-        seen: set[str] = set()
         for checked, name in zip(self.checked, self.names, strict=True):
-            if checked not in seen:
-                seen.add(checked)
-                call = read_call(state, checked, load_one(name), ttl, none_ttl, template)
+            if checked not in self.fits:
+                fits = self.fits[checked] = None if values is None else Fits(values)
+                call = read_call(state, checked, load_one(name), ttl, none_ttl, template, fits)
                 self.calls.append(call)
 
-    def result(self, values: dict[str, Any]) -> dict[str, Any]:
-        """The flow's values (by checked name) by the caller's names, in their order."""
-        return {
-            name: values[checked] for name, checked in zip(self.names, self.checked, strict=True)
-        }
+    def result(self, values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The flow's values (by checked name) by the caller's names, in their order,
+        typed; and the caller's names whose data does not fit the type (shared by an
+        untyped read of this process: the caller loads them again)."""
+        result: dict[str, Any] = {}
+        unfit: list[str] = []
+        for name, checked in zip(self.names, self.checked, strict=True):
+            data = values[checked]
+            fits = self.fits[checked]
+            if fits is None:
+                result[name] = data
+                continue
+            try:
+                result[name] = fits.load(data)
+            except ValueError:
+                result[name] = None
+                unfit.append(name)
+        return result, unfit
 
     def originals(self, names: tuple[str, ...]) -> list[str]:
         return [self.original[name] for name in names]
@@ -91,7 +111,8 @@ class Batch:
         for name in names:
             original = self.original[name]
             if original in mapping:
-                values[name] = mapping[original]
+                value = mapping[original]
+                values[name] = value if self.values is None else self.values.dump(value)
         return values
 
 

@@ -31,11 +31,12 @@ from cacheguard.cache import typed
 from cacheguard.cache.batch_driver import Batch, BatchDriver, value_of
 from cacheguard.cache.driver import backend_down, drive_fill, is_loader, lookup_failed
 from cacheguard.cache.entry import MISSING, Entry, Missing
-from cacheguard.cache.flows.batch import batch_read
+from cacheguard.cache.flows.batch import batch_read, refresh_many
 from cacheguard.cache.flows.fill import Call, Lookup
 from cacheguard.cache.flows.read import (
     Gutter,
     LoadNow,
+    Read,
     Replay,
     RunFill,
     WaitFlight,
@@ -72,7 +73,7 @@ from cacheguard.cache.write_locks import (
     store_write_locks,
 )
 from cacheguard.checks import Seconds
-from cacheguard.codecs import value_type
+from cacheguard.codecs import ValueType, value_type
 from cacheguard.locks.two_tier import LockFactory, TwoTierRWLock
 from cacheguard.redis.clients import (
     SyncClient,
@@ -324,28 +325,62 @@ class CacheGuard:
         ttl: Seconds,
         none_ttl: Seconds | Missing | None = MISSING,
         template: str | None = None,
+        type: Any = None,
     ) -> dict[str, T]:
         """The cached values of ``names`` (a dict in their order, duplicates once),
         those missing loaded by one ``load_many(missing_names)`` call returning a
-        mapping name -> value.
+        mapping name -> value. ``type``: the values' type, as for :meth:`get_or_load`.
 
         Each name gets what :meth:`get_or_load` gives it (one load across
         processes, version-checked stores, write locks respected); the hits come
-        in one round trip (one per node on a cluster). Names another caller is
-        filling are waited for once our own fills ended; where a single read would
-        load one of them, ``load_many`` is called for it alone. A name
+        in one round trip (one per node on a cluster; a node down bypasses its own
+        names only). Names another caller is filling are waited for once our own
+        fills ended; where a single read would load one of them, ``load_many`` is
+        called for it alone. A name
         ``load_many`` leaves out raises :class:`~cacheguard.IncompleteLoad` (nothing
         cached for it; the names it returned are). See ``docs/batch.md``."""
+        values = None if type is None else value_type(type)
+        return self._get_or_load_many(names, load_many, ttl, none_ttl, template, values)
+
+    def _get_or_load_many(
+        self,
+        names: Iterable[str],
+        load_many: Callable[[list[str]], Any],
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None,
+        template: str | None,
+        values: ValueType | None,
+    ) -> dict[str, Any]:
+        """:meth:`get_or_load_many` with ``values`` (the values' type made, or None)."""
         state = self._state
 
-        def load_one(name: str) -> Callable[[], Any]:
+        def loaded_alone(name: str) -> Callable[[], Any]:
             return lambda: value_of(load_many([name]), name)
 
-        batch = Batch(state, names, load_many, load_one, ttl, none_ttl, template)
+        def load_one(name: str) -> Callable[[], Any]:
+            load = loaded_alone(name)
+            return load if values is None else typed.dumping(values, load)
+
+        batch = Batch(state, names, load_many, load_one, ttl, none_ttl, template, values)
         if not batch.calls:
             return {}
         driver = BatchDriver(state, self.client, batch, self._run, self._answer)
-        return batch.result(driver.drive(batch_read(state, batch.calls)))
+        due: list[Read] = []  # served, due for a refresh: refreshed together
+        result, unfit = batch.result(driver.drive(batch_read(state, batch.calls, due)))
+        if due:
+            self._refresh_many(batch, due)
+        if values is not None:  # names shared by an untyped read here: loaded again
+            for name in unfit:
+                result[name] = typed.refresh(
+                    self,
+                    values,
+                    name,
+                    loaded_alone(name),
+                    ttl=ttl,
+                    none_ttl=none_ttl,
+                    template=template,
+                )
+        return result
 
     def peek(
         self,
@@ -611,6 +646,15 @@ class CacheGuard:
         except RuntimeError:  # executor shut down (close() or interpreter exit)
             return False
         return True
+
+    def _refresh_many(self, batch: Batch, due: list[Read]) -> None:
+        """Refresh a batch's ``due`` entries in a worker thread, with one ``load_many``."""
+        driver = BatchDriver(self._state, self.client, batch, self._run, self._answer)
+        flow = refresh_many(self._state, due)
+        try:
+            self._background().submit(driver.drive, flow)
+        except RuntimeError:  # executor shut down (close() or interpreter exit)
+            flow.close()
 
     def _background(self) -> ThreadPoolExecutor:
         with self._executor_mutex:

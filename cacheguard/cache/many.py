@@ -24,11 +24,13 @@ import sys
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+from cacheguard.cache import typed
 from cacheguard.cache.default import DefaultGuard
 from cacheguard.cache.entry import MISSING, Missing
 from cacheguard.cache.guard import CacheGuard
-from cacheguard.cache.loader import is_async_callable
+from cacheguard.cache.loader import UNRESOLVED, Unresolved, is_async_callable
 from cacheguard.checks import Seconds
+from cacheguard.codecs import ValueType, value_type
 
 if TYPE_CHECKING:
     from cacheguard.cache.async_guard import AsyncCacheGuard
@@ -68,16 +70,42 @@ class _Many(Generic[I, V]):
         key: str,
         ttl: Seconds,
         none_ttl: Seconds | Missing | None,
+        type: Any = None,
     ) -> None:
         self.guard, self.func = guard, func
         self.template, self.ttl, self.none_ttl = key, ttl, none_ttl
         self.key = key_maker(key)
+        # The values' type: given, none (False), or the return annotation's, read at
+        # the first call (when every name it uses is defined).
+        self._values: ValueType | Unresolved | None = (
+            None if type is False else UNRESOLVED if type is None else value_type(type)
+        )
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
-    def _keys(self, ids: Iterable[I]) -> dict[str, I]:
+    def _value_type(self) -> ValueType | None:
+        """The values' type (None: values as the codec stores them)."""
+        values = self._values
+        if isinstance(values, Unresolved):
+            codec = self.guard.settings.codec
+            values = self._values = typed.mapping_value_type(self.func, codec)
+        return values
+
+    def _keys(self, ids: Iterable[I], *, distinct: bool = False) -> dict[str, I]:
+        """Each id's key, duplicates once; with ``distinct``, two different ids whose
+        keys are alike (``1`` and ``"1"`` in ``"menu:{}"``) are refused: one value
+        could not answer both."""
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise TypeError(f"ids must be an iterable of ids, not {type(ids).__name__}")
-        return {self.key(item): item for item in ids}
+        by_key: dict[str, I] = {}
+        for item in ids:
+            key = self.key(item)
+            known = by_key.setdefault(key, item)
+            if distinct and known is not item and known != item:
+                raise ValueError(
+                    f"ids {known!r} and {item!r} both have the key {key!r} "
+                    f"(key={self.template!r}): give ids of one type"
+                )
+        return by_key
 
     @staticmethod
     def _by_key(answer: Any, by_key: dict[str, I], keys: list[str]) -> dict[str, Any]:
@@ -100,13 +128,14 @@ class CachedManyFunction(_Many[I, V]):
     """A function of a list of ids read through a :class:`~cacheguard.CacheGuard`."""
 
     def __call__(self, ids: Iterable[I]) -> dict[I, V]:
-        by_key = self._keys(ids)
+        by_key = self._keys(ids, distinct=True)
 
         def load_many(keys: list[str]) -> dict[str, Any]:
             return self._by_key(self.func([by_key[key] for key in keys]), by_key, keys)
 
-        values = self.guard.get_or_load_many(
-            by_key, load_many, ttl=self.ttl, none_ttl=self.none_ttl, template=self.template
+        typed_as = self._value_type()
+        values = self.guard._get_or_load_many(
+            by_key, load_many, self.ttl, self.none_ttl, self.template, typed_as
         )
         return self._by_id(values, by_key)
 
@@ -122,14 +151,15 @@ class AsyncCachedManyFunction(_Many[I, V]):
     :class:`~cacheguard.aio.AsyncCacheGuard`; calls are awaited."""
 
     async def __call__(self, ids: Iterable[I]) -> dict[I, V]:
-        by_key = self._keys(ids)
+        by_key = self._keys(ids, distinct=True)
 
         async def load_many(keys: list[str]) -> dict[str, Any]:
             answer = await self.func([by_key[key] for key in keys])
             return self._by_key(answer, by_key, keys)
 
-        values = await self.guard.get_or_load_many(
-            by_key, load_many, ttl=self.ttl, none_ttl=self.none_ttl, template=self.template
+        typed_as = self._value_type()
+        values = await self.guard._get_or_load_many(
+            by_key, load_many, self.ttl, self.none_ttl, self.template, typed_as
         )
         return self._by_id(values, by_key)
 
@@ -147,6 +177,7 @@ def cached_many_with_lock(
     key: str,
     ttl: Seconds,
     none_ttl: Seconds | Missing | None = MISSING,
+    type: Any = None,
 ) -> Callable[[Callable[[list[I]], Mapping[I, V]]], CachedManyFunction[I, V]]: ...
 
 
@@ -157,6 +188,7 @@ def cached_many_with_lock(
     key: str,
     ttl: Seconds,
     none_ttl: Seconds | Missing | None = MISSING,
+    type: Any = None,
 ) -> Callable[[Callable[[list[I]], Awaitable[Mapping[I, V]]]], AsyncCachedManyFunction[I, V]]: ...
 
 
@@ -166,18 +198,26 @@ def cached_many_with_lock(
     key: str,
     ttl: Seconds,
     none_ttl: Seconds | Missing | None = MISSING,
+    type: Any = None,
 ) -> Callable[[Callable[[list[Any]], Any]], Any]:
     """Read calls of a function of a list of ids through ``guard.get_or_load_many``:
     each id's value cached under ``key`` filled with the id, the function called
     once with the ids that are not (see the module docstring and ``docs/batch.md``).
     An id the function leaves out of its mapping raises
-    :class:`~cacheguard.IncompleteLoad`. The result has ``.invalidate(ids)``."""
+    :class:`~cacheguard.IncompleteLoad`. The result has ``.invalidate(ids)``.
+
+    ``type``: the values' type (see :mod:`cacheguard.codecs`); without it, ``V`` of
+    a return annotation ``Mapping[I, V]`` or ``dict[I, V]`` when it names a
+    dataclass, a pydantic model or a msgspec Struct that a family handles (never
+    for a guard that pickles); ``False``: values as the codec stores them."""
     key_maker(key)  # a bad template fails at decoration
+    if type is not None and type is not False:
+        value_type(type)  # a type no family handles fails at decoration
     if guard is not None and not isinstance(guard, CacheGuard):
         async_module = sys.modules.get(_ASYNC_GUARD)
         if async_module is None or not isinstance(guard, async_module.AsyncCacheGuard):
             raise TypeError(
-                f"guard must be a CacheGuard or an AsyncCacheGuard, not {type(guard).__name__}"
+                f"guard must be a CacheGuard or an AsyncCacheGuard, not {guard.__class__.__name__}"
             )
 
     def decorate(func: Callable[[list[Any]], Any]) -> Any:
@@ -196,6 +236,6 @@ def cached_many_with_lock(
                 "async functions (use a CacheGuard for plain ones)"
             )
         kind = AsyncCachedManyFunction if asynchronous else CachedManyFunction
-        return kind(chosen, func, key=key, ttl=ttl, none_ttl=none_ttl)
+        return kind(chosen, func, key=key, ttl=ttl, none_ttl=none_ttl, type=type)
 
     return decorate

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from cacheguard.cache.entry import MISSING, Missing
@@ -26,10 +26,14 @@ from cacheguard.checks import Seconds
 from cacheguard.codecs import ValueType, names_a_family
 
 __all__ = [
+    "Fits",
+    "adumping",
     "aget_or_load",
     "apeek",
     "arefresh",
+    "dumping",
     "get_or_load",
+    "mapping_value_type",
     "peek",
     "refresh",
     "return_value_type",
@@ -43,15 +47,37 @@ def return_value_type(func: Callable[..., Any], codec: object) -> ValueType | No
     without an annotation, when it names none, cannot be resolved (a name only a
     type checker sees), names a type no family handles (a dataclass with a Path
     field), or when the guard pickles (PickleCodec keeps every type as it is)."""
+    return _value_type_of(_return_annotation(func, codec))
+
+
+def mapping_value_type(func: Callable[..., Any], codec: object) -> ValueType | None:
+    """:func:`return_value_type` for a function returning a mapping id -> value
+    (``@cached_many_with_lock``): the value type of ``V`` in a return annotation
+    ``Mapping[I, V]`` or ``dict[I, V]``, under the same conditions."""
+    annotation = _return_annotation(func, codec)
+    origin = typing.get_origin(annotation)
+    if not (isinstance(origin, type) and issubclass(origin, Mapping)):
+        return None
+    arguments = typing.get_args(annotation)
+    return _value_type_of(arguments[1] if len(arguments) == 2 else None)
+
+
+def _return_annotation(func: Callable[..., Any], codec: object) -> Any:
+    """``func``'s return annotation, resolved; None without one, when it cannot be
+    resolved, or when the guard pickles (PickleCodec keeps every type as it is)."""
     from cacheguard.cache.codec import PickleCodec  # noqa: PLC0415
-    from cacheguard.codecs import value_type  # noqa: PLC0415  (only for annotated functions)
 
     if isinstance(codec, PickleCodec):
         return None
     try:
-        annotation = typing.get_type_hints(func, include_extras=True).get("return")
+        return typing.get_type_hints(func, include_extras=True).get("return")
     except Exception:  # a name only a type checker sees (TYPE_CHECKING), a bad string
         return None
+
+
+def _value_type_of(annotation: Any) -> ValueType | None:
+    from cacheguard.codecs import value_type  # noqa: PLC0415  (only for annotated functions)
+
     if annotation is None or not names_a_family(annotation):
         return None
     try:
@@ -60,11 +86,11 @@ def return_value_type(func: Callable[..., Any], codec: object) -> ValueType | No
         return None
 
 
-def _dumping(values: ValueType, load: Callable[[], Any]) -> Callable[[], Any]:
+def dumping(values: ValueType, load: Callable[[], Any]) -> Callable[[], Any]:
     return lambda: values.dump(load())
 
 
-class _Fits:
+class Fits:
     """A typed read's check of stored values (``Read.fits``): converts them, and
     keeps the last conversion so the value served is not converted twice."""
 
@@ -103,8 +129,8 @@ def get_or_load(
 ) -> Any:
     """``guard.get_or_load`` of a typed value: stored data that does not fit the type
     is a miss inside the read (filled once across processes, as a corrupt entry is)."""
-    dumped = _dumping(values, load)
-    fits = _Fits(values)
+    dumped = dumping(values, load)
+    fits = Fits(values)
     data = guard._get_or_load(name, dumped, ttl, none_ttl, template, fits)
     try:
         return fits.load(data)
@@ -124,7 +150,7 @@ def refresh(
     template: str | None,
 ) -> Any:
     """``guard.refresh`` of a typed value."""
-    dumped = _dumping(values, load)
+    dumped = dumping(values, load)
     return values.load(guard.refresh(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template))
 
 
@@ -140,7 +166,7 @@ def peek(guard: Any, values: ValueType, name: str, *, template: str | None) -> A
         return MISSING
 
 
-def _adumping(values: ValueType, load: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+def adumping(values: ValueType, load: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
     async def dumped() -> Any:
         value = load()
         if inspect.isawaitable(value):
@@ -161,8 +187,8 @@ async def aget_or_load(
     template: str | None,
 ) -> Any:
     """``await guard.get_or_load`` of a typed value (see :func:`get_or_load`)."""
-    dumped = _adumping(values, load)
-    fits = _Fits(values)
+    dumped = adumping(values, load)
+    fits = Fits(values)
     data = await guard._get_or_load(name, dumped, ttl, none_ttl, template, fits)
     try:
         return fits.load(data)
@@ -182,7 +208,7 @@ async def arefresh(
     template: str | None,
 ) -> Any:
     """``await guard.refresh`` of a typed value."""
-    dumped = _adumping(values, load)
+    dumped = adumping(values, load)
     data = await guard.refresh(name, dumped, ttl=ttl, none_ttl=none_ttl, template=template)
     return values.load(data)
 

@@ -4,8 +4,10 @@ Each name gets what ``get_or_load`` gives it; the batch only shares round trips
 and the load:
 
 1. L1, when the guard has one, then one GET per name in a single round trip
-   (:class:`GetMany`: a pipeline; on a cluster, one per node), every reply judged
-   by the single read's own :func:`~cacheguard.cache.flows.read.judge_read`;
+   (:class:`GetMany`: a pipeline; on a cluster, one per node, a node that fails
+   charged to its own breaker and bypassing its own names only), every reply
+   judged by the single read's own :func:`~cacheguard.cache.flows.read.judge_read`
+   (entries served but due for a refresh collected, for one :func:`refresh_many`);
 2. the misses, in name order, each tried without waiting: the key's single flight
    led (else another caller of this process has it), its local read lock taken
    if free (:class:`TryHold`), and its fill flow run in background mode, which
@@ -22,7 +24,9 @@ and the load:
 No caller waits while holding a fill or a flight of its own, so two batches with
 overlapping names (in any order) cannot wait for each other. Redis unreachable
 (or its circuit open) for the round trip: ``on_backend_error`` for every name,
-then one ``load_many`` for them all, storing nothing.
+then one ``load_many`` for them all, storing nothing. Redis failing a fill's
+begin in step 2: no more fills are begun, and step 3's ``load_many`` also loads
+every remaining miss, bypassed as above (nothing stored, no more attempts).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from cacheguard.cache.l1 import ABSENT
 from cacheguard.cache.outage.fallback import NOT_SEEN, from_loader
 from cacheguard.cache.outage.recovery import ReplayFailed
 from cacheguard.cache.singleflight import Flight
-from cacheguard.exceptions import BackendUnavailable, IncompleteLoad
+from cacheguard.exceptions import BackendUnavailable, GuardClosed, IncompleteLoad
 
 __all__ = [
     "BatchFill",
@@ -72,6 +76,7 @@ __all__ = [
     "ReadOne",
     "TryHold",
     "batch_read",
+    "refresh_many",
 ]
 
 log = logging.getLogger("cacheguard")
@@ -103,9 +108,9 @@ class BatchFill:
 
 @dataclass(frozen=True, slots=True)
 class GetMany:
-    """Step: GET the value of each of ``names`` in one round trip (on a cluster, one
-    pipeline per node). Answer: the replies in order (bytes, None, or the error a key
-    of another type gave); Redis being down is thrown in."""
+    """Step: GET the value of each of ``names`` (keys of one node) in one round trip.
+    Answer: the replies in order (bytes, None, or the error a key of another type
+    gave); Redis being down is thrown in."""
 
     names: tuple[str, ...]
 
@@ -164,8 +169,13 @@ PARKED: Final = _Parked()  # a fill stopped at its load: we are the key's filler
 _SKIPPED: Final = Outcome(None, "skipped")
 
 
-def batch_read(state: GuardState, calls: list[Read]) -> Generator[BatchStep, Any, dict[str, Any]]:
-    """``get_or_load_many`` over ``calls`` (distinct names, checked): name -> value."""
+def batch_read(
+    state: GuardState, calls: list[Read], due: list[Read] | None = None
+) -> Generator[BatchStep, Any, dict[str, Any]]:
+    """``get_or_load_many`` over ``calls`` (distinct names, checked): name -> value.
+    ``due``: gets the calls whose entries were served but are due for a refresh
+    (early refresh, the stale window), for one :func:`refresh_many` of them all;
+    without it, each is refreshed alone."""
     start = state.timer()
     for call in calls:  # before anything is led or held
         state.loads.refuse_recursion(call.name, call.template)
@@ -183,7 +193,7 @@ def batch_read(state: GuardState, calls: list[Read]) -> Generator[BatchStep, Any
                 values[call.name] = kept
     if pending:
         try:
-            yield from _read_pending(state, pending, values, start)
+            yield from _read_pending(state, pending, values, start, due)
         except Exception as exc:
             _stale_if_error(state, pending, values, exc)
     return values
@@ -208,7 +218,11 @@ def _stale_if_error(
 
 
 def _read_pending(
-    state: GuardState, calls: list[Read], values: dict[str, Any], start: float
+    state: GuardState,
+    calls: list[Read],
+    values: dict[str, Any],
+    start: float,
+    due: list[Read] | None,
 ) -> Generator[BatchStep, Any, None]:
     allowed: dict[int, bool] = {}  # asked once per breaker: a half-open one allows one probe
     reachable: list[Read] = []
@@ -224,25 +238,24 @@ def _read_pending(
     if not reachable:
         return
     l1_seen = state.l1_seen() if state.l1 is not None else None  # before the GET
-    tickets = [state.seen_ticket(call.name) for call in reachable]
-    names = tuple(call.name for call in reachable)
-    try:
-        if state.timer() >= state.server_clock.resample_at:
-            yield from timed_lookup(state, names[0])  # samples the server's clock
-        raws = yield GetMany(names)
-    except BackendUnavailable as exc:
-        yield from _bypass_all(state, reachable, client_error(exc), values)
-        return
-    for breaker in {id(b): b for b in map(state.breaker, names)}.values():
-        breaker.success()  # closing, it marks the recovery pending
+    tickets = {call.name: state.seen_ticket(call.name) for call in reachable}
+    raws, failed, error = yield from _get_by_node(state, reachable, sample=True)
+    if failed:  # those nodes' names only, each node's failure charged to its breaker
+        yield from _bypass_all(state, failed, error, values, counted=True)
+        reachable = [call for call in reachable if call.name in raws]
+        if not reachable:
+            return
     if state.recovery.pending:
-        raws = yield from _replayed_then_reread(state, reachable)
-        if raws is None:  # nothing read from Redis may be served yet
+        reread = yield from _replayed_then_reread(state, reachable)
+        if reread is None:  # nothing read from Redis may be served yet
             yield from _bypass_all(state, reachable, None, values, fallbacks=False)
             return
+        raws = reread
     misses: list[tuple[Read, Entry | None]] = []
-    for call, raw, ticket in zip(reachable, raws, tickets, strict=True):
-        served, entry = judge_read(state, call, raw, l1_seen, ticket)
+    for call in reachable:
+        raw, ticket = raws[call.name], tickets[call.name]
+        refresh = None if due is None else due.append
+        served, entry = judge_read(state, call, raw, l1_seen, ticket, refresh)
         if served:
             values[call.name] = entry.value  # type: ignore[union-attr]
         else:
@@ -251,9 +264,39 @@ def _read_pending(
         yield from _fill_many(state, misses, values, l1_seen, start)
 
 
+def _get_by_node(
+    state: GuardState, calls: list[Read], *, sample: bool = False
+) -> Generator[BatchStep, Any, tuple[dict[str, Any], list[Read], BaseException | None]]:
+    """GET the value of each call's key, one :class:`GetMany` per node (per breaker:
+    one on a single Redis): the replies by name, the calls of the nodes that
+    failed (each failure counted once, on its own node's breaker) and the first
+    failure. ``sample``: the server's clock is sampled first when due."""
+    groups: dict[int, list[Read]] = {}
+    for call in calls:
+        groups.setdefault(id(state.breaker(call.name)), []).append(call)
+    raws: dict[str, Any] = {}
+    failed: list[Read] = []
+    error: BaseException | None = None
+    for group in groups.values():
+        names = tuple(call.name for call in group)
+        try:
+            if sample and state.timer() >= state.server_clock.resample_at:
+                yield from timed_lookup(state, names[0])  # samples the server's clock
+            replies = yield GetMany(names)
+        except BackendUnavailable as exc:
+            error = error or client_error(exc)
+            state.backend_failed(names[0], client_error(exc), template=group[0].template)
+            failed.extend(group)
+            continue
+        sample = False
+        state.breaker(names[0]).success()  # closing, it marks the recovery pending
+        raws.update(zip(names, replies, strict=True))
+    return raws, failed, error
+
+
 def _replayed_then_reread(
     state: GuardState, calls: list[Read]
-) -> Generator[BatchStep, Any, list[Any] | None]:
+) -> Generator[BatchStep, Any, dict[str, Any] | None]:
     """The batch's :func:`~cacheguard.cache.flows.read.replayed_then_reread`: None
     when the replays or the GETs after them failed."""
     first = calls[0]
@@ -264,12 +307,8 @@ def _replayed_then_reread(
         if not isinstance(exc, ReplayFailed):
             log.warning("outbox replay failed, a batch is not served from Redis: %s", exc)
         return None
-    try:
-        raws: list[Any] = yield GetMany(tuple(call.name for call in calls))
-    except BackendUnavailable as exc:
-        state.backend_failed(first.name, client_error(exc), template=first.template)
-        return None
-    return raws
+    raws, failed, _ = yield from _get_by_node(state, calls)
+    return None if failed else raws
 
 
 def _bypass_all(
@@ -279,17 +318,44 @@ def _bypass_all(
     values: dict[str, Any],
     *,
     fallbacks: bool = True,
+    counted: bool = False,
 ) -> Generator[BatchStep, Any, None]:
-    """Redis is down (``exc``, one failure for the batch's one round trip) or a
-    circuit is open (None): a value seen within ``outage_ttl`` per name, then
-    ``on_backend_error`` (raise, or one ``load_many`` for the rest, storing
-    nothing). With a gutter, each name goes through it as ``get_or_load`` does."""
-    if exc is not None:
-        state.backend_failed(calls[0].name, exc, template=calls[0].template)
+    """Redis is down (``exc``, one failure for the batch's one round trip; with
+    ``counted``, failures counted already, per node) or a circuit is open (None):
+    a value seen within ``outage_ttl`` per name, then ``on_backend_error`` (raise,
+    or one ``load_many`` for the rest, storing nothing). With a gutter, each name
+    goes through it as ``get_or_load`` does."""
     if fallbacks and state.gutter is not None:
+        if exc is not None and not counted:
+            state.backend_failed(calls[0].name, exc, template=calls[0].template)
         for call in calls:
             values[call.name] = yield ReadOne(bypass(state, call, None, fallbacks=True), call.name)
         return
+    direct = _bypassed_calls(state, calls, exc, values, fallbacks=fallbacks, counted=counted)
+    if not direct:
+        return
+    tickets = [state.seen_ticket(call.name) for call in direct]
+    names = tuple(call.name for call in direct)
+    loaded, _, _ = yield LoadMany(names)
+    _check_complete(names, loaded)
+    _keep_bypassed(state, direct, tickets, loaded, values)
+
+
+def _bypassed_calls(
+    state: GuardState,
+    calls: list[Read],
+    exc: BaseException | None,
+    values: dict[str, Any],
+    *,
+    fallbacks: bool = True,
+    counted: bool = False,
+) -> list[Read]:
+    """The bypass of ``calls`` up to its load (Redis failed with ``exc``, counted
+    once here unless ``counted``, or a circuit is open): a value seen within
+    ``outage_ttl`` served, else ``on_backend_error`` (raise, or count a bypass).
+    The calls to load directly, storing nothing."""
+    if exc is not None and not counted:
+        state.backend_failed(calls[0].name, exc, template=calls[0].template)
     direct: list[Read] = []
     seen = state.last_seen
     for call in calls:
@@ -301,12 +367,18 @@ def _bypass_all(
                 continue
         state.refuse_bypass(call.name, exc, call.template, failure_counted=True)
         direct.append(call)
-    if not direct:
-        return
-    tickets = [state.seen_ticket(call.name) for call in direct]
-    names = tuple(call.name for call in direct)
-    loaded, _, _ = yield LoadMany(names)
-    _check_complete(names, loaded)
+    return direct
+
+
+def _keep_bypassed(
+    state: GuardState,
+    direct: list[Read],
+    tickets: list[int],
+    loaded: dict[str, Any],
+    values: dict[str, Any],
+) -> None:
+    """The values loaded for bypassed ``direct`` calls: served and remembered, not stored."""
+    seen = state.last_seen
     for call, ticket in zip(direct, tickets, strict=True):
         value = values[call.name] = loaded[call.name]
         if seen is not None and not state.rwlock(call.name).local.is_write_held_by_me():
@@ -330,8 +402,13 @@ def _fill_many(
     later: list[Read] = []  # read alone once our own fills ended
     led: list[BatchFill] = []  # flights we lead, until finished
     parked: list[BatchFill] = []  # fills we begun, stopped at their load
+    unbegun: list[Read] = []  # misses left once Redis failed a fill's begin
+    down: BackendUnavailable | None = None
     try:
         for call, stale in sorted(misses, key=lambda miss: miss[0].name):
+            if down is not None:  # Redis failed: no more fills begun, no more attempts
+                unbegun.append(call)
+                continue
             flight = state.flights.lead(call.name, start)
             if flight is None:  # another caller of this process reads it: follow it later
                 later.append(call)
@@ -351,8 +428,13 @@ def _fill_many(
             led.append(fill)
             try:
                 outcome = yield from _advance(state, fill, functools.partial(next, flow))
-            except BackendUnavailable:  # before any load: its read alone bypasses
-                outcome = _SKIPPED
+            except BackendUnavailable as exc:  # before any load: bypassed with the rest
+                yield EndFill(fill)
+                led.remove(fill)
+                state.flights.finish(call.name, flight, valid_below=0)  # followers go on
+                down = exc
+                unbegun.append(call)
+                continue
             if outcome is PARKED:
                 parked.append(fill)
                 continue
@@ -364,10 +446,16 @@ def _fill_many(
                 later.append(call)
             else:
                 _done(state, fill, outcome, values, l1_seen)
-        if parked:
+        direct: list[Read] = []
+        if down is not None and state.gutter is None:
+            direct = _bypassed_calls(state, unbegun, client_error(down), values)
+        if parked or direct:
             position = {call.name: i for i, (call, _) in enumerate(misses)}
             parked.sort(key=lambda fill: position[fill.name])  # load_many: the caller's order
-            yield from _load_parked(state, parked, led, values, l1_seen)
+            direct.sort(key=lambda call: position[call.name])
+            yield from _load_parked(state, parked, led, values, l1_seen, direct)
+        if down is not None and state.gutter is not None:  # each through it, nothing held
+            yield from _bypass_all(state, unbegun, client_error(down), values)
     except BaseException as exc:
         if not isinstance(exc, GeneratorExit):
             for fill in parked:  # whose fills are still ours: end them, storing nothing
@@ -435,10 +523,13 @@ def _load_parked(
     led: list[BatchFill],
     values: dict[str, Any],
     l1_seen: tuple[int, object] | None,
+    direct: list[Read],
 ) -> Generator[BatchStep, Any, None]:
-    """One ``load_many`` for the fills we begun, then each fill ends with its value
-    (stored version-checked, announced); a name it left out ends failed."""
-    names = tuple(fill.name for fill in parked)
+    """One ``load_many`` for the fills we begun and the ``direct`` (bypassed) calls,
+    then each fill ends with its value (stored version-checked, announced); a name
+    it left out ends failed. Nothing is stored for the ``direct`` calls."""
+    tickets = [state.seen_ticket(call.name) for call in direct]
+    names = tuple(fill.name for fill in parked) + tuple(call.name for call in direct)
     loaded, seconds, snapshot = yield LoadMany(names)
     missing = tuple(name for name in names if name not in loaded)
     incomplete = IncompleteLoad(missing) if missing else None
@@ -470,6 +561,9 @@ def _load_parked(
         _done(state, fill, outcome, values, l1_seen)
     if error is not None:
         raise error
+    if incomplete is not None:  # only bypassed names were left out
+        raise incomplete
+    _keep_bypassed(state, direct, tickets, loaded, values)
 
 
 def _end_failed(
@@ -501,3 +595,81 @@ def _done(
     valid_below = 0 if outcome.private else fill.sealed
     state.flights.finish(call.name, fill.flight, outcome.value, valid_below=valid_below)
     values[call.name] = outcome.value
+
+
+def refresh_many(state: GuardState, calls: list[Read]) -> Generator[BatchStep, Any, dict[str, Any]]:
+    """The background refresh of the entries a batch served that were due for one:
+    the names no refresh of this process runs yet, each refilled as a single
+    background refresh is (its fill begun without waiting, given up when the key
+    is busy elsewhere), with one ``load_many`` for all the fills begun. Failures
+    are logged; nothing is returned."""
+    led: list[tuple[Read, Flight]] = []
+    if not state.closed:
+        for call in calls:
+            flight, leader, _ = state.refreshes.join(call.name)
+            if leader:
+                led.append((call, flight))
+    try:
+        yield from _refresh_led(state, led)
+    except GuardClosed:
+        log.debug("background refresh of %d keys dropped: the guard closed", len(led))
+    except Exception:
+        log.exception("background refresh of %d keys failed", len(led))
+    finally:
+        for call, flight in led:
+            state.refreshes.finish(call.name, flight)
+    return {}
+
+
+def _refresh_led(
+    state: GuardState, led: list[tuple[Read, Flight]]
+) -> Generator[BatchStep, Any, None]:
+    parked: list[BatchFill] = []
+    try:
+        for call, flight in led:
+            lock = state.rwlock(call.name)
+            flow = fill_flow_of(state, call, lock, refresh=True, stale=None, background=True)
+            fill = BatchFill(call, lock, flight, flow, 0)
+            try:
+                outcome = yield from _advance(state, fill, functools.partial(next, flow))
+            except BackendUnavailable:  # before any load: the next read goes on as usual
+                yield EndFill(fill)
+                break
+            if outcome is PARKED:
+                parked.append(fill)
+            else:
+                yield EndFill(fill)
+        if parked:
+            yield from _refresh_parked(state, parked)
+    except BaseException as exc:
+        if not isinstance(exc, GeneratorExit):
+            for fill in parked:  # whose fills are still ours: end them, storing nothing
+                if fill.step is not None:
+                    yield from _end_failed(state, fill, exc)
+        raise
+
+
+def _refresh_parked(state: GuardState, parked: list[BatchFill]) -> Generator[BatchStep, Any, None]:
+    """One ``load_many`` for the refreshes begun, then each ends as its fill does."""
+    names = tuple(fill.name for fill in parked)
+    loaded, seconds, snapshot = yield LoadMany(names)
+    missing = tuple(name for name in names if name not in loaded)
+    incomplete = IncompleteLoad(missing) if missing else None
+    error: BaseException | None = None
+    for fill in parked:
+        fill.step = None
+        if fill.name in missing:
+            resume: Callable[[], Step] = functools.partial(fill.flow.throw, incomplete)
+        else:
+            resume = functools.partial(fill.flow.send, (loaded[fill.name], seconds, snapshot))
+        try:
+            outcome = yield from _advance(state, fill, resume, park=False)
+        except Exception as exc:  # its store failed, or its name was left out
+            error = error or exc
+        else:
+            assert isinstance(outcome, Outcome)
+            if outcome.source == "loaded":
+                state.recorder.count("early_refreshes", fill.name, 0.0, None, fill.call.template)
+        yield EndFill(fill)
+    if error is not None:
+        raise error

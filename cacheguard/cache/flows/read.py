@@ -744,17 +744,19 @@ def judge_read(
     raw: Any,
     l1_seen: tuple[int, object] | None,
     seen_ticket: int,
+    refresh: Callable[[Read], None] | None = None,
 ) -> tuple[bool, Entry | None]:
     """What a GET of ``name`` answered is good for: ``(True, entry)`` to serve
     the entry, ``(False, entry or None)`` for a miss (the entry, if any, is kept
     past its expiry for the stale policy). ``seen_ticket``: :meth:`GuardState.seen_ticket`,
-    taken before the GET."""
+    taken before the GET. ``refresh``: what a served entry due for a refresh is
+    given to (a batch's: refreshed together); else refreshed alone."""
     entry = state.decode(call.name, raw, template=call.template, fits=call.fits)
     if entry is None:
         return False, None
     now = state.server_clock.now()
     verdict = judge(entry, now, state.settings, state.rng)
-    kept = serve(state, call, entry, verdict, now, l1_seen, seen_ticket)
+    kept = serve(state, call, entry, verdict, now, l1_seen, seen_ticket, refresh)
     return kept, entry
 
 
@@ -766,23 +768,25 @@ def serve(
     now: float,
     l1_seen: tuple[int, object] | None,
     seen_ticket: int,
+    refresh: Callable[[Read], None] | None = None,
 ) -> bool:
     """Act on :func:`judge`'s ``verdict`` for ``entry`` (judged at ``now``): count
-    it, refresh it in the background, keep it in L1 and the fallback memory, as
-    the verdict says; True to serve it, False for a miss."""
+    it, refresh it in the background (``refresh``: see :func:`judge_read`), keep
+    it in L1 and the fallback memory, as the verdict says; True to serve it, False
+    for a miss."""
     name, template = call.name, call.template
     if verdict <= REFRESH:
         state.recorder.count("l2_hits", name, 0.0, None, template)
         if state.last_seen is not None:
             state.last_seen.note(name, entry.value, seen_ticket)
         if verdict == REFRESH:
-            refresh_in_background(state, call)
+            refresh_in_background(state, call) if refresh is None else refresh(call)
         if l1_seen is not None:
             state.l1.keep(name, entry.value, entry.expires_at - now, l1_seen)  # type: ignore[union-attr]
         return True
     if verdict == STALE:  # inside the stale window: serve, reload in the background
         state.recorder.count("stale_served", name, 0.0, None, template)
-        refresh_in_background(state, call)
+        refresh_in_background(state, call) if refresh is None else refresh(call)
         return True
     return False
 
