@@ -401,6 +401,7 @@ async def test_listen_calls_back_and_reports_a_gap(
         await notifier.aclose()
 
 
+@pytest.mark.slow
 async def test_idle_channels_are_unsubscribed_and_the_task_ends(
     aclient: redis.asyncio.Redis, namespace: str
 ) -> None:

@@ -76,6 +76,7 @@ def shard_subscribers(cluster: OwnedRedisCluster, channel: str) -> int:
         return int(direct.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
 
 
+@pytest.mark.slow
 async def test_every_master_serves_fills_writes_and_invalidations(
     make: Make, redis_cluster: OwnedRedisCluster, cluster_ns: str
 ) -> None:
@@ -405,6 +406,7 @@ def test_a_cold_key_stampede_across_processes_on_a_cluster_loads_once(
         client.close()
 
 
+@pytest.mark.slow
 def test_a_waiter_in_another_process_on_a_cluster_is_woken_by_the_announcement(
     redis_cluster: OwnedRedisCluster, cluster_ns: str
 ) -> None:
@@ -523,6 +525,7 @@ async def test_a_batch_reads_its_hits_with_one_pipeline_per_node(
     assert asked == [names]
 
 
+@pytest.mark.slow
 def test_overlapping_batches_across_processes_on_a_cluster_load_each_key_once(
     redis_cluster: OwnedRedisCluster, cluster_ns: str
 ) -> None:

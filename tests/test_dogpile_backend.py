@@ -471,6 +471,7 @@ def test_creations_leave_no_key_that_never_expires(
     region.backend.close()
 
 
+@pytest.mark.slow
 def test_without_redis_expiration_time_a_counter_lives_a_lease_past_its_release(
     make_backend: Any, client: redis.Redis, namespace: str
 ) -> None:
@@ -933,6 +934,7 @@ def test_a_hold_whose_lease_may_have_run_out_is_not_passed_on(make_backend: Any)
 PROCESSES, THREADS = 3, 8
 
 
+@pytest.mark.slow
 def test_a_stampede_of_processes_creates_once_and_wakes_waiters_by_release(
     redis_url: str, namespace: str, client: redis.Redis
 ) -> None:

@@ -248,6 +248,7 @@ def _server_ms(client: redis.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+@pytest.mark.slow
 def test_a_fill_older_than_version_ttl_does_not_store(client: redis.Redis, namespace: str) -> None:
     """An invalidation during a fill moves the key's version; that record lives for
     ``version_ttl``. A fill still loading once it is gone would find no version, the

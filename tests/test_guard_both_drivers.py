@@ -163,6 +163,7 @@ async def test_an_evicted_lock_hash_takes_the_fill_with_it(make: Make, client: r
     assert await guard.get_or_load("k", Loads("new"), ttl=60) == "new"
 
 
+@pytest.mark.slow
 async def test_a_value_loaded_during_a_write_is_not_stored(make: Make, client: redis.Redis) -> None:
     # (The sync face runs each call in a worker thread of its own context, so the read
     # is not the write block's: it waits wait_timeout, then loads without storing.)

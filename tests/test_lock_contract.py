@@ -87,6 +87,7 @@ def test_readers_share(store: Store, name: str) -> None:
         assert other.result(10) == "held"
 
 
+@pytest.mark.slow
 def test_a_writer_excludes_readers_and_writers(store: Store, name: str) -> None:
     with store.make(name).write(timeout=5):
         for take in ("read", "write"):

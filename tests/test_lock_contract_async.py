@@ -67,6 +67,7 @@ async def test_readers_share(store: AsyncStore, name: str) -> None:
         assert await outcome(other, 10) == "held"
 
 
+@pytest.mark.slow
 async def test_a_writer_excludes_readers_and_writers(store: AsyncStore, name: str) -> None:
     async with store.make(name).write(timeout=5):
         reader = store.in_task(lambda: held_briefly(store.make(name).read(timeout=0.5)))

@@ -436,6 +436,7 @@ def test_without_fencing_tokens_are_zero(make: Callable[..., PostgresRWLock]) ->
         assert handle.token == 0
 
 
+@pytest.mark.slow
 def test_a_deadlock_between_owners_ends_in_lock_timeout_for_one(
     make: Callable[..., PostgresRWLock],
 ) -> None:
@@ -778,6 +779,7 @@ async def test_an_async_wait_cancelled_after_its_grant_leaves_nothing_behind(
     assert await _as_another_task(lambda: _aheld(amake("menu:7").write(timeout=5))) == "held"
 
 
+@pytest.mark.slow
 async def test_a_cancelled_async_release_finishes_in_the_background(
     engine: sqlalchemy.Engine, amake: Callable[..., AsyncPostgresRWLock]
 ) -> None:

@@ -65,6 +65,7 @@ def test_sigkilled_writer_is_taken_over_within_lease(
             child.kill()
 
 
+@pytest.mark.slow
 def test_fencing_tokens_increase_across_processes(
     client: redis.Redis, redis_url: str, namespace: str
 ) -> None:

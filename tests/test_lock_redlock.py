@@ -647,6 +647,7 @@ async def test_async_watchdog_renews_on_a_majority(
         assert not handle.lost
 
 
+@pytest.mark.slow
 def test_a_handle_dropped_unreleased_is_given_back_on_every_master(
     masters: list[OwnedRedisServer], namespace: str, probes: list[redis.Redis]
 ) -> None:

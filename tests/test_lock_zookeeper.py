@@ -65,6 +65,7 @@ def name(request: pytest.FixtureRequest) -> str:
 # -- the server restarted, a session expired, a holder killed ------------------------
 
 
+@pytest.mark.slow
 def test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in(
     server: OwnedZooKeeperServer, connect: Callable[[], KazooClient], name: str
 ) -> None:

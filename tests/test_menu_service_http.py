@@ -260,6 +260,7 @@ BAD_REQUESTS = [
     [c[1:] for c in BAD_REQUESTS],
     ids=[c[0].replace(" ", "-") for c in BAD_REQUESTS],
 )
+@pytest.mark.slow
 def test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on(
     service: Service, raw: bytes, status: int
 ) -> None:
@@ -543,6 +544,7 @@ def test_a_stop_signal_finishes_requests_in_flight_and_leaves_nothing_behind(
         _shut_down_if_left(redis_url)
 
 
+@pytest.mark.slow
 def test_a_stop_signal_while_starting_leaves_nothing_behind(tmp_path: Path) -> None:
     """SIGTERM after the throwaway Redis started, before serving (seeding many rows)."""
     env = _env(REDIS_URL=None, TMPDIR=str(tmp_path))

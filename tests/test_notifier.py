@@ -87,6 +87,7 @@ def _drain(got: list[LockHandle], n: int, threads: list[threading.Thread], lock:
     assert seen == n
 
 
+@pytest.mark.slow
 def test_idle_channels_are_unsubscribed(client: redis.Redis, namespace: str) -> None:
     notifier = Notifier(client.connection_pool.make_connection, linger=0.1)
     try:

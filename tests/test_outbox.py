@@ -190,6 +190,7 @@ def test_a_rolled_back_savepoint_takes_its_rows_and_the_rest_commit(
         stack.close()
 
 
+@pytest.mark.slow
 def test_the_closing_step_deletes_the_rows_once_redis_is_back(
     server: OwnedRedisServer, db_url: str, table: str, outbox: str
 ) -> None:
@@ -215,6 +216,7 @@ def test_the_closing_step_deletes_the_rows_once_redis_is_back(
         proxy.close()
 
 
+@pytest.mark.slow
 async def test_an_asyncio_sessions_closing_step_deletes_its_rows_once_redis_is_back(
     server: OwnedRedisServer, db_url: str, table: str, outbox: str
 ) -> None:

@@ -425,6 +425,7 @@ def _worker(url: str, namespace: str) -> None:
     guard.close()
 
 
+@pytest.mark.slow
 def test_multiprocess_mode_aggregates_the_workers(
     redis_url: str, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -324,6 +324,7 @@ def test_a_loader_without_a_module_level_name_refuses_to_pickle_clearly(
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.slow
 def test_process_pool_map_runs_decorated_functions_and_loaders(
     method: str, clean_pickle_namespace: None
 ) -> None:

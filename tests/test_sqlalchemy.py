@@ -96,6 +96,7 @@ def test_a_write_lock_lost_before_the_commit_fails_it(
         other.client.close()
 
 
+@pytest.mark.slow
 def test_update_through_a_session_is_seen_by_every_process(
     stack: Stack, redis_url: str, namespace: str, db_url: str, table: str
 ) -> None:
