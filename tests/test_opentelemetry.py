@@ -544,3 +544,19 @@ def test_the_global_tracer_provider_is_the_default(redis_url: str, namespace: st
         guard.close()
         guard.client.close()
         provider.shutdown()
+
+
+async def test_a_batch_is_one_span_with_the_furthest_outcome(
+    make: Make, exporter: InMemorySpanExporter
+) -> None:
+    guard = make()
+
+    def load_many(names: list[str]) -> dict[str, Any]:
+        return {name: {"name": name} for name in names}
+
+    await guard.get_or_load_many(["menu:1", "menu:2"], load_many, ttl=60, template=TEMPLATE)
+    await guard.get_or_load_many(["menu:1", "menu:2"], load_many, ttl=60, template=TEMPLATE)
+    batches = spans(exporter, "cacheguard.get_or_load_many")
+    assert [attribute(span, "cacheguard.outcome") for span in batches] == [LOAD, HIT]
+    assert all(attribute(span, "cacheguard.key.template") == TEMPLATE for span in batches)
+    assert no_key_names(exporter, "menu:1")

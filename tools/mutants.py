@@ -4340,6 +4340,24 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_typed_values.py::test_data_that_does_not_fit_the_type_is_a_value_error",),
         within="_checked",
     ),
+    Mutant(
+        "otel-sync-batch-span",
+        "a traced guard's get_or_load_many is one span with its outcome (sync)",
+        "cacheguard/cache/guard.py",
+        '        trace = None if tracer is None else tracer.begin("get_or_load_many", template)\n',
+        "        trace = None\n",
+        ("tests/test_opentelemetry.py::test_a_batch_is_one_span_with_the_furthest_outcome[sync]",),
+        within="CacheGuard._get_or_load_many",
+    ),
+    Mutant(
+        "otel-async-batch-span",
+        "a traced guard's get_or_load_many is one span with its outcome (asyncio)",
+        "cacheguard/cache/async_guard.py",
+        '        trace = None if tracer is None else tracer.begin("get_or_load_many", template)\n',
+        "        trace = None\n",
+        ("tests/test_opentelemetry.py::test_a_batch_is_one_span_with_the_furthest_outcome[async]",),
+        within="AsyncCacheGuard._get_or_load_many",
+    ),
     # -- the hit path and from_url's clients (issue #25) -----------------------------------
     Mutant(
         "asyncio-hit-write-without-a-task",

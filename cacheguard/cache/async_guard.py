@@ -365,6 +365,31 @@ class AsyncCacheGuard:
         batch = Batch(state, names, load_many, load_one, ttl, none_ttl, template, values)
         if not batch.calls:
             return {}
+        # Traced as get_or_load is: one span for the batch, its outcome the furthest any
+        # name went (cache/tracing.py); untraced, two None checks.
+        tracer = state.tracer
+        trace = None if tracer is None else tracer.begin("get_or_load_many", template)
+        try:
+            return await self._read_many(batch, ttl, none_ttl, template, values, loaded_alone)
+        except BaseException as exc:
+            if trace is not None:
+                trace.failed(exc)
+            raise
+        finally:
+            if trace is not None:
+                trace.end()
+
+    async def _read_many(
+        self,
+        batch: Batch,
+        ttl: Seconds,
+        none_ttl: Seconds | Missing | None,
+        template: str | None,
+        values: ValueType | None,
+        loaded_alone: Callable[[str], Callable[[], Any]],
+    ) -> dict[str, Any]:
+        """The batch's reads, then its refreshes and its typed reloads."""
+        state = self._state
         driver = AsyncBatchDriver(state, self.client, batch, self._run, self._answer)
         due: list[Read] = []  # served, due for a refresh: refreshed together
         result, unfit = batch.result(await driver.drive(batch_read(state, batch.calls, due)))

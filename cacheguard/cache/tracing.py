@@ -33,8 +33,9 @@ class CallTracer(Protocol):
     task), inside the call it concerns, and must be quick."""
 
     def begin(self, operation: str, template: str | None) -> CallTrace:
-        """A public call (``"get_or_load"``, ``"refresh"``, ``"peek"``, ``"invalidate"``,
-        ``"invalidate_prefix"``) begins; ``template`` is its key's, when it gave one."""
+        """A public call (``"get_or_load"``, ``"get_or_load_many"``, ``"refresh"``,
+        ``"peek"``, ``"invalidate"``, ``"invalidate_prefix"``) begins; ``template`` is
+        its key's, when it gave one."""
         ...
 
     def load(self, name: str, template: str | None) -> CallTrace:

@@ -120,7 +120,7 @@ _TIERS: Final = {"l1_hits": "l1", "l2_hits": "l2"}
 # Events the span shows otherwise (an attribute, a child span): not repeated as events.
 _SHOWN: Final = frozenset({"l1_hits", "l2_hits", "loads", "lock_waits"})
 # The calls whose span says how the value came.
-_READS: Final = frozenset({"get_or_load", "refresh"})
+_READS: Final = frozenset({"get_or_load", "get_or_load_many", "refresh"})
 
 # The traced call this thread or task is in (None outside one). A loader's own calls
 # of a guard set theirs over it, and put it back when they end.
