@@ -25,6 +25,7 @@ reach them); functions decorated with an explicit guard never consult it.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Literal
 
 from cacheguard.cache.guard import CacheGuard
@@ -46,6 +47,7 @@ _ASYNC_GUARD = "cacheguard.cache.async_guard"
 _GUARD_CLASS = {"sync": "CacheGuard", "asyncio": "AsyncCacheGuard"}
 # Per driver, the installations in force, the newest last: the default is the newest.
 _installed: dict[Driver, list[Installed]] = {"sync": [], "asyncio": []}
+_changing = threading.Lock()  # installations begin and end from any thread
 
 
 def _driver_of(guard: object) -> Driver:
@@ -67,9 +69,10 @@ class Installed:
         self.guard = guard
 
     def restore(self) -> None:
-        installations = _installed[self.driver]
-        if self in installations:
-            installations.remove(self)
+        with _changing:
+            installations = _installed[self.driver]
+            if self in installations:
+                installations.remove(self)
 
     def __enter__(self) -> Installed:
         return self
@@ -91,9 +94,10 @@ def use(guard: CacheGuard | AsyncCacheGuard) -> Installed:
     installs a new guard on every start, never ending the old, keeps none of them)."""
     driver = _driver_of(guard)
     installation = Installed(driver, guard)
-    installations = _installed[driver]
-    installations[:] = [i for i in installations if not i.guard._state.closed]
-    installations.append(installation)
+    with _changing:
+        installations = _installed[driver]
+        installations[:] = [i for i in installations if not i.guard._state.closed]
+        installations.append(installation)
     return installation
 
 
