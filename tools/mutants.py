@@ -4096,7 +4096,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "installations of closed guards are dropped as a new one comes: an app installing "
         "a guard on every start keeps none of the old",
         "cacheguard/cache/default.py",
-        "    installations[:] = [i for i in installations if not i.guard._state.closed]\n",
+        "        installations[:] = [i for i in installations if not i.guard._state.closed]\n",
         "",
         ("tests/test_default_guard.py::test_installations_of_closed_guards_do_not_pile_up",),
         within="use",
