@@ -113,9 +113,14 @@ async def test_a_waiter_cancelled_leaves_nothing_behind(
 
     filling = asyncio.ensure_future(guard.get_or_load("k", slow, ttl=60))
     await asyncio.wait_for(started.wait(), 10)
-    waiter = asyncio.ensure_future(other.get_or_load("k", lambda: "waiter", ttl=60))
-    channel = other.keys("k").released_channel
-    assert await asyncio.to_thread(wait_until, lambda: subscribers(client, channel) >= 1, 10)
+    # A wait that outlasts any slow machine: the waiter is still waiting when cancelled.
+    patient = AsyncCacheGuard(
+        other.client, namespace=guard._state.namespace, ttl_jitter=0, wait_timeout=600
+    )
+    waiter = asyncio.ensure_future(patient.get_or_load("k", lambda: "waiter", ttl=60))
+    channel = patient.keys("k").released_channel
+    assert await asyncio.to_thread(wait_until, lambda: subscribers(client, channel) >= 1, 60)
+    assert not waiter.done()
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
@@ -123,7 +128,8 @@ async def test_a_waiter_cancelled_leaves_nothing_behind(
     assert await filling == "filled"
     assert await other.get_or_load("k", lambda: "waiter", ttl=60) == "filled"
     assert await asyncio.to_thread(lock_free, client, guard, "k")
-    assert len(other._state.flights) == 0
+    assert len(patient._state.flights) == 0
+    await patient.aclose()
 
 
 async def test_a_cancelled_writer_releases_its_locks(

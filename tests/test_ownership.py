@@ -173,9 +173,11 @@ def test_a_dropped_store_hold_is_given_back_not_renewed(
     the handle any more): the watchdog gives the hold back at its next renewal."""
     lock = RedisRWLock(client, "k", namespace=namespace, lease=0.9)
     dropped: list[Any] = []
+    held: list[int] = []
 
     def take_and_drop() -> None:
         handle = lock.acquire_write(timeout=5)
+        held.append(client.exists(lock.keys.lock))  # taken (seen before it is dropped)
         dropped.append(weakref.ref(handle))
 
     thread = threading.Thread(target=take_and_drop)
@@ -183,7 +185,7 @@ def test_a_dropped_store_hold_is_given_back_not_renewed(
     thread.join()
     gc.collect()
     assert dropped[0]() is None
-    assert client.exists(lock.keys.lock)
+    assert held == [1]
     # Without the release it would be renewed for ever (lease 0.9 s, renewed every 0.3 s).
     assert wait_until(lambda: not client.exists(lock.keys.lock), timeout=10)
     with lock.write(timeout=5) as again:  # a fresh hold, another owner
