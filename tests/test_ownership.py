@@ -198,11 +198,13 @@ def test_a_kept_handle_stays_held_whatever_thread_took_it(
 ) -> None:
     """The hand-off the other way: a handle taken in a thread that ended, but still
     referenced, stays held (renewed) until released."""
-    lock = RedisRWLock(client, "k", namespace=namespace, lease=0.6)
+    # A lease long enough that a loaded machine (the mutation check beside the suite)
+    # still renews in time; unrenewed, the hold would be gone within 2 s.
+    lock = RedisRWLock(client, "k", namespace=namespace, lease=2.0)
     held, _ = _end_thread_holding(lambda: lock.acquire_write(timeout=5))
     gc.collect()
-    # Three leases long, the holding stays (observed in Redis, not slept on).
-    deadline = time.monotonic() + 3 * 0.6
+    # One and a half leases long, the holding stays (observed in Redis, not slept on).
+    deadline = time.monotonic() + 1.5 * 2.0
     while time.monotonic() < deadline:
         assert client.exists(lock.keys.lock)
         time.sleep(0.02)
