@@ -58,8 +58,14 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from bench._common import Paired, paired_batches, run_line, run_report, write_section
-from cacheguard.testing import RedisEndpoint
+from bench._common import (  # noqa: E402 (after the path is set)
+    Paired,
+    paired_batches,
+    run_line,
+    run_report,
+    write_section,
+)
+from cacheguard.testing import RedisEndpoint  # noqa: E402
 
 CTX = mp.get_context("spawn")
 MARK = "bench/django.py"
@@ -353,12 +359,15 @@ def _backends_line(labels: Sequence[str]) -> str:
     import django_redis
 
     versions = [f"Django {django.get_version()}", f"django-redis {django_redis.__version__}"]
-    configured = ", ".join(
-        f"{label}: `{BACKENDS[label][0]}`"
-        + (f" (`CLIENT_CLASS` {BACKENDS[label][1]['CLIENT_CLASS'].rsplit('.', 1)[1]})"
-           if "CLIENT_CLASS" in BACKENDS[label][1] else "")  # fmt: skip
-        for label in labels
-    )
+    described = []
+    for label in labels:
+        backend, options = BACKENDS[label]
+        client = options.get("CLIENT_CLASS", "")
+        described.append(
+            f"{label}: `{backend}`"
+            + (f" (`CLIENT_CLASS` {client.rsplit('.', 1)[1]})" if client else "")
+        )
+    configured = ", ".join(described)
     return f"{', '.join(versions)}. Backends: {configured}."
 
 

@@ -1,0 +1,1 @@
+"""The menus app: the ``Menu`` model, its cached reads, JSON views and the demo command."""

@@ -1,0 +1,36 @@
+"""The ``Menu`` model and the cache keys a change to one of its rows affects.
+
+Its table has a name of its own, ``cacheguard_django_menu``: the demo drops, creates
+and fills only it, never another table of the database it is pointed at.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+# The keys of a row (track_models renders them from the row's fields, the old and
+# the new values both): the whole list, the menu itself, and its owner's menus, so
+# that moving a menu to another owner refreshes both owners' lists.
+MENU_KEYS = ("menu:list", "menu:{id}", "menu:owner:{owner}")
+
+
+class Menu(models.Model):  # type: ignore[misc]  # django ships no type hints
+    name = models.CharField(max_length=100)
+    price = models.PositiveIntegerField(default=0, help_text="in cents")
+    owner = models.CharField(max_length=50, db_index=True)
+
+    class Meta:
+        app_label = "menus"
+        db_table = "cacheguard_django_menu"
+        ordering = ("id",)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.owner})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.pk, "name": self.name, "price": self.price, "owner": self.owner}
+
+
+EDITABLE = ("name", "price", "owner")
