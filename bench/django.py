@@ -48,6 +48,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import redis
@@ -119,7 +120,11 @@ def configure_django(url: str, token: str, labels: Sequence[str]) -> None:
     import django
     from django.conf import settings
 
-    settings.configure(CACHES=caches_setting(url, token, labels), USE_TZ=True)
+    settings.configure(
+        CACHES=caches_setting(url, token, labels),
+        USE_TZ=True,
+        SECRET_KEY=f"bench-django-{token}",  # the cacheguard backend signs its pickles with it
+    )
     django.setup()
 
 
@@ -263,17 +268,17 @@ def stampedes(args: argparse.Namespace, url: str, token: str) -> dict[str, list[
         for proc in procs:
             proc.start()
         for _ in procs:
-            started.get(timeout=ROUND_DEADLINE)
+            _from(started, procs)
         for index, step in enumerate(steps):
             print(f"stampede {index + 1}/{len(steps)}: {step.label}", file=sys.stderr)
             if step.label == HERD_STALE:
                 plant_herd_entry(url, token, labels, step.key)
             for _ in procs:
-                ready.get(timeout=ROUND_DEADLINE)
+                _from(ready, procs)
             before = loads.value
             began = time.time()
             go[index].set()
-            outcomes = [outcome for _ in procs for outcome in out.get(timeout=ROUND_DEADLINE)[1]]
+            outcomes = [outcome for _ in procs for outcome in _from(out, procs)[1]]
             result = RoundResult(
                 loads=loads.value - before,
                 served=sum(1 for _, what in outcomes if what in ("new", "old")),
@@ -290,6 +295,20 @@ def stampedes(args: argparse.Namespace, url: str, token: str) -> dict[str, list[
             if proc.is_alive():
                 proc.kill()
     return results
+
+
+def _from(queue: Any, procs: list[Any]) -> Any:
+    """The next item of ``queue``; a worker that died (its error is on stderr) or a
+    round past its deadline ends the run at once."""
+    deadline = time.monotonic() + ROUND_DEADLINE
+    while time.monotonic() < deadline:
+        try:
+            return queue.get(timeout=0.5)
+        except Empty:
+            dead = [proc.exitcode for proc in procs if proc.exitcode is not None]
+            if dead:
+                raise RuntimeError(f"a worker exited ({dead[0]}): see its error above") from None
+    raise RuntimeError(f"no answer from the workers within {ROUND_DEADLINE:g} s")
 
 
 # -- the hit path ---------------------------------------------------------------------------------
@@ -478,14 +497,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a small run for the tests: 2 processes x 2 threads, 1 round, 5 hit rounds of 50",
+        help="a small run for the tests: by default 2 processes x 2 threads, 1 round, "
+        "5 hit rounds of 50 calls",
     )
     parser.add_argument("--write", type=Path, help="also write the tables into this Markdown file")
-    args = parser.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else list(argv)
-    if args.quick:
-        args.processes, args.threads, args.rounds = 2, 2, 1
-        args.hit_rounds, args.hit_batch = 5, 50
+    given = sys.argv[1:] if argv is None else list(argv)
+    if parser.parse_known_args(given)[0].quick:  # smaller defaults; options given still win
+        parser.set_defaults(processes=2, threads=2, rounds=1, hit_rounds=5, hit_batch=50)
+    args = parser.parse_args(given)
+    args.argv = given
     if min(args.processes, args.threads, args.rounds, args.hit_rounds, args.hit_batch) < 1:
         parser.error("processes, threads, rounds, hit-rounds and hit-batch must be >= 1")
     if args.load_ms < 0:
