@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import redis
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import execute_from_command_line
 
 from cacheguard.testing import redis_server
 
@@ -36,10 +38,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args[0] in ("menu_demo", "runserver"):
             print(f"Redis: {endpoint.kind} ({endpoint.url})", file=sys.stderr, flush=True)
         try:
-            from django.core.management import execute_from_command_line
-
             execute_from_command_line(["menu_django", *args])
+        except ImproperlyConfigured as exc:  # a DATABASE_URL it cannot use, say
+            print(f"menu_django: {exc}", file=sys.stderr)
+            return 1
         finally:
+            _close_caches()  # before the throwaway Redis stops under their connections
             if own_namespace:
                 _forget_keys(endpoint.url, os.environ["MENU_DJANGO_NAMESPACE"])
     return 0
@@ -54,3 +58,22 @@ def _forget_keys(url: str, namespace: str) -> None:
             client.delete(*keys[start : start + 500])
     finally:
         client.close()
+
+
+def _close_caches() -> None:
+    """Close the caches' connections (the cacheguard backend's guard and its pub/sub
+    listener too), if the command configured Django at all."""
+    from django.conf import settings
+    from django.core.cache import caches
+
+    try:
+        aliases = list(settings.CACHES)
+    except ImproperlyConfigured:  # the settings never loaded: no cache was made
+        return
+    for alias in aliases:
+        cache = caches[alias]
+        shutdown = getattr(cache, "shutdown", None)  # cacheguard's backend: its guard
+        if callable(shutdown):
+            shutdown()
+        else:
+            cache.close()

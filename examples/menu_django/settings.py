@@ -80,9 +80,8 @@ CACHES = {
     "default": {
         "BACKEND": "cacheguard.integrations.django.CacheGuardCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": NAMESPACE,
         "TIMEOUT": 300,
-        "OPTIONS": {"namespace": NAMESPACE},
+        "OPTIONS": {"namespace": NAMESPACE},  # the prefix of every Redis key it writes
     },
     # Django's own Redis backend, invalidated by signals as Django projects usually
     # do: what the demo compares with.

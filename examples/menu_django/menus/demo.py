@@ -11,18 +11,20 @@ cacheguard, in two scenes.
   after ``slow_build_s`` at the latest. Then the list is read ``reads_after`` times:
   a read that returns ``#0`` is stale (the write had committed before it began).
 
-With Django's backend (``caches["plain"].get_or_set``, invalidated on commit by
-signals as projects usually do) every caller that misses queries the database, and
-the slow reader stores the pre-commit list after the commit, where it stays until
-its timeout. With cacheguard (``@cached_with_lock`` through the backend's guard,
-``track_models`` on the model) one caller queries while the others wait for its
-value, and the writer's locks keep the old list out of the cache once the write
-has committed: the writer waits for the reader's fill to end (its value was right
-until then), and invalidates before and after its commit.
+Both read the list with the same call, ``cache.get_or_set("menu:list", load, ttl)``.
+With Django's own Redis backend (``caches["plain"]``, its keys deleted on commit by
+signals, as projects usually do) every caller that misses queries the database,
+and the slow reader stores the pre-commit list after the commit, where it stays
+until its timeout. With cacheguard's backend (``caches["default"]``, ``track_models``
+on the model) one caller queries while the others wait for its value, and the
+writer's locks keep the old list out of the cache once the write has committed:
+the writer waits for the reader's fill to end (its value was right until then),
+and invalidates before and after its commit.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 import statistics
@@ -85,20 +87,21 @@ def revision_of(menus: list[dict[str, Any]]) -> int:
 # -- what both scenes share -----------------------------------------------------------------------
 
 
-def reader_of(mode: str) -> Callable[[], list[dict[str, Any]]]:
-    from .reads import menu_list, plain_menu_list
+ALIASES = {"django": "plain", "cacheguard": "default"}  # the mode's cache in CACHES
 
-    return plain_menu_list if mode == "django" else menu_list
+
+def reader_of(mode: str) -> Callable[[], list[dict[str, Any]]]:
+    """The same ``get_or_set`` call on the mode's cache."""
+    from .reads import menu_list
+
+    return functools.partial(menu_list, ALIASES[mode])
 
 
 def forget_list(mode: str) -> None:
     """Make the list absent from the mode's cache (a cold key, an expired entry)."""
     from django.core.cache import caches
 
-    if mode == "django":
-        caches["plain"].delete("menu:list")
-    else:
-        caches["default"].guard.invalidate("menu:list")
+    caches[ALIASES[mode]].delete("menu:list")
 
 
 class QueryCounter:

@@ -10,10 +10,14 @@ from typing import Any
 
 from django.db import models
 
-# The keys of a row (track_models renders them from the row's fields, the old and
-# the new values both): the whole list, the menu itself, and its owner's menus, so
-# that moving a menu to another owner refreshes both owners' lists.
-MENU_KEYS = ("menu:list", "menu:{id}", "menu:owner:{owner}")
+# The keys a row's change affects (track_models renders them from the row's fields,
+# the old values and the new). Two kinds, as the reads use them (menus/reads.py):
+# - keys of Django's cache API (cache.get_or_set("menu:list", ...)), which the backend
+#   maps to the guard's names (KEY_PREFIX, VERSION): tracked through the cache;
+# - the guard's own names, of the @cached_with_lock reads: tracked through the guard.
+#   A menu moved to another owner refreshes both owners' lists.
+CACHE_API_KEYS = ("menu:list",)
+GUARD_KEYS = ("menu:{id}", "menu:owner:{owner}")
 
 
 class Menu(models.Model):  # type: ignore[misc]  # django ships no type hints

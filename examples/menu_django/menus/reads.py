@@ -1,11 +1,14 @@
-"""The menus' reads: through cacheguard (``@cached_with_lock``), and the same list
-through Django's own Redis backend (``caches["plain"].get_or_set``) for the demo.
+"""The menus' reads, both ways the cacheguard backend offers.
 
-The decorated functions name no guard: they read through the default one, which
-``MenusConfig.ready()`` installs (``cacheguard.use(caches["default"].guard)``), so
-they are defined at import time, before any cache exists. Their keys are the ones
-``track_models`` invalidates (``models.MENU_KEYS``): ``menu:{menu_id}`` and
-``menu:{id}`` both render ``menu:7``.
+- ``menu_list``: Django's cache API, ``cache.get_or_set("menu:list", load, ttl)``, the
+  same call on either backend (the demo compares them); ``track_models(cache, ...)``
+  invalidates it under the same key.
+- ``menu_detail`` and ``menus_of``: ``@cached_with_lock``, model instances, under the
+  guard's own names (``menu:{menu_id}`` and the tracked ``menu:{id}`` both render
+  ``menu:7``); ``track_models(cache.guard, ...)`` invalidates them. They name no
+  guard: they read through the default one, which ``MenusConfig.ready()`` installs
+  (``cacheguard.use(caches["default"].guard)``), so they are defined at import time,
+  before any cache exists.
 """
 
 from __future__ import annotations
@@ -46,10 +49,13 @@ def load_menu_list() -> list[dict[str, Any]]:
     return rows
 
 
-@cached_with_lock(key="menu:list", ttl=TTL)
-def menu_list() -> list[dict[str, Any]]:
-    """Every menu, cached as ``menu:list``: one load across processes on a miss."""
-    return load_menu_list()
+def menu_list(alias: str = "default") -> list[dict[str, Any]]:
+    """Every menu, through Django's cache API: ``caches[alias].get_or_set``. On the
+    cacheguard backend (``default``) one caller across processes loads a missing
+    list while the others wait for it; on Django's own (``plain``, for the demo's
+    comparison) every caller that misses loads it."""
+    value: list[dict[str, Any]] = caches[alias].get_or_set("menu:list", load_menu_list, TTL)
+    return value
 
 
 @cached_with_lock(key="menu:{menu_id}", ttl=TTL)
@@ -63,10 +69,3 @@ def menu_detail(menu_id: int) -> Menu | None:
 def menus_of(owner: str) -> list[Menu]:
     """An owner's menus as model instances, cached as ``menu:owner:{owner}``."""
     return list(Menu.objects.filter(owner=owner).order_by("id"))
-
-
-def plain_menu_list() -> list[dict[str, Any]]:
-    """The same list through Django's own Redis backend (``caches["plain"]``): every
-    caller that misses loads it, and ``menus/signals.py`` deletes it on writes."""
-    value: list[dict[str, Any]] = caches["plain"].get_or_set("menu:list", load_menu_list, TTL)
-    return value
