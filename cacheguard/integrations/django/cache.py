@@ -732,7 +732,8 @@ class _Connections:
 
     def __init__(self, config: _Config) -> None:
         self.config = config
-        self._mutex = threading.Lock()
+        # Reentrant: a closed loop's closer, stepped under it, takes it again.
+        self._mutex = threading.RLock()
         self._sync: CacheGuard | None = None
         # The loop's guard and the async generator that closes it with the loop (the
         # guard's connections keep their loop alive: entries are dropped explicitly).
@@ -802,7 +803,7 @@ class _Connections:
             await made[1].aclose()  # its finally closes the guard (it is no longer listed)
 
     def reset_after_fork(self) -> None:
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()
         self._loops = {}  # the parent's loops do not run here
 
 
