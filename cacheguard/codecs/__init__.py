@@ -15,10 +15,14 @@ the annotation by :func:`value_type`:
 * one naming a dataclass, or plain types only: :class:`DataclassValues`, the
   standard library's ``dataclasses``, each field converted by its own annotation
   (the codec's types: str, int, float, bool, None, bytes, datetime, date,
-  Decimal, UUID; enums by value; lists, tuples, sets, dicts, ``X | None``).
+  Decimal, UUID; enums by value; lists, tuples, sets, dicts, ``X | None``);
+* one naming a Django model (``Menu``, ``list[Menu]``, ``Menu | None``): the same
+  family, each instance its concrete fields' values, read back as the instance a
+  query returns (:mod:`cacheguard.codecs.django_models`; found only once Django is
+  imported, never importing it).
 
 ``@cached_with_lock`` takes the value type from the function's return annotation
-when it names a dataclass, a model or a Struct that a family handles (``async
+when it names a dataclass, a model (pydantic or Django) or a Struct that a family handles (``async
 def``: the awaited type; not for a guard with PickleCodec; ``type=False``: never);
 ``CacheLoader``, ``get_or_load``, ``refresh`` and ``peek`` take it as ``type=``. A
 type no family handles raises ``TypeError`` when it is given. Stored data that no

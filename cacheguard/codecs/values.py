@@ -78,20 +78,32 @@ def _is_struct(part: Any) -> bool:
     return msgspec is not None and isinstance(part, type) and issubclass(part, msgspec.Struct)
 
 
+def _is_django_model(part: Any) -> bool:
+    # A model class exists only once Django is imported: no import here otherwise.
+    if sys.modules.get("django.db.models") is None:
+        return False
+    from cacheguard.codecs.django_models import is_django_model  # noqa: PLC0415
+
+    return is_django_model(part)
+
+
 def _family(annotation: Any) -> str | None:
     parts = list(_parts(annotation))
     if any(_is_pydantic_model(part) for part in parts):
         return "pydantic"
     if any(_is_struct(part) for part in parts):
         return "msgspec"
-    if any(dataclasses.is_dataclass(part) and isinstance(part, type) for part in parts):
-        return "dataclass"
+    if any(
+        (dataclasses.is_dataclass(part) and isinstance(part, type)) or _is_django_model(part)
+        for part in parts
+    ):
+        return "dataclass"  # Django models are converted field by field as dataclasses are
     return None
 
 
 def names_a_family(annotation: Any) -> bool:
-    """Does ``annotation`` name a dataclass, a pydantic model or a msgspec Struct?
-    (What ``@cached_with_lock`` looks for in a return annotation.)"""
+    """Does ``annotation`` name a dataclass, a pydantic model, a msgspec Struct or a
+    Django model? (What ``@cached_with_lock`` looks for in a return annotation.)"""
     return _family(annotation) is not None
 
 
@@ -197,9 +209,11 @@ Seen = dict[Any, tuple[Convert, Convert]]  # the converters of the dataclasses m
 
 
 class DataclassValues:
-    """Dataclasses and plain types, by the standard library alone: a dataclass
-    becomes a dict of its fields (each converted by its annotation), enums their
-    value, sets and tuples lists; ``load`` rebuilds and checks every part."""
+    """Dataclasses, Django models and plain types, by the standard library alone: a
+    dataclass becomes a dict of its fields (each converted by its annotation), a
+    Django model instance a dict of its concrete fields (see
+    :mod:`cacheguard.codecs.django_models`), enums their value, sets and tuples
+    lists; ``load`` rebuilds and checks every part."""
 
     def __init__(self, annotation: Any) -> None:
         self.annotation = annotation
@@ -236,6 +250,10 @@ def _converters(annotation: Any, seen: Seen) -> tuple[Convert, Convert]:
         return _checked(annotation), _checked(annotation)
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return _dataclass(annotation, seen)
+    if _is_django_model(annotation):
+        from cacheguard.codecs.django_models import model_converters  # noqa: PLC0415
+
+        return model_converters(annotation)
     if origin in (list, set, frozenset) or annotation in (list, set, frozenset):
         item = arguments[0] if arguments else Any
         return _sequence(origin or annotation, item, seen)

@@ -1,0 +1,1 @@
+"""A Django app of the tests' own: the models the ORM hook tests track."""

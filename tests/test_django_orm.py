@@ -1,0 +1,740 @@
+"""The Django ORM hooks (``track_models``) and ORM values in the cache, on real
+PostgreSQL (``DATABASE_URL``, set in CI) and Redis.
+
+Django is configured once per process by tests/django_settings.py, in a schema of
+the run's own; the models are tests/django_app's. Every test starts from empty
+tables and ends with this thread's connections closed."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import time as dtime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from cacheguard import MISSING, CacheGuard, KeyTemplateError, LockLostError, cached_with_lock
+from tests.django_settings import DjangoDatabase, configure_django, create_tables, postgres_url
+from tests.django_support import (
+    DISH_KEYS,
+    MENU_KEYS,
+    churn_reader,
+    churn_writer,
+    lock_is_free,
+    waiting_in_process,
+)
+from tests.helpers import make_guard, wait_until
+from tests.procs import results_of, start_processes
+
+if postgres_url() is None:
+    pytest.skip("the Django ORM tests need PostgreSQL (DATABASE_URL)", allow_module_level=True)
+
+DATABASE: DjangoDatabase = configure_django()
+if not DATABASE.postgres:
+    pytest.skip("Django was configured without PostgreSQL in this process", allow_module_level=True)
+create_tables()
+
+from django.core import serializers  # noqa: E402  (after the settings)
+from django.db import connection, connections, transaction  # noqa: E402
+from django.db.models import F  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+
+from cacheguard.integrations.django import track_models  # noqa: E402
+from cacheguard.integrations.django.orm import (  # noqa: E402
+    ManualTransactionError,
+    ModelTracker,
+)
+from tests.django_app.models import Dish, Menu, MenuProxy, Owner, SpecialMenu  # noqa: E402
+
+TABLES = (Dish, SpecialMenu, Menu, Owner)
+
+
+@pytest.fixture(autouse=True)
+def empty_tables() -> Iterator[None]:
+    with connection.cursor() as cursor:
+        names = ", ".join(connection.ops.quote_name(m._meta.db_table) for m in TABLES)
+        cursor.execute(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
+    yield
+    connections.close_all()
+
+
+@pytest.fixture
+def guard(client: redis.Redis, namespace: str) -> Iterator[CacheGuard]:
+    g = make_guard(client, namespace, wait_timeout=10)
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def tracker(guard: CacheGuard) -> Iterator[ModelTracker]:
+    t = track_models(guard, {Menu: MENU_KEYS, Dish: DISH_KEYS}, lock_timeout=10)
+    yield t
+    t.close()
+
+
+@pytest.fixture
+def owners() -> tuple[Owner, Owner]:
+    return Owner.objects.create(name="Ann"), Owner.objects.create(name="Bob")
+
+
+@pytest.fixture
+def menus(owners: tuple[Owner, Owner], tracker: ModelTracker) -> list[Menu]:
+    ann, _ = owners
+    return [
+        Menu.objects.create(name="Starters", slug="starters", owner=ann),
+        Menu.objects.create(name="Soups", slug="soups", owner=ann),
+        Menu.objects.create(name="Desserts", slug="desserts", owner=None),
+    ]
+
+
+def fill(guard: CacheGuard, *names: str) -> dict[str, bytes]:
+    """Cache a value under each name; their stored entries, to put back later."""
+    for name in names:
+        guard.get_or_load(name, lambda n=name: f"old {n}", ttl=60)
+    return {name: guard.client.get(guard.keys(name).value) for name in names}
+
+
+def put_back(guard: CacheGuard, entries: dict[str, bytes]) -> None:
+    """Store the old entries again without any lock: what a writer that ignores the
+    locks, or an old value on its way, would do. The end of the transaction must
+    remove them."""
+    for name, raw in entries.items():
+        guard.client.set(guard.keys(name).value, raw)
+
+
+class SqlSpy:
+    """Runs ``before`` when the first INSERT, UPDATE or DELETE of the menu table is
+    about to be sent, and ``after`` once it ran (in the writer's transaction)."""
+
+    def __init__(self, before: Callable[[], None], after: Callable[[], None]) -> None:
+        self.before, self.after = before, after
+        self.seen = False
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        first = not self.seen and _writes_menus(sql)
+        if first:
+            self.seen = True
+            self.before()
+        result = execute(sql, params, many, context)
+        if first:
+            self.after()
+        return result
+
+
+def _writes_menus(sql: str) -> bool:
+    verb = sql.lstrip().split(" ", 1)[0].upper()
+    return (
+        verb in ("INSERT", "UPDATE", "DELETE")
+        and '"django_app_menu"' in sql.split("WHERE", maxsplit=1)[0]
+    )
+
+
+# -- every kind of write: the keys of old and new values, before the SQL and after commit --
+
+
+def _save(menus: list[Menu], bob: Owner) -> None:
+    menu = Menu.objects.get(pk=menus[0].pk)
+    menu.owner, menu.slug = bob, "hors-d-oeuvres"
+    menu.save()
+
+
+def _create(menus: list[Menu], bob: Owner) -> None:
+    Menu.objects.create(name="Salads", slug="salads", owner=bob)
+
+
+def _delete(menus: list[Menu], bob: Owner) -> None:
+    Menu.objects.get(pk=menus[0].pk).delete()
+
+
+def _queryset_update(menus: list[Menu], bob: Owner) -> None:
+    assert Menu.objects.filter(slug="starters").update(owner=bob, slug="hors-d-oeuvres") == 1
+
+
+def _queryset_delete(menus: list[Menu], bob: Owner) -> None:
+    assert Menu.objects.filter(slug="starters").delete()[0] == 1
+
+
+def _bulk_create(menus: list[Menu], bob: Owner) -> None:
+    Menu.objects.bulk_create([Menu(name="Salads", slug="salads", owner=bob)])
+
+
+def _bulk_update(menus: list[Menu], bob: Owner) -> None:
+    menu = Menu.objects.get(pk=menus[0].pk)
+    menu.owner, menu.slug = bob, "hors-d-oeuvres"
+    Menu.objects.bulk_update([menu], ["owner", "slug"])
+
+
+CHANGE = ("menu:list", "menu:1", "menu:starters", "menu:hors-d-oeuvres")
+MOVE = ("menus:by-owner:1", "menus:by-owner:2")
+# write -> (keys locked and invalidated before its SQL, keys held by the commit)
+WRITES: dict[str, tuple[Callable[[list[Menu], Owner], None], tuple[str, ...], tuple[str, ...]]] = {
+    "save": (_save, CHANGE + MOVE, CHANGE + MOVE),
+    "create": (_create, ("menu:list", "menu:salads", "menus:by-owner:2"), ("menu:4",)),
+    "delete": (_delete, CHANGE[:3] + MOVE[:1], CHANGE[:3] + MOVE[:1]),
+    "queryset-update": (_queryset_update, CHANGE[:3] + MOVE[:1], CHANGE + MOVE),
+    "queryset-delete": (_queryset_delete, CHANGE[:3] + MOVE[:1], CHANGE[:3] + MOVE[:1]),
+    "bulk-create": (_bulk_create, ("menu:list", "menu:salads", "menus:by-owner:2"), ("menu:4",)),
+    "bulk-update": (_bulk_update, CHANGE[:3] + MOVE[:1], CHANGE + MOVE),
+}
+
+
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "autocommit"])
+@pytest.mark.parametrize("kind", list(WRITES))
+def test_each_write_locks_and_invalidates_old_and_new_keys_before_its_sql_and_after_commit(
+    guard: CacheGuard,
+    tracker: ModelTracker,
+    menus: list[Menu],
+    owners: tuple[Owner, Owner],
+    kind: str,
+    atomic: bool,
+) -> None:
+    write, before_sql, by_commit = WRITES[kind]
+    held = tuple(dict.fromkeys(before_sql + by_commit))
+    existing = [n for n in held if n != "menu:4"]  # no value for a menu not made yet
+    entries = fill(guard, *existing)
+    at_the_sql: dict[str, tuple[bool, Any]] = {}
+
+    def before() -> None:
+        at_the_sql.update({n: (lock_is_free(guard, n), guard.peek(n)) for n in before_sql})
+
+    spy = SqlSpy(before, lambda: put_back(guard, entries))
+    with connection.execute_wrapper(spy):
+        if atomic:
+            with transaction.atomic():
+                write(menus, owners[1])
+                assert set(held) <= tracker.held_keys()
+        else:
+            write(menus, owners[1])
+    assert spy.seen
+    assert at_the_sql == {n: (False, MISSING) for n in before_sql}  # locked and invalidated
+    assert tracker.held_keys() == frozenset()
+    assert all(lock_is_free(guard, n) for n in held)
+    assert {n: guard.peek(n) for n in held} == dict.fromkeys(held, MISSING)  # again at the end
+
+
+def test_a_read_waits_for_the_commit_and_gets_the_new_row(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def menu_name(menu_id: int) -> str:
+        try:
+            return str(Menu.objects.get(pk=menu_id).name)
+        finally:
+            connections.close_all()  # the reader thread's connection
+
+    assert menu_name(1) == "Starters"
+    read: list[str] = []
+    with transaction.atomic():
+        menu = Menu.objects.get(pk=1)
+        menu.name = "Hors d'oeuvres"
+        menu.save()
+        reader = threading.Thread(target=lambda: read.append(menu_name(1)))
+        reader.start()
+        # The reader waits for the write lock the transaction holds, not for a value.
+        assert wait_until(lambda: waiting_in_process(guard, "menu:1"), 10)
+        assert read == []
+    reader.join(10)
+    assert read == ["Hors d'oeuvres"]
+    assert menu_name(1) == "Hors d'oeuvres"
+
+
+def test_the_writers_own_reads_see_its_rows_and_store_nothing(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def menu_name(menu_id: int) -> str:
+        return str(Menu.objects.get(pk=menu_id).name)
+
+    @cached_with_lock(guard, key="count:menus", ttl=60)
+    def menu_count() -> int:  # no template names this key: still nothing uncommitted stored
+        return int(Menu.objects.count())
+
+    def write_and_read_then_roll_back() -> None:
+        with transaction.atomic():
+            Menu.objects.filter(pk=1).update(name="Phantom")
+            Menu.objects.create(name="Ghost", slug="ghost")
+            assert menu_name(1) == "Phantom"
+            assert menu_count() == 4
+            assert guard.peek("menu:1") is MISSING
+            assert guard.peek("count:menus") is MISSING
+            raise RuntimeError("changed my mind")
+
+    with pytest.raises(RuntimeError, match="changed my mind"):
+        write_and_read_then_roll_back()
+    assert all(lock_is_free(guard, n) for n in ("menu:1", "menu:list", "menu:ghost"))
+    assert menu_name(1) == "Starters"
+    assert menu_count() == 3
+
+
+def test_a_rolled_back_savepoint_keeps_its_keys_locked_until_the_outermost_end(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    entries = fill(guard, "menu:soups")
+
+    def in_a_savepoint_rolled_back() -> None:
+        with transaction.atomic():
+            Menu.objects.filter(slug="soups").update(name="Broths")
+            raise RuntimeError("savepoint rolled back")
+
+    with transaction.atomic():
+        with pytest.raises(RuntimeError):
+            in_a_savepoint_rolled_back()
+        assert "menu:soups" in tracker.held_keys()
+        assert not lock_is_free(guard, "menu:soups")
+        put_back(guard, entries)
+        Menu.objects.filter(slug="starters").update(name="Hors d'oeuvres")
+    assert lock_is_free(guard, "menu:soups")
+    assert guard.peek("menu:soups") is MISSING
+    assert Menu.objects.get(slug="soups").name == "Soups"
+
+
+def test_keys_are_per_database_alias(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    # Two aliases, two transactions: each holds and ends its own.
+    with transaction.atomic(using="repeatable"):
+        Menu.objects.using("repeatable").filter(pk=2).update(name="Broths")
+        with transaction.atomic():
+            Menu.objects.filter(pk=1).update(name="Hors d'oeuvres")
+            assert "menu:1" in tracker.held_keys()
+            assert "menu:2" in tracker.held_keys("repeatable")
+        assert "menu:1" not in tracker.held_keys()
+        assert lock_is_free(guard, "menu:1")
+        assert not lock_is_free(guard, "menu:2")
+    assert lock_is_free(guard, "menu:2")
+
+
+def test_an_update_changes_only_the_rows_it_selected_and_locked(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    # Between the hooks' SELECT ... FOR UPDATE and the UPDATE, another program makes
+    # a third menu match the filter: its keys were not locked, so it must not change.
+    conninfo = "postgresql://" + postgres_url().split("://", 1)[1]  # type: ignore[union-attr]
+
+    def other_program() -> None:
+        with psycopg.connect(conninfo, autocommit=True) as other:
+            other.execute(f"SET search_path = {DATABASE.schema}")
+            other.execute("UPDATE django_app_menu SET owner_id = 1 WHERE id = 3")
+
+    done = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not done and "FOR UPDATE" in sql:
+            done.append(True)
+            other_program()
+        return result
+
+    with connection.execute_wrapper(spy):
+        assert Menu.objects.filter(owner_id=1).update(name="Ann's") == 2
+    assert done
+    assert sorted(Menu.objects.values_list("id", "name")) == [
+        (1, "Ann's"),
+        (2, "Ann's"),
+        (3, "Desserts"),
+    ]
+
+
+def test_a_value_stored_while_a_lock_was_gone_is_dropped_at_the_end(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu], client: redis.Redis
+) -> None:
+    with transaction.atomic():
+        Menu.objects.filter(pk=1).update(name="Hors d'oeuvres")
+        # The lock's hash vanishes (a failover lost it); another process fills the key.
+        assert client.delete(guard.keys("menu:1").lock) == 1
+        outsider = make_guard(client, guard.namespace)
+        try:
+            assert outsider.get_or_load("menu:1", lambda: "Starters", ttl=60) == "Starters"
+        finally:
+            outsider.close()
+    assert guard.peek("menu:1") is MISSING  # invalidated again after the commit
+
+
+def test_a_write_lock_lost_before_the_commit_rolls_the_transaction_back(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu], client: redis.Redis
+) -> None:
+    def write_and_lose_the_lock() -> None:
+        with transaction.atomic():
+            Menu.objects.filter(pk=1).update(name="Written after the loss")
+            state = connections["default"].__dict__["_cacheguard_tracking"][tracker]
+            handle = state.locks["menu:1"][1]
+            assert client.delete(guard.keys("menu:1").lock) == 1
+            assert not handle.renew()  # what the watchdog's next renewal finds
+
+    with pytest.raises(LockLostError) as lost:
+        write_and_lose_the_lock()
+    assert (lost.value.name, lost.value.mode) == ("menu:1", "write")
+    assert "rolled back" in str(lost.value)
+    assert Menu.objects.get(pk=1).name == "Starters"
+    assert tracker.held_keys() == frozenset()
+    assert all(lock_is_free(guard, n) for n in ("menu:list", "menu:starters"))
+
+
+def test_a_fill_in_a_transaction_begun_before_a_write_does_not_store_its_old_row(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def menu_name(menu_id: int, using: str = "default") -> str:
+        return str(Menu.objects.using(using).get(pk=menu_id).name)
+
+    def write() -> None:
+        try:
+            Menu.objects.filter(pk=1).update(name="Hors d'oeuvres")
+        finally:
+            connections.close_all()
+
+    with transaction.atomic(using="repeatable"):  # REPEATABLE READ: one snapshot
+        assert Menu.objects.using("repeatable").count() == 3  # the snapshot is taken
+        writer = threading.Thread(target=write)  # committed, invalidated, released
+        writer.start()
+        writer.join(10)
+        assert menu_name(1, using="repeatable") == "Starters"  # its snapshot's row...
+        assert guard.peek("menu:1") is MISSING  # ...which it did not store
+    assert menu_name(1) == "Hors d'oeuvres"
+    assert guard.peek("menu:1") == "Hors d'oeuvres"
+
+
+def test_a_transaction_begun_after_the_write_fills(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    Menu.objects.filter(pk=1).update(name="Hors d'oeuvres")
+    with transaction.atomic(using="repeatable"):
+        name = guard.get_or_load(
+            "menu:1", lambda: Menu.objects.using("repeatable").get(pk=1).name, ttl=60
+        )
+    assert name == "Hors d'oeuvres"
+    assert guard.peek("menu:1") == "Hors d'oeuvres"
+
+
+def test_manual_transaction_management_is_refused(tracker: ModelTracker, menus: list[Menu]) -> None:
+    transaction.set_autocommit(False)
+    try:
+        with pytest.raises(ManualTransactionError, match="autocommit off"):
+            Menu.objects.filter(pk=1).update(name="Never")
+        with pytest.raises(ManualTransactionError), transaction.atomic():
+            Menu.objects.filter(pk=1).update(name="Never")
+        Owner.objects.create(name="Untracked: fine")  # not a tracked model
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+    assert Menu.objects.get(pk=1).name == "Starters"
+
+
+def test_subclasses_and_proxies_share_the_templates(
+    guard: CacheGuard, owners: tuple[Owner, Owner]
+) -> None:
+    # Tracking the proxy tracks writes through the concrete model and its subclasses.
+    with track_models(guard, {MenuProxy: ("menu:{id}", "menu:{slug}")}) as by_proxy:
+        special = SpecialMenu.objects.create(name="Chef's", slug="chefs", chef="Kim")
+        fill(guard, "menu:1", "menu:chefs")
+        with transaction.atomic():
+            SpecialMenu.objects.filter(pk=special.pk).update(chef="Lee", name="Lee's")
+            assert by_proxy.held_keys() == {"menu:1", "menu:chefs"}
+        fill(guard, "menu:1")
+        with transaction.atomic():
+            Menu.objects.filter(pk=1).update(slug="lees")  # through the concrete model
+            assert by_proxy.held_keys() == {"menu:1", "menu:chefs", "menu:lees"}
+        with transaction.atomic():
+            Menu.objects.get(pk=1).delete()  # deletes the SpecialMenu row too
+            assert by_proxy.held_keys() == {"menu:1", "menu:lees"}
+    assert guard.peek("menu:1") is MISSING
+
+
+def test_on_delete_set_null_is_tracked(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu], owners: tuple[Owner, Owner]
+) -> None:
+    fill(guard, "menus:by-owner:1", "menus:by-owner:None")
+    with transaction.atomic():
+        owners[0].delete()  # Menu.owner is SET_NULL: two menus move to no owner
+        assert {"menus:by-owner:1", "menus:by-owner:None", "menu:1", "menu:2"} <= (
+            tracker.held_keys()
+        )
+    assert guard.peek("menus:by-owner:1") is MISSING
+    assert guard.peek("menus:by-owner:None") is MISSING
+
+
+def test_cascaded_and_fast_deletes_are_tracked(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    Dish.objects.create(menu=menus[0], name="Olives")
+    Dish.objects.create(menu=menus[1], name="Broth")
+    fill(guard, "menu:1:dishes", "menu:2:dishes")
+    with transaction.atomic():
+        Dish.objects.filter(menu_id=2).delete()  # a fast delete: no signals, no objects
+        assert "menu:2:dishes" in tracker.held_keys()
+        menus[0].delete()  # cascades to its dish
+        assert "menu:1:dishes" in tracker.held_keys()
+    assert guard.peek("menu:1:dishes") is MISSING
+    assert guard.peek("menu:2:dishes") is MISSING
+    assert not Dish.objects.exists()
+
+
+def test_an_upsert_invalidates_the_keys_of_the_row_it_overwrites(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu], owners: tuple[Owner, Owner]
+) -> None:
+    with transaction.atomic():
+        Menu.objects.bulk_create(
+            [Menu(name="Soups again", slug="soups", owner=owners[1])],
+            update_conflicts=True,
+            unique_fields=["slug"],
+            update_fields=["name", "owner"],
+        )
+        assert {"menu:2", "menu:soups", "menus:by-owner:1", "menus:by-owner:2"} <= (
+            tracker.held_keys()
+        )
+
+
+def test_writes_over_max_rows_invalidate_by_prefix_now_and_at_the_end(
+    guard: CacheGuard, menus: list[Menu]
+) -> None:
+    with track_models(guard, {Menu: MENU_KEYS}, max_rows=2) as narrow:
+        with transaction.atomic():
+            Menu.objects.update(version=F("version") + 1)  # three rows: by prefix
+            assert narrow.held_keys() == {"menu:list"}
+            # Not locked: another thread fills a key of the templates from the old rows.
+            filled = []
+            thread = threading.Thread(
+                target=lambda: filled.append(guard.get_or_load("menu:3", lambda: 0, ttl=60))
+            )
+            thread.start()
+            thread.join(10)
+            assert filled == [0]
+            assert guard.peek("menu:3") == 0
+        assert guard.peek("menu:3") is MISSING  # the prefix, invalidated again
+
+
+def test_fixtures_are_tracked(guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]) -> None:
+    fixture = serializers.serialize("json", [Menu.objects.get(pk=2)])
+    fixture = fixture.replace('"Soups"', '"Loaded soups"')
+    fill(guard, "menu:2", "menu:soups")
+    with transaction.atomic():
+        for loaded in serializers.deserialize("json", fixture):
+            loaded.save()  # a raw save, as loaddata does
+        assert {"menu:2", "menu:soups", "menu:list"} <= tracker.held_keys()
+    assert guard.peek("menu:2") is MISSING
+    assert Menu.objects.get(pk=2).name == "Loaded soups"
+
+
+async def test_the_async_orm_methods_run_the_same_hooks(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    from asgiref.sync import sync_to_async
+
+    fill(guard, "menu:1", "menu:2")
+    menu = await Menu.objects.aget(pk=1)
+    menu.name = "Hors d'oeuvres"
+    await menu.asave()
+    assert guard.peek("menu:1") is MISSING
+    assert await Menu.objects.filter(pk=2).aupdate(name="Broths") == 1
+    assert guard.peek("menu:2") is MISSING
+    assert all(lock_is_free(guard, n) for n in ("menu:1", "menu:2", "menu:list"))
+    await sync_to_async(connections.close_all)()
+
+
+def test_untracked_models_take_no_locks_and_close_removes_the_hooks(
+    guard: CacheGuard, owners: tuple[Owner, Owner]
+) -> None:
+    from django.db.models import QuerySet
+
+    original = QuerySet.__dict__["update"]
+    tracker = track_models(guard, {Menu: MENU_KEYS})
+    assert track_models(guard, {Menu: MENU_KEYS}) is tracker  # tracked already
+    assert QuerySet.__dict__["update"] is not original
+    assert QuerySet.update.alters_data  # Django's templates still refuse to call it
+    with transaction.atomic():
+        Owner.objects.filter(pk=1).update(name="Anna")
+        assert tracker.held_keys() == frozenset()
+    tracker.close()
+    tracker.close()
+    assert QuerySet.__dict__["update"] is original
+    with transaction.atomic():
+        Menu.objects.create(name="Untracked now", slug="untracked")
+        assert tracker.held_keys() == frozenset()
+    again = track_models(guard, {Menu: MENU_KEYS})
+    try:
+        assert again is not tracker
+        Menu.objects.filter(slug="untracked").update(name="Tracked again")
+        assert guard.peek("menu:untracked") is MISSING
+    finally:
+        again.close()
+
+
+def test_models_templates_and_guards_are_checked(guard: CacheGuard) -> None:
+    with pytest.raises(KeyTemplateError, match="'colour'"):
+        track_models(guard, {Menu: ("menu:{colour}",)})
+    with pytest.raises(KeyTemplateError, match="related row's id"):
+        track_models(guard, {Menu: ("menu:{owner.name}",)})
+    with pytest.raises(KeyTemplateError, match="__cache_keys__"):
+        track_models(guard, [Menu])
+    with pytest.raises(TypeError, match="not a Django model"):
+        track_models(guard, {dict: ("x",)})
+    with pytest.raises(TypeError, match="AsyncCacheGuard"):
+        track_models(object(), {Menu: MENU_KEYS})
+    with pytest.raises(ValueError, match="max_rows"):
+        track_models(guard, {Menu: MENU_KEYS}, max_rows=0)
+    with track_models(guard, {Menu: ("menu:{owner}", "menu:{pk}")}) as by_id:
+        menu = Menu(pk=5, name="Unsaved", owner_id=9)
+        assert by_id.keys_of(menu) == {"menu:9", "menu:5"}
+
+
+def test_a_cache_backend_names_the_keys_as_it_maps_them(guard: CacheGuard) -> None:
+    class Backend:  # what cacheguard.integrations.django.CacheGuardCache offers
+        def __init__(self) -> None:
+            self.guard = guard
+
+        def guard_name(self, key: str, version: int | None = None) -> str:
+            return f":{version or 1}:{key}"
+
+    with track_models(Backend(), {Menu: MENU_KEYS}) as mapped, transaction.atomic():
+        Menu.objects.create(name="Soups", slug="soups")
+        assert mapped.held_keys() == {
+            ":1:menu:list",
+            ":1:menu:soups",
+            ":1:menu:1",
+            ":1:menus:by-owner:None",
+        }
+
+    class Hashing(Backend):
+        def guard_name(self, key: str, version: int | None = None) -> str:
+            return uuid.uuid5(uuid.NAMESPACE_URL, key).hex
+
+    with pytest.raises(ValueError, match="does not keep prefixes"):
+        track_models(Hashing(), {Menu: MENU_KEYS})
+
+
+# -- ORM values in the cache ------------------------------------------------------------------
+
+
+def _fields(menu: Menu) -> tuple[Any, ...]:
+    return tuple(getattr(menu, f.attname) for f in Menu._meta.concrete_fields)
+
+
+def test_model_instances_round_trip_and_a_hit_runs_no_query(guard: CacheGuard) -> None:
+    ann = Owner.objects.create(name="Ann")
+    Menu.objects.create(
+        name="Starters",
+        slug="starters",
+        owner=ann,
+        price=Decimal("12.50"),
+        opens=dtime(11, 30),
+        tags=["vegan", {"spicy": 2}],
+    )
+    Menu.objects.create(name="Soups", slug="soups")
+
+    @cached_with_lock(guard, key="menu:list", ttl=60)
+    def list_menus() -> list[Menu]:
+        return list(Menu.objects.order_by("id"))
+
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def get_menu(menu_id: int) -> Menu | None:
+        return Menu.objects.filter(pk=menu_id).first()
+
+    loaded = list_menus()
+    with CaptureQueriesContext(connection) as queries:
+        hit = list_menus()
+    assert len(queries) == 0
+    assert [_fields(m) for m in hit] == [_fields(m) for m in Menu.objects.order_by("id")]
+    assert [_fields(m) for m in hit] == [_fields(m) for m in loaded]
+    assert hit[0].opens == dtime(11, 30)
+    assert hit[0].price == Decimal("12.50")
+    assert all(m._state.adding is False and m._state.db == "default" for m in hit)
+    assert get_menu(99) is None
+    assert get_menu(99) is None  # a cached None
+    assert guard.peek("menu:99") is None
+    menu = get_menu(1)
+    menu = get_menu(1)  # a hit: an instance that saves as an update of its row
+    menu.name = "Hors d'oeuvres"
+    with CaptureQueriesContext(connection) as queries:
+        menu.save()
+    assert [q["sql"].split(" ", 1)[0] for q in queries] == ["UPDATE"]
+    assert Menu.objects.get(pk=1).name == "Hors d'oeuvres"
+    assert menu.owner == ann  # related rows are read again when used
+
+
+def test_deferred_fields_stay_deferred(guard: CacheGuard) -> None:
+    Menu.objects.create(name="Starters", slug="starters", price=Decimal("3.00"))
+
+    @cached_with_lock(guard, key="menu:names", ttl=60)
+    def names() -> list[Menu]:
+        return list(Menu.objects.only("id", "name"))
+
+    names()
+    with CaptureQueriesContext(connection) as queries:
+        hit = names()
+    assert len(queries) == 0
+    assert hit[0].name == "Starters"
+    assert "price" in hit[0].get_deferred_fields()
+    assert hit[0].price == Decimal("3.00")  # loaded when asked for, as Django does
+
+
+def test_stored_data_that_no_longer_fits_the_model_is_a_miss(guard: CacheGuard) -> None:
+    Menu.objects.create(name="Starters", slug="starters")
+    # An entry from before a field was added: it lacks "uid".
+    old = {"db": "default", "fields": {"id": 1, "name": "Old", "slug": "starters"}}
+    guard.get_or_load("menu:1", lambda: old, ttl=60)
+
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def get_menu(menu_id: int) -> Menu:
+        return Menu.objects.get(pk=menu_id)
+
+    assert get_menu(1).name == "Starters"
+    assert guard.peek("menu:1")["fields"]["name"] == "Starters"
+
+
+def test_values_rows_round_trip_as_they_are(guard: CacheGuard) -> None:
+    Menu.objects.create(name="Starters", slug="starters", price=Decimal("12.50"))
+
+    @cached_with_lock(guard, key="menu:rows", ttl=60)
+    def rows() -> list[dict[str, Any]]:
+        return list(Menu.objects.values("id", "name", "price", "created", "uid"))
+
+    loaded = rows()
+    with CaptureQueriesContext(connection) as queries:
+        hit = rows()
+    assert len(queries) == 0
+    assert hit == loaded == list(Menu.objects.values("id", "name", "price", "created", "uid"))
+
+
+def test_a_subclass_instance_is_refused_where_the_annotation_names_its_parent(
+    guard: CacheGuard,
+) -> None:
+    from cacheguard import SerializationError
+
+    SpecialMenu.objects.create(name="Chef's", slug="chefs", chef="Kim")
+
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def get_menu(menu_id: int) -> Menu:
+        return SpecialMenu.objects.get(pk=menu_id)
+
+    with pytest.raises(SerializationError, match="expected Menu"):
+        get_menu(1)
+    assert guard.peek("menu:1") is MISSING
+
+
+# -- churn across processes -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_orm_churn_across_processes_reads_nothing_older_than_a_commit(
+    redis_url: str, namespace: str, client: redis.Redis
+) -> None:
+    for number in range(1, 5):
+        Menu.objects.create(name=f"menu {number}", slug=f"menu-{number}")
+        client.set(f"{namespace}:test:committed:{number}", 0)
+    connections.close_all()
+    started = start_processes(
+        churn_reader,
+        [(redis_url, namespace, DATABASE, True, 1), (redis_url, namespace, DATABASE, False, 2)],
+    )
+    writer = start_processes(churn_writer, [(redis_url, namespace, DATABASE, 150)])
+    kinds = results_of(writer, timeout=110)[0]
+    readers = results_of(started, timeout=60)
+    assert all(count >= 20 for count in kinds.values()), kinds
+    assert readers[0]["snapshot_reads"] >= 30, readers
+    assert sum(r["checked"] for r in readers) >= 200, readers
+    assert [r["stale"] for r in readers] == [0, 0], readers
