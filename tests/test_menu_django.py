@@ -3,6 +3,7 @@ on PostgreSQL (``DATABASE_URL``), its JSON views, and its database settings."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -20,7 +22,7 @@ if str(EXAMPLES) not in sys.path:
 
 pytest.importorskip("django")
 
-from menu_django.settings import database_from_url  # noqa: E402
+from menu_django.database import database_from_url  # noqa: E402
 
 RUN_TIMEOUT = 240  # seconds; the demo takes about 15 here
 SLOW_BUILD = 2.0  # the stale scene's slow reader waits this long at most for the commit
@@ -44,18 +46,78 @@ def _launch(args: list[str], redis_url: str, database_url: str) -> subprocess.Co
 
 @pytest.fixture
 def database_url(db_url: str) -> str:
-    """SQLite in a temporary file, and PostgreSQL when ``DATABASE_URL`` names one (the
-    SQLAlchemy form, as CI sets it: the example reads it as it is)."""
-    return db_url
+    """SQLite in a temporary file, and PostgreSQL when ``DATABASE_URL`` names one (in
+    the SQLAlchemy form, as CI sets it: the example reads it as it is): a database of
+    the example's tests' own beside it, made on first use (``<name>_menu_django``:
+    copies of the suite run beside each other on databases of their own)."""
+    if db_url.startswith("sqlite"):
+        return db_url
+    import psycopg
+
+    parts = urlsplit(db_url)
+    name = f"{parts.path.lstrip('/') or 'postgres'}_menu_django"
+    plain = urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
+    with psycopg.connect(plain, autocommit=True) as connection:
+        found = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+        if found.fetchone() is None:
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):  # a race: made
+                connection.execute(f'CREATE DATABASE "{name}"')
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
+
+
+class TableOfYours:
+    """A table named as Django would name the example's (``menus_menu``), holding a
+    row: the demo must leave it as it is."""
+
+    def __init__(self, database_url: str) -> None:
+        self.url = database_url
+        if database_url.startswith("sqlite"):
+            import sqlite3
+
+            self.path = database_url.removeprefix("sqlite:///")
+            with contextlib.closing(sqlite3.connect(self.path)) as connection, connection:
+                connection.execute("CREATE TABLE menus_menu (id INTEGER, note TEXT)")
+                connection.execute("INSERT INTO menus_menu VALUES (1, 'yours')")
+        else:
+            with self._postgres() as connection:
+                connection.execute("DROP TABLE IF EXISTS menus_menu")
+                connection.execute("CREATE TABLE menus_menu (id INTEGER, note TEXT)")
+                connection.execute("INSERT INTO menus_menu VALUES (1, 'yours')")
+
+    def _postgres(self) -> Any:
+        import psycopg
+
+        parts = urlsplit(self.url)
+        plain = urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
+        return psycopg.connect(plain, autocommit=True)
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        if self.url.startswith("sqlite"):
+            import sqlite3
+
+            with contextlib.closing(sqlite3.connect(self.path)) as connection:
+                return list(connection.execute("SELECT id, note FROM menus_menu"))
+        with self._postgres() as connection:
+            return list(connection.execute("SELECT id, note FROM menus_menu"))
+
+    def drop(self) -> None:
+        if not self.url.startswith("sqlite"):
+            with self._postgres() as connection:
+                connection.execute("DROP TABLE IF EXISTS menus_menu")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_demo_one_query_per_stampede_and_no_stale_read(redis_url: str, database_url: str) -> None:
+    yours = TableOfYours(database_url)
     command = ["demo", "--processes", "2", "--threads", "4", "--menus", "8"]
     command += ["--reads-after", "5", "--slow-build", str(SLOW_BUILD), "--json"]
-    done = _launch(command, redis_url, database_url)
-    assert done.returncode == 0, done.stderr[-3000:]
+    try:
+        done = _launch(command, redis_url, database_url)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert yours.rows() == [(1, "yours")]  # the demo touched only its own table
+    finally:
+        yours.drop()
     summary = json.loads(done.stdout)
     assert summary["database"] == ("sqlite" if database_url.startswith("sqlite") else "postgresql")
 

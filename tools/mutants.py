@@ -5433,6 +5433,66 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_batch.py::test_a_decorated_function_of_a_list_of_ids",),
         within="CachedManyFunction.invalidate",
     ),
+    # -- Django: the menu example (examples/menu_django, issue #27) ------------------------------
+    Mutant(
+        "menu-django-tracks-the-cache-api-keys",
+        "the example tracks its model's writes on the keys of Django's cache API it reads "
+        "(menu:list): no stale list after a commit, one load per stampede",
+        "examples/menu_django/menus/apps.py",
+        "        track_models(cache, {Menu: CACHE_API_KEYS})\n",
+        "",
+        (
+            "tests/test_menu_django.py::test_demo_one_query_per_stampede_and_no_stale_read",
+            "tests/test_menu_django.py::"
+            "test_views_read_through_the_cache_and_writes_refresh_every_key",
+        ),
+        within="MenusConfig.ready",
+    ),
+    Mutant(
+        "menu-django-tracks-the-guard-names",
+        "the example tracks its model's writes on the guard's names its decorated reads "
+        "use (menu:{id}, menu:owner:{owner})",
+        "examples/menu_django/menus/apps.py",
+        "        track_models(cache.guard, {Menu: GUARD_KEYS})\n",
+        "",
+        (
+            "tests/test_menu_django.py::"
+            "test_views_read_through_the_cache_and_writes_refresh_every_key",
+        ),
+        within="MenusConfig.ready",
+    ),
+    Mutant(
+        "menu-django-owner-lists-tracked",
+        "a menu moved to another owner leaves both owners' cached lists fresh",
+        "examples/menu_django/menus/models.py",
+        'GUARD_KEYS = ("menu:{id}", "menu:owner:{owner}")\n',
+        'GUARD_KEYS = ("menu:{id}",)\n',
+        (
+            "tests/test_menu_django.py::"
+            "test_views_read_through_the_cache_and_writes_refresh_every_key",
+        ),
+        within="GUARD_KEYS",
+    ),
+    Mutant(
+        "menu-django-table-of-its-own",
+        "the Django demo drops and fills only a table of its own name, never a table of yours "
+        "(not even one named as Django would name its model's)",
+        "examples/menu_django/menus/models.py",
+        '        db_table = "cacheguard_django_menu"\n',
+        '        db_table = "menus_menu"\n',
+        ("tests/test_menu_django.py::test_demo_one_query_per_stampede_and_no_stale_read",),
+        within="Menu.Meta.db_table",
+    ),
+    Mutant(
+        "menu-django-sqlalchemy-database-urls",
+        "the Django example takes DATABASE_URL in SQLAlchemy's form too "
+        "(postgresql+psycopg://), as the project's other examples and CI give it",
+        "examples/menu_django/database.py",
+        '"postgresql+psycopg", ',
+        "",
+        ("tests/test_menu_django.py::test_postgresql_urls_in_either_form",),
+        within="_POSTGRES_SCHEMES",
+    ),
 )
 
 
