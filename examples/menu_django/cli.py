@@ -3,13 +3,15 @@
 Without ``REDIS_URL`` a throwaway ``redis-server`` is started (or fakeredis's, as
 ``cacheguard.testing.redis_server`` does for the tests and examples/menu_service);
 without ``DATABASE_URL`` the database is a SQLite file in a temporary folder. Both
-go away when the command ends. Each run gets a key prefix of its own in Redis
-(``MENU_DJANGO_NAMESPACE``, unless set), whose keys are deleted at the end.
+go away when the command ends (on SIGTERM and Ctrl-C too). Each run gets a key
+prefix of its own in Redis (``MENU_DJANGO_NAMESPACE``, unless set), whose keys are
+deleted at the end.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 import uuid
@@ -29,6 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv) or ["help"]
     args[0] = COMMANDS.get(args[0], args[0])
     own_namespace = "MENU_DJANGO_NAMESPACE" not in os.environ
+    # SIGTERM ends the command as Ctrl-C does (runserver exits on it): through the
+    # blocks below, so the throwaway Redis and folder go too.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     with redis_server() as endpoint, tempfile.TemporaryDirectory(prefix="menu-django-") as tmp:
         os.environ["REDIS_URL"] = endpoint.url
         os.environ["DJANGO_SETTINGS_MODULE"] = "menu_django.settings"
@@ -47,6 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if own_namespace:
                 _forget_keys(endpoint.url, os.environ["MENU_DJANGO_NAMESPACE"])
     return 0
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _forget_keys(url: str, namespace: str) -> None:
