@@ -37,6 +37,7 @@ django_workers.configure_django()
 
 from django.core.cache.backends.base import CacheKeyWarning  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+from django.test import override_settings  # noqa: E402
 
 from cacheguard.integrations.django import CacheGuardCache  # noqa: E402
 from cacheguard.integrations.django.cache import (  # noqa: E402
@@ -247,6 +248,7 @@ def test_threads_share_one_load(cache: CacheGuardCache) -> None:
 
 def test_a_non_callable_default_is_added_then_read(cache: CacheGuardCache) -> None:
     cache.set("taken", "first")
+    assert cache.add("taken", "second") is False
     assert cache.get_or_set("taken", "second") == "first"
     assert cache.get_or_set("free", "second", 60) == "second"
     assert cache.get("free") == "second"
@@ -384,6 +386,15 @@ def test_the_signing_key_comes_from_secret_key_or_options(make: Make) -> None:
     assert other.get("k", "miss") == "miss"  # signed with another key: a miss
     other.set("k", "w")
     assert one.get("k", "miss") == "miss"
+
+
+def test_a_new_secret_key_makes_the_old_entries_misses(make: Make) -> None:
+    make().set("k", "signed with the old key")
+    with override_settings(SECRET_KEY="a rotated secret key, " + "r" * 40):
+        rotated = make()
+        assert rotated.get("k", "miss") == "miss"
+        rotated.set("k", "signed with the new key")
+    assert make().get("k", "miss") == "miss"
 
 
 # -- incr -----------------------------------------------------------------------------------------
