@@ -11,6 +11,7 @@ guard (no thread), Cluster and Sentinel URLs, and clear errors for bad input.
 from __future__ import annotations
 
 import asyncio
+import math
 import pickle
 import threading
 import uuid
@@ -80,9 +81,11 @@ class Gate:
         self.started = threading.Event()
         self.release = threading.Event()
         self.calls = 0
+        self._mutex = threading.Lock()
 
     def __call__(self) -> Any:
-        self.calls += 1
+        with self._mutex:
+            self.calls += 1
         self.started.set()
         assert self.release.wait(60), "the test never released the load"
         return self.value
@@ -216,17 +219,18 @@ def test_a_cold_key_stampede_of_processes_loads_once_woken_by_the_announcement(
         django_workers.stampede,
         [(redis_url, namespace, key, counter, gate, ready)] * count,
     )
-    # Every process is about to call, one is loading; the others wait for its fill
-    # (subscribed to the key's announcements), or, were the load not shared, would be
-    # loading too: the gate opens once each process is one or the other.
-    assert wait_until(lambda: client.llen(ready) == count, timeout=60)
-    name = f":1:{key}"
-    channel = ResourceKeys(namespace, name).released_channel
-    assert wait_until(
-        lambda: int(client.get(counter) or 0) + subscribers(client, channel) >= count,
-        timeout=60,
-    )
-    client.rpush(gate, *["open"] * count)  # enough for every loader there may be
+    try:
+        # Every process is about to call, one is loading; the others wait for its fill
+        # (subscribed to the key's announcements), or, were the load not shared, would
+        # be loading too: the gate opens once each process is one or the other.
+        assert wait_until(lambda: client.llen(ready) == count, timeout=60)
+        channel = ResourceKeys(namespace, f":1:{key}").released_channel
+        assert wait_until(
+            lambda: int(client.get(counter) or 0) + subscribers(client, channel) >= count,
+            timeout=60,
+        )
+    finally:
+        client.rpush(gate, *["open"] * count)  # enough for every loader there may be
     # The waiters' retry timers are a minute long: within 45 s only the fill's
     # announcement can have woken them.
     values = results_of(started, timeout=45)
@@ -234,15 +238,29 @@ def test_a_cold_key_stampede_of_processes_loads_once_woken_by_the_announcement(
     assert int(client.get(counter) or 0) == 1
 
 
-def test_threads_share_one_load(cache: CacheGuardCache) -> None:
+def test_threads_share_one_load(cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    followers: list[str] = []
+    flights = cache.guard._state.flights
+    join = flights.join
+
+    def counted_join(key: str, since: float = math.inf) -> Any:
+        joined = join(key, since)
+        if not joined[1]:
+            followers.append(key)
+        return joined
+
+    monkeypatch.setattr(flights, "join", counted_join)
     gate = Gate("loaded")
-    first, first_out = in_thread(lambda: cache.get_or_set("k", gate, 60))
-    assert gate.started.wait(30)
-    others = [in_thread(lambda: cache.get_or_set("k", gate, 60)) for _ in range(4)]
-    gate.release.set()
-    for thread, _ in [(first, first_out), *others]:
+    threads = [in_thread(lambda: cache.get_or_set("k", gate, 60)) for _ in range(5)]
+    # Released once every thread loads or waits for the one load (a follower of its
+    # flight): were loads not shared, each would be loading.
+    try:
+        assert wait_until(lambda: gate.calls + len(followers) >= 5, timeout=30)
+    finally:
+        gate.release.set()
+    for thread, _ in threads:
         thread.join(30)
-    assert [out for _, out in [(first, first_out), *others]] == [["loaded"]] * 5
+    assert [out for _, out in threads] == [["loaded"]] * 5
     assert gate.calls == 1
 
 
@@ -292,9 +310,11 @@ def test_a_set_during_another_processs_fill_wins(
     started = start_processes(
         django_workers.fill_gated, [(redis_url, namespace, "k", counter, gate)]
     )
-    assert wait_until(lambda: client.get(counter) == b"1", timeout=60)
-    cache.set("k", "written", 60)
-    client.rpush(gate, "open")
+    try:
+        assert wait_until(lambda: client.get(counter) == b"1", timeout=60)
+        cache.set("k", "written", 60)
+    finally:
+        client.rpush(gate, "open")
     assert results_of(started, timeout=60) == ["from-process"]
     assert cache.get("k") == "written"
 
@@ -505,22 +525,28 @@ async def test_aget_or_set_waits_for_another_processs_fill(
     started = start_processes(
         django_workers.fill_gated, [(redis_url, namespace, "k", counter, gate)]
     )
-    assert await asyncio.to_thread(wait_until, lambda: client.get(counter) == b"1", 60)
-    calls: list[int] = []
+    try:
+        assert await asyncio.to_thread(wait_until, lambda: client.get(counter) == b"1", 60)
+        calls: list[int] = []
 
-    async def load() -> str:
-        calls.append(1)
-        return "from-task"
+        async def load() -> str:
+            calls.append(1)
+            return "from-task"
 
-    tasks = [asyncio.ensure_future(cache.aget_or_set("k", load, 60)) for _ in range(5)]
-    # The gate opens once this loop's guard waits for the fill (subscribed to its
-    # announcements; the filler is not).
-    channel = ResourceKeys(namespace, cache.guard_name("k")).released_channel
-    deadline = asyncio.get_running_loop().time() + 60
-    while subscribers(client, channel) < 1 and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
-    assert not any(task.done() for task in tasks)
-    client.rpush(gate, "open")
+        tasks = [asyncio.ensure_future(cache.aget_or_set("k", load, 60)) for _ in range(5)]
+        # The gate opens once this loop's guard waits for the fill (subscribed to its
+        # announcements; the filler is not), or a task ended without waiting.
+        channel = ResourceKeys(namespace, cache.guard_name("k")).released_channel
+        deadline = asyncio.get_running_loop().time() + 60
+        while (
+            subscribers(client, channel) < 1
+            and not any(task.done() for task in tasks)
+            and asyncio.get_running_loop().time() < deadline
+        ):
+            await asyncio.sleep(0.01)
+        assert not any(task.done() for task in tasks)
+    finally:
+        client.rpush(gate, "open")
     assert await asyncio.wait_for(asyncio.gather(*tasks), 60) == ["from-process"] * 5
     assert calls == []
     assert await asyncio.to_thread(results_of, started, timeout=60) == ["from-process"]
