@@ -152,8 +152,11 @@ def test_timeouts_follow_django(cache: CacheGuardCache, client: redis.Redis) -> 
     assert not cache.has_key("k")
     assert cache.get_or_set("k", lambda: "x", 0) == "x"  # 0: returned, not stored
     assert cache.get("k") is None
-    cache.set("k", 5, 0.5)
-    assert 0 < client.pttl(value_key) <= 500
+    cache.set("k", 5, 100.9)  # fractions kept (to the ms), not rounded down
+    entry = cache.guard.peek_entry(cache.guard_name("k"))
+    assert entry is not None
+    assert entry.ttl == 100.9
+    assert 90_000 < client.pttl(value_key) <= 100_900
     assert cache.get_backend_timeout() == 300
     assert cache.get_backend_timeout(None) is None
     assert cache.get_backend_timeout(-1) == 0
@@ -163,7 +166,7 @@ def test_timeouts_follow_django(cache: CacheGuardCache, client: redis.Redis) -> 
 def test_touch_restarts_the_entrys_life_for_the_guard_too(
     cache: CacheGuardCache, client: redis.Redis
 ) -> None:
-    cache.set("k", "v", 2)
+    cache.set("k", "v", 60)
     assert cache.touch("k", 600)
     name = cache.guard_name("k")
     assert client.pttl(cache.guard.keys(name).value) > 500_000
