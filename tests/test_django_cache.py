@@ -11,6 +11,7 @@ guard (no thread), Cluster and Sentinel URLs, and clear errors for bad input.
 from __future__ import annotations
 
 import asyncio
+import math
 import pickle
 import threading
 import uuid
@@ -37,6 +38,7 @@ django_workers.configure_django()
 
 from django.core.cache.backends.base import CacheKeyWarning  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+from django.test import override_settings  # noqa: E402
 
 from cacheguard.integrations.django import CacheGuardCache  # noqa: E402
 from cacheguard.integrations.django.cache import (  # noqa: E402
@@ -79,9 +81,11 @@ class Gate:
         self.started = threading.Event()
         self.release = threading.Event()
         self.calls = 0
+        self._mutex = threading.Lock()
 
     def __call__(self) -> Any:
-        self.calls += 1
+        with self._mutex:
+            self.calls += 1
         self.started.set()
         assert self.release.wait(60), "the test never released the load"
         return self.value
@@ -148,8 +152,11 @@ def test_timeouts_follow_django(cache: CacheGuardCache, client: redis.Redis) -> 
     assert not cache.has_key("k")
     assert cache.get_or_set("k", lambda: "x", 0) == "x"  # 0: returned, not stored
     assert cache.get("k") is None
-    cache.set("k", 5, 0.5)
-    assert 0 < client.pttl(value_key) <= 500
+    cache.set("k", 5, 100.9)  # fractions kept (to the ms), not rounded down
+    entry = cache.guard.peek_entry(cache.guard_name("k"))
+    assert entry is not None
+    assert entry.ttl == 100.9
+    assert 90_000 < client.pttl(value_key) <= 100_900
     assert cache.get_backend_timeout() == 300
     assert cache.get_backend_timeout(None) is None
     assert cache.get_backend_timeout(-1) == 0
@@ -159,7 +166,7 @@ def test_timeouts_follow_django(cache: CacheGuardCache, client: redis.Redis) -> 
 def test_touch_restarts_the_entrys_life_for_the_guard_too(
     cache: CacheGuardCache, client: redis.Redis
 ) -> None:
-    cache.set("k", "v", 2)
+    cache.set("k", "v", 60)
     assert cache.touch("k", 600)
     name = cache.guard_name("k")
     assert client.pttl(cache.guard.keys(name).value) > 500_000
@@ -215,17 +222,18 @@ def test_a_cold_key_stampede_of_processes_loads_once_woken_by_the_announcement(
         django_workers.stampede,
         [(redis_url, namespace, key, counter, gate, ready)] * count,
     )
-    # Every process is about to call, one is loading; the others wait for its fill
-    # (subscribed to the key's announcements), or, were the load not shared, would be
-    # loading too: the gate opens once each process is one or the other.
-    assert wait_until(lambda: client.llen(ready) == count, timeout=60)
-    name = f":1:{key}"
-    channel = ResourceKeys(namespace, name).released_channel
-    assert wait_until(
-        lambda: int(client.get(counter) or 0) + subscribers(client, channel) >= count,
-        timeout=60,
-    )
-    client.rpush(gate, *["open"] * count)  # enough for every loader there may be
+    try:
+        # Every process is about to call, one is loading; the others wait for its fill
+        # (subscribed to the key's announcements), or, were the load not shared, would
+        # be loading too: the gate opens once each process is one or the other.
+        assert wait_until(lambda: client.llen(ready) == count, timeout=60)
+        channel = ResourceKeys(namespace, f":1:{key}").released_channel
+        assert wait_until(
+            lambda: int(client.get(counter) or 0) + subscribers(client, channel) >= count,
+            timeout=60,
+        )
+    finally:
+        client.rpush(gate, *["open"] * count)  # enough for every loader there may be
     # The waiters' retry timers are a minute long: within 45 s only the fill's
     # announcement can have woken them.
     values = results_of(started, timeout=45)
@@ -233,20 +241,35 @@ def test_a_cold_key_stampede_of_processes_loads_once_woken_by_the_announcement(
     assert int(client.get(counter) or 0) == 1
 
 
-def test_threads_share_one_load(cache: CacheGuardCache) -> None:
+def test_threads_share_one_load(cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    followers: list[str] = []
+    flights = cache.guard._state.flights
+    join = flights.join
+
+    def counted_join(key: str, since: float = math.inf) -> Any:
+        joined = join(key, since)
+        if not joined[1]:
+            followers.append(key)
+        return joined
+
+    monkeypatch.setattr(flights, "join", counted_join)
     gate = Gate("loaded")
-    first, first_out = in_thread(lambda: cache.get_or_set("k", gate, 60))
-    assert gate.started.wait(30)
-    others = [in_thread(lambda: cache.get_or_set("k", gate, 60)) for _ in range(4)]
-    gate.release.set()
-    for thread, _ in [(first, first_out), *others]:
+    threads = [in_thread(lambda: cache.get_or_set("k", gate, 60)) for _ in range(5)]
+    # Released once every thread loads or waits for the one load (a follower of its
+    # flight): were loads not shared, each would be loading.
+    try:
+        assert wait_until(lambda: gate.calls + len(followers) >= 5, timeout=30)
+    finally:
+        gate.release.set()
+    for thread, _ in threads:
         thread.join(30)
-    assert [out for _, out in [(first, first_out), *others]] == [["loaded"]] * 5
+    assert [out for _, out in threads] == [["loaded"]] * 5
     assert gate.calls == 1
 
 
 def test_a_non_callable_default_is_added_then_read(cache: CacheGuardCache) -> None:
     cache.set("taken", "first")
+    assert cache.add("taken", "second") is False
     assert cache.get_or_set("taken", "second") == "first"
     assert cache.get_or_set("free", "second", 60) == "second"
     assert cache.get("free") == "second"
@@ -290,9 +313,11 @@ def test_a_set_during_another_processs_fill_wins(
     started = start_processes(
         django_workers.fill_gated, [(redis_url, namespace, "k", counter, gate)]
     )
-    assert wait_until(lambda: client.get(counter) == b"1", timeout=60)
-    cache.set("k", "written", 60)
-    client.rpush(gate, "open")
+    try:
+        assert wait_until(lambda: client.get(counter) == b"1", timeout=60)
+        cache.set("k", "written", 60)
+    finally:
+        client.rpush(gate, "open")
     assert results_of(started, timeout=60) == ["from-process"]
     assert cache.get("k") == "written"
 
@@ -384,6 +409,15 @@ def test_the_signing_key_comes_from_secret_key_or_options(make: Make) -> None:
     assert other.get("k", "miss") == "miss"  # signed with another key: a miss
     other.set("k", "w")
     assert one.get("k", "miss") == "miss"
+
+
+def test_a_new_secret_key_makes_the_old_entries_misses(make: Make) -> None:
+    make().set("k", "signed with the old key")
+    with override_settings(SECRET_KEY="a rotated secret key, " + "r" * 40):
+        rotated = make()
+        assert rotated.get("k", "miss") == "miss"
+        rotated.set("k", "signed with the new key")
+    assert make().get("k", "miss") == "miss"
 
 
 # -- incr -----------------------------------------------------------------------------------------
@@ -494,22 +528,28 @@ async def test_aget_or_set_waits_for_another_processs_fill(
     started = start_processes(
         django_workers.fill_gated, [(redis_url, namespace, "k", counter, gate)]
     )
-    assert await asyncio.to_thread(wait_until, lambda: client.get(counter) == b"1", 60)
-    calls: list[int] = []
+    try:
+        assert await asyncio.to_thread(wait_until, lambda: client.get(counter) == b"1", 60)
+        calls: list[int] = []
 
-    async def load() -> str:
-        calls.append(1)
-        return "from-task"
+        async def load() -> str:
+            calls.append(1)
+            return "from-task"
 
-    tasks = [asyncio.ensure_future(cache.aget_or_set("k", load, 60)) for _ in range(5)]
-    # The gate opens once this loop's guard waits for the fill (subscribed to its
-    # announcements; the filler is not).
-    channel = ResourceKeys(namespace, cache.guard_name("k")).released_channel
-    deadline = asyncio.get_running_loop().time() + 60
-    while subscribers(client, channel) < 1 and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
-    assert not any(task.done() for task in tasks)
-    client.rpush(gate, "open")
+        tasks = [asyncio.ensure_future(cache.aget_or_set("k", load, 60)) for _ in range(5)]
+        # The gate opens once this loop's guard waits for the fill (subscribed to its
+        # announcements; the filler is not), or a task ended without waiting.
+        channel = ResourceKeys(namespace, cache.guard_name("k")).released_channel
+        deadline = asyncio.get_running_loop().time() + 60
+        while (
+            subscribers(client, channel) < 1
+            and not any(task.done() for task in tasks)
+            and asyncio.get_running_loop().time() < deadline
+        ):
+            await asyncio.sleep(0.01)
+        assert not any(task.done() for task in tasks)
+    finally:
+        client.rpush(gate, "open")
     assert await asyncio.wait_for(asyncio.gather(*tasks), 60) == ["from-process"] * 5
     assert calls == []
     assert await asyncio.to_thread(results_of, started, timeout=60) == ["from-process"]

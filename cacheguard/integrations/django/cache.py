@@ -36,7 +36,6 @@ import inspect
 import logging
 import pickle
 import threading
-import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final
@@ -150,8 +149,8 @@ class _SignedPickle(PickleCodec):
 class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
     """A Django cache backend on cacheguard's guards.
 
-    ``LOCATION``: one URL, in every form :meth:`CacheGuard.from_url
-    <cacheguard.CacheGuard.from_url>` takes (``redis://``, ``rediss://``,
+    ``LOCATION``: one URL, in every form that
+    :meth:`~cacheguard.CacheGuard.from_url` takes (``redis://``, ``rediss://``,
     ``unix://``, ``redis+cluster://host:port,...``,
     ``redis+sentinel://host:port,.../service[/db]``). ``OPTIONS``: the guard's
     settings (``namespace``, default ``"django"``; ``lease``; ``wait_timeout`` ...;
@@ -808,7 +807,10 @@ class _Connections:
 
 
 _registry_mutex = threading.Lock()
-_registry: weakref.WeakValueDictionary[Any, _Connections] = weakref.WeakValueDictionary()
+# Kept for the process's life: Django drops and makes backend instances again (every
+# override_settings(CACHES=...) does), and a configuration's guards must not be made
+# anew, and the old ones left open, each time.
+_registry: dict[Any, _Connections] = {}
 
 
 def _connections_for(config: _Config) -> _Connections:
