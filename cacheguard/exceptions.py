@@ -25,9 +25,13 @@ catch the whole family at once::
     ├── NoDefaultGuard            a function decorated without a guard was called while
     │                             cacheguard.use() had installed none of its driver
     │                             (also a RuntimeError)
-    └── BackendArgumentError      a dogpile.cache backend argument is wrong (defined in
-                                  cacheguard.integrations.dogpile; also dogpile's
-                                  ValidationError and a ValueError)
+    ├── BackendArgumentError      a dogpile.cache backend argument is wrong (defined in
+    │                             cacheguard.integrations.dogpile; also dogpile's
+    │                             ValidationError and a ValueError)
+    └── ManualTransactionError    a tracked Django model written with autocommit off outside
+                                  transaction.atomic (defined in
+                                  cacheguard.integrations.django.orm; also Django's
+                                  TransactionManagementError)
 
 Bad arguments given at construction (an empty name, a lease or timeout <= 0)
 raise :class:`ValueError` or :class:`TypeError` as usual in Python; they are

@@ -41,12 +41,17 @@ def _committed_key(namespace: str, menu_id: int) -> str:
     return f"{namespace}:test:committed:{menu_id}"
 
 
+CHURN_CHECKED = 300  # checked reads the readers make at least while the writer writes
+CHURN_SNAPSHOT_READS = 60  # and reads inside old snapshots
+
+
 def churn_writer(
-    redis_url: str, namespace: str, database: DjangoDatabase, writes: int
+    redis_url: str, namespace: str, database: DjangoDatabase, writes: int, readers: int
 ) -> dict[str, int]:
-    """Bump ``version`` of the menus ``writes`` times, in a mix of tracked writes
-    (save, QuerySet.update, bulk_update; in atomic blocks, savepoints and autocommit);
-    after each write returned, record the versions it committed in Redis."""
+    """Bump ``version`` of the menus at least ``writes`` times (and until the readers
+    made their reads), in a mix of tracked writes (save, QuerySet.update, bulk_update;
+    in atomic blocks, savepoints and autocommit); after each write returned, record
+    the versions it committed in Redis."""
     configure_django(database=database)
     from django.db import transaction
     from django.db.models import F
@@ -60,8 +65,15 @@ def churn_writer(
     rng = random.Random(7)
     kinds = {"save": 0, "update": 0, "bulk_update": 0, "autocommit": 0, "savepoint": 0}
     try:
+        deadline = time.monotonic() + 60
+        while int(client.get(f"{namespace}:test:readers-ready") or 0) < readers:
+            assert time.monotonic() < deadline, "the readers did not start"
+            time.sleep(0.005)  # test-side polling for the start, nothing synchronised by it
         client.set(f"{namespace}:test:writer-ready", "1")
-        for index in range(writes):
+        index = 0
+        while index < writes or not _reads_done(client, namespace):
+            assert time.monotonic() < deadline + 60, "the readers read too little"
+            index += 1
             ids = rng.sample(range(1, CHURN_MENUS + 1), 2)
             kind = list(kinds)[index % len(kinds)]
             kinds[kind] += 1
@@ -97,6 +109,13 @@ def churn_writer(
         client.close()
 
 
+def _reads_done(client: Any, namespace: str) -> bool:
+    checked, snapshot_reads = client.mget(
+        f"{namespace}:test:checked", f"{namespace}:test:snapshot-reads"
+    )
+    return int(checked or 0) >= CHURN_CHECKED and int(snapshot_reads or 0) >= CHURN_SNAPSHOT_READS
+
+
 def churn_reader(
     redis_url: str, namespace: str, database: DjangoDatabase, snapshots: bool, seed: int
 ) -> dict[str, int]:
@@ -126,6 +145,8 @@ def churn_reader(
     counts = {"checked": 0, "stale": 0, "snapshot_reads": 0, "rounds": 0}
     stale: list[str] = []
     try:
+        get_menu(1)  # Django and the guard warmed up
+        client.incr(f"{namespace}:test:readers-ready")
         while not client.get(f"{namespace}:test:writer-ready"):
             time.sleep(0.005)  # test-side polling for the start, nothing synchronised by it
         while not client.get(f"{namespace}:test:writer-done"):
@@ -136,7 +157,9 @@ def churn_reader(
                     for _ in range(6):
                         get_menu(rng.randint(1, CHURN_MENUS), using="repeatable")
                         counts["snapshot_reads"] += 1
+                client.incrby(f"{namespace}:test:snapshot-reads", 6)
                 continue
+            client.incrby(f"{namespace}:test:checked", 6)
             for _ in range(6):
                 menu_id = rng.randint(1, CHURN_MENUS)
                 committed = int(client.get(_committed_key(namespace, menu_id)) or 0)
@@ -151,29 +174,6 @@ def churn_reader(
         return counts
     finally:
         tracker.close()
-        guard.close()
-        client.close()
-        connections.close_all()
-
-
-def read_menu_name(
-    redis_url: str, namespace: str, database: DjangoDatabase, menu_id: int
-) -> str | None:
-    """Another process's read of a menu's name through the cache."""
-    configure_django(database=database)
-    from django.db import connections
-
-    from tests.django_app.models import Menu
-
-    client = client_for(redis_url)
-    guard = make_guard(client, namespace)
-
-    def load() -> Any:
-        return Menu.objects.filter(pk=menu_id).values_list("name", flat=True).first()
-
-    try:
-        return guard.get_or_load(f"menu:{menu_id}:name", load, ttl=60)  # type: ignore[no-any-return]
-    finally:
         guard.close()
         client.close()
         connections.close_all()

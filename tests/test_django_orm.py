@@ -7,6 +7,8 @@ tables and ends with this thread's connections closed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,6 +23,8 @@ import redis
 from cacheguard import MISSING, CacheGuard, KeyTemplateError, LockLostError, cached_with_lock
 from tests.django_settings import DjangoDatabase, configure_django, create_tables, postgres_url
 from tests.django_support import (
+    CHURN_CHECKED,
+    CHURN_SNAPSHOT_READS,
     DISH_KEYS,
     MENU_KEYS,
     churn_reader,
@@ -134,6 +138,30 @@ def _writes_menus(sql: str) -> bool:
     )
 
 
+def _other_connection() -> psycopg.Connection[Any]:
+    """A connection of another program to the test's tables (autocommit, untracked)."""
+    conninfo = "postgresql://" + str(postgres_url()).split("://", 1)[1]
+    other = psycopg.connect(conninfo, autocommit=True)
+    other.execute(f"SET search_path = {DATABASE.schema}")
+    return other
+
+
+class AfterTheFirstSelectForUpdate:
+    """An execute wrapper that runs ``then`` once the first ``SELECT ... FOR UPDATE``
+    ran: between the hooks' selection of the rows and the write."""
+
+    def __init__(self, then: Callable[[], None]) -> None:
+        self.then = then
+        self.ran = False
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not self.ran and "FOR UPDATE" in sql:
+            self.ran = True
+            self.then()
+        return result
+
+
 # -- every kind of write: the keys of old and new values, before the SQL and after commit --
 
 
@@ -185,7 +213,7 @@ WRITES: dict[str, tuple[Callable[[list[Menu], Owner], None], tuple[str, ...], tu
 
 @pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "autocommit"])
 @pytest.mark.parametrize("kind", list(WRITES))
-def test_each_write_locks_and_invalidates_old_and_new_keys_before_its_sql_and_after_commit(
+def test_each_write_kind_locks_old_and_new_keys(
     guard: CacheGuard,
     tracker: ModelTracker,
     menus: list[Menu],
@@ -193,6 +221,9 @@ def test_each_write_locks_and_invalidates_old_and_new_keys_before_its_sql_and_af
     kind: str,
     atomic: bool,
 ) -> None:
+    """The keys of the old values and the new are write-locked and invalidated before
+    the write's SQL runs (those known then) or before the commit (those known only
+    after the SQL), held until the transaction ends, and invalidated again then."""
     write, before_sql, by_commit = WRITES[kind]
     held = tuple(dict.fromkeys(before_sql + by_commit))
     existing = [n for n in held if n != "menu:4"]  # no value for a menu not made yet
@@ -222,18 +253,22 @@ def test_a_read_waits_for_the_commit_and_gets_the_new_row(
 ) -> None:
     @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
     def menu_name(menu_id: int) -> str:
+        return str(Menu.objects.get(pk=menu_id).name)
+
+    def read_in_another_thread() -> None:
         try:
-            return str(Menu.objects.get(pk=menu_id).name)
+            read.append(menu_name(1))
         finally:
             connections.close_all()  # the reader thread's connection
 
     assert menu_name(1) == "Starters"
     read: list[str] = []
     with transaction.atomic():
-        menu = Menu.objects.get(pk=1)
-        menu.name = "Hors d'oeuvres"
-        menu.save()
-        reader = threading.Thread(target=lambda: read.append(menu_name(1)))
+        with transaction.atomic():  # a savepoint's end releases nothing
+            menu = Menu.objects.get(pk=1)
+            menu.name = "Hors d'oeuvres"
+            menu.save()
+        reader = threading.Thread(target=read_in_another_thread)
         reader.start()
         # The reader waits for the write lock the transaction holds, not for a value.
         assert wait_until(lambda: waiting_in_process(guard, "menu:1"), 10)
@@ -314,30 +349,37 @@ def test_an_update_changes_only_the_rows_it_selected_and_locked(
 ) -> None:
     # Between the hooks' SELECT ... FOR UPDATE and the UPDATE, another program makes
     # a third menu match the filter: its keys were not locked, so it must not change.
-    conninfo = "postgresql://" + postgres_url().split("://", 1)[1]  # type: ignore[union-attr]
-
     def other_program() -> None:
-        with psycopg.connect(conninfo, autocommit=True) as other:
-            other.execute(f"SET search_path = {DATABASE.schema}")
+        with _other_connection() as other:
             other.execute("UPDATE django_app_menu SET owner_id = 1 WHERE id = 3")
 
-    done = []
-
-    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        result = execute(sql, params, many, context)
-        if not done and "FOR UPDATE" in sql:
-            done.append(True)
-            other_program()
-        return result
-
+    spy = AfterTheFirstSelectForUpdate(other_program)
     with connection.execute_wrapper(spy):
         assert Menu.objects.filter(owner_id=1).update(name="Ann's") == 2
-    assert done
+    assert spy.ran
     assert sorted(Menu.objects.values_list("id", "name")) == [
         (1, "Ann's"),
         (2, "Ann's"),
         (3, "Desserts"),
     ]
+
+
+def test_a_row_that_comes_to_match_a_fast_delete_is_invalidated_by_prefix(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    Dish.objects.create(menu=menus[0], name="Bread")
+    fill(guard, "menu:1:dishes", "menu:3:dishes")
+
+    def other_program() -> None:  # a dish for menu 3 the hooks' SELECT did not see
+        with _other_connection() as other:
+            other.execute("INSERT INTO django_app_dish (menu_id, name) VALUES (3, 'Brioche')")
+
+    spy = AfterTheFirstSelectForUpdate(other_program)
+    with connection.execute_wrapper(spy):
+        assert Dish.objects.filter(name__startswith="B").delete()[0] == 2  # a fast delete
+    assert spy.ran
+    assert guard.peek("menu:1:dishes") is MISSING
+    assert guard.peek("menu:3:dishes") is MISSING  # its key was never named: "menu:" was
 
 
 def test_a_value_stored_while_a_lock_was_gone_is_dropped_at_the_end(
@@ -458,6 +500,20 @@ def test_on_delete_set_null_is_tracked(
     assert guard.peek("menus:by-owner:None") is MISSING
 
 
+def test_rows_a_delete_updates_by_primary_key_are_tracked(
+    guard: CacheGuard, menus: list[Menu], owners: tuple[Owner, Owner]
+) -> None:
+    Menu.objects.filter(pk__in=[1, 2]).update(deputy=owners[1])
+    with track_models(guard, {Menu: ("menus:by-deputy:{deputy_id}",)}) as deputies:
+        fill(guard, "menus:by-deputy:2", "menus:by-deputy:None")
+        with transaction.atomic():
+            owners[1].delete()  # on_delete=clear_deputy: the menus, updated by primary key
+            assert deputies.held_keys() == {"menus:by-deputy:2", "menus:by-deputy:None"}
+        assert guard.peek("menus:by-deputy:2") is MISSING
+        assert guard.peek("menus:by-deputy:None") is MISSING
+    assert list(Menu.objects.filter(deputy__isnull=False)) == []
+
+
 def test_cascaded_and_fast_deletes_are_tracked(
     guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
 ) -> None:
@@ -562,6 +618,23 @@ def test_untracked_models_take_no_locks_and_close_removes_the_hooks(
         assert guard.peek("menu:untracked") is MISSING
     finally:
         again.close()
+
+
+def test_the_django_value_family_imports_nothing_without_django() -> None:
+    probe = (
+        "import sys, dataclasses\n"
+        "from cacheguard.codecs import names_a_family, value_type\n"
+        "@dataclasses.dataclass\n"
+        "class Point:\n"
+        "    x: int\n"
+        "assert names_a_family(list[Point]) and not names_a_family(list[dict])\n"
+        "value_type(list[Point]).dump([Point(1)])\n"
+        "print(sorted(m for m in sys.modules if 'django' in m))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
 
 
 def test_models_templates_and_guards_are_checked(guard: CacheGuard) -> None:
@@ -731,10 +804,10 @@ def test_orm_churn_across_processes_reads_nothing_older_than_a_commit(
         churn_reader,
         [(redis_url, namespace, DATABASE, True, 1), (redis_url, namespace, DATABASE, False, 2)],
     )
-    writer = start_processes(churn_writer, [(redis_url, namespace, DATABASE, 150)])
+    writer = start_processes(churn_writer, [(redis_url, namespace, DATABASE, 150, 2)])
     kinds = results_of(writer, timeout=110)[0]
     readers = results_of(started, timeout=60)
-    assert all(count >= 20 for count in kinds.values()), kinds
-    assert readers[0]["snapshot_reads"] >= 30, readers
-    assert sum(r["checked"] for r in readers) >= 200, readers
+    assert all(count >= 30 for count in kinds.values()), kinds  # every kind of write
+    assert readers[0]["snapshot_reads"] >= CHURN_SNAPSHOT_READS, readers
+    assert sum(r["checked"] for r in readers) >= CHURN_CHECKED, readers
     assert [r["stale"] for r in readers] == [0, 0], readers

@@ -5595,6 +5595,317 @@ MUTANTS: tuple[Mutant, ...] = (
         "                pass\n",
         ("tests/test_django_cache.py::test_each_event_loop_gets_its_guard_closed_with_the_loop",),
         within="_Connections._closed_with",
+    # -- Django: the ORM hooks and ORM values (integrations/django/orm.py, codecs/django_models.py;
+    # issue #27) --
+    Mutant(
+        "django-save-locks-before-the-sql",
+        "a tracked save() write-locks and invalidates its keys before its SQL runs",
+        "cacheguard/integrations/django/orm.py",
+        "        work.instances([self])\n        work.lock()\n        result = original(",
+        "        work.instances([self])\n        result = original(",
+        (
+            "tests/test_django_orm.py::test_each_write_kind_locks_old_and_new_keys[save-atomic]",
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[save-autocommit]",
+        ),
+        within="_save_base",
+    ),
+    Mutant(
+        "django-locking-invalidates",
+        "the keys a tracked write locks are invalidated as they are locked, before its SQL",
+        "cacheguard/integrations/django/orm.py",
+        "            state.locks[name] = (lock, handle)\n        self.guard.invalidate(*fresh)\n",
+        "            state.locks[name] = (lock, handle)\n",
+        ("tests/test_django_orm.py::test_each_write_kind_locks_old_and_new_keys[delete-atomic]",),
+        within="ModelTracker._lock",
+    ),
+    Mutant(
+        "django-save-old-values",
+        "a tracked save() names the keys of the row's old values, read from the database",
+        "cacheguard/integrations/django/orm.py",
+        "        if self.pk is not None:  # the row as it is: the old values\n"
+        "            work.rows(work.select(pks=[self.pk], limit=False) or [])\n",
+        "",
+        ("tests/test_django_orm.py::test_each_write_kind_locks_old_and_new_keys[save-atomic]",),
+        within="_save_base",
+    ),
+    Mutant(
+        "django-update-hook",
+        "QuerySet.update() (and bulk_update(), which runs through it) of a tracked model is "
+        "tracked",
+        "cacheguard/integrations/django/orm.py",
+        '    (QuerySet, "update", _update),\n',
+        "",
+        (
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[queryset-update-atomic]",
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[bulk-update-autocommit]",
+        ),
+        within="_WRITE_PATCHES",
+    ),
+    Mutant(
+        "django-update-new-values",
+        "a tracked QuerySet.update() that changes template fields names the keys of the "
+        "new values (the rows selected again after it)",
+        "cacheguard/integrations/django/orm.py",
+        "        if _changes_template_fields(self.model, kwargs, work.attnames):\n",
+        "        if False:\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[queryset-update-atomic]",
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[bulk-update-atomic]",
+        ),
+        within="_update",
+    ),
+    Mutant(
+        "django-update-only-the-locked-rows",
+        "a tracked QuerySet.update() changes only the rows it selected and locked (a row "
+        "that came to match since is left as it was)",
+        "cacheguard/integrations/django/orm.py",
+        "        count = original(self.filter(pk__in=pks), **kwargs)\n",
+        "        count = original(self, **kwargs)\n",
+        ("tests/test_django_orm.py::test_an_update_changes_only_the_rows_it_selected_and_locked",),
+        within="_update",
+    ),
+    Mutant(
+        "django-delete-hook",
+        "Model.delete() and QuerySet.delete() of a tracked model, and what they cascade to "
+        "(fast deletes included), are tracked",
+        "cacheguard/integrations/django/orm.py",
+        '    (Collector, "delete", _collector_delete),\n',
+        "",
+        (
+            "tests/test_django_orm.py::test_each_write_kind_locks_old_and_new_keys[delete-atomic]",
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[queryset-delete-autocommit]",
+            "tests/test_django_orm.py::test_cascaded_and_fast_deletes_are_tracked",
+        ),
+        within="_WRITE_PATCHES",
+    ),
+    Mutant(
+        "django-delete-counts-rows",
+        "a delete that removed more rows than it selected (a row came to match meanwhile) "
+        "invalidates its model's templates by prefix",
+        "cacheguard/integrations/django/orm.py",
+        "            if label in by_label and label not in prefixed and count > expected[label]:\n",
+        "            if False:\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_row_that_comes_to_match_a_fast_delete_is_invalidated_by_prefix",
+        ),
+        within="_collector_delete",
+    ),
+    Mutant(
+        "django-delete-updates-tracked",
+        "rows a delete's on_delete handler updates by primary key are tracked (old and new "
+        "values; Django's SET_NULL updates by query, tracked as QuerySet.update)",
+        "cacheguard/integrations/django/orm.py",
+        "            if objs and (plan := _registry.plan(type(objs[0]))):\n",
+        "            if False:\n",
+        ("tests/test_django_orm.py::test_rows_a_delete_updates_by_primary_key_are_tracked",),
+        within="_collector_delete",
+    ),
+    Mutant(
+        "django-bulk-create-hook",
+        "QuerySet.bulk_create() of a tracked model is tracked",
+        "cacheguard/integrations/django/orm.py",
+        '    (QuerySet, "bulk_create", _bulk_create),\n',
+        "",
+        (
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[bulk-create-atomic]",
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[bulk-create-autocommit]",
+        ),
+        within="_WRITE_PATCHES",
+    ),
+    Mutant(
+        "django-bulk-create-generated-ids",
+        "a tracked bulk_create() names the keys of the ids the database generated",
+        "cacheguard/integrations/django/orm.py",
+        "        pending = work.instances(objs)\n",
+        "        pending = []\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[bulk-create-atomic]",
+        ),
+        within="_bulk_create",
+    ),
+    Mutant(
+        "django-upsert-old-rows",
+        "a tracked upsert (bulk_create(update_conflicts=True)) names the keys of the rows it "
+        "overwrites",
+        "cacheguard/integrations/django/orm.py",
+        "            else:\n                work.rows(rows)\n        work.lock()\n"
+        "        result = original(",
+        "        work.lock()\n        result = original(",
+        ("tests/test_django_orm.py::test_an_upsert_invalidates_the_keys_of_the_row_it_overwrites",),
+        within="_bulk_create",
+    ),
+    Mutant(
+        "django-end-invalidates-again",
+        "the end of a tracked transaction invalidates its keys again before releasing them",
+        "cacheguard/integrations/django/orm.py",
+        "            try:\n                self.guard.invalidate(*names)\n",
+        "            try:\n                pass\n",
+        (
+            "tests/test_django_orm.py::test_each_write_kind_locks_old_and_new_keys[save-atomic]",
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[queryset-update-autocommit]",
+            "tests/test_django_orm.py::"
+            "test_a_value_stored_while_a_lock_was_gone_is_dropped_at_the_end",
+        ),
+        within="ModelTracker._end",
+    ),
+    Mutant(
+        "django-end-invalidates-prefixes",
+        "a write that fell back to prefix invalidation invalidates the prefixes again when "
+        "its transaction ends",
+        "cacheguard/integrations/django/orm.py",
+        "                state.prefixes.add(prefix)\n",
+        "                pass\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_writes_over_max_rows_invalidate_by_prefix_now_and_at_the_end",
+        ),
+        within="ModelTracker._by_prefix",
+    ),
+    Mutant(
+        "django-holds-until-the-outermost-end",
+        "a tracked transaction's locks are held until its outermost atomic block ends, not "
+        "released when a savepoint ends",
+        "cacheguard/integrations/django/orm.py",
+        "    if not tracking or not connection.in_atomic_block or connection.savepoint_ids:\n",
+        "    if not tracking or not connection.in_atomic_block:\n",
+        (
+            "tests/test_django_orm.py::test_a_read_waits_for_the_commit_and_gets_the_new_row",
+            "tests/test_django_orm.py::"
+            "test_a_rolled_back_savepoint_keeps_its_keys_locked_until_the_outermost_end",
+        ),
+        within="_atomic_exit",
+    ),
+    Mutant(
+        "django-autocommit-own-transaction",
+        "a tracked write in autocommit mode runs in a transaction of its own: locked, "
+        "invalidated, SQL, commit, invalidated again, released",
+        "cacheguard/integrations/django/orm.py",
+        "    with block:\n        yield connection\n",
+        "    yield connection\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[save-autocommit]",
+            "tests/test_django_orm.py::"
+            "test_each_write_kind_locks_old_and_new_keys[queryset-delete-autocommit]",
+        ),
+        within="_writing",
+    ),
+    Mutant(
+        "django-manual-transactions-refused",
+        "a tracked write with autocommit off outside atomic is refused",
+        "cacheguard/integrations/django/orm.py",
+        "    if not connection.get_autocommit():\n        raise _manual(alias)\n",
+        "",
+        ("tests/test_django_orm.py::test_manual_transaction_management_is_refused",),
+        within="_writing",
+    ),
+    Mutant(
+        "django-manual-atomic-refused",
+        "a tracked write in an atomic block entered with autocommit off is refused",
+        "cacheguard/integrations/django/orm.py",
+        "        if not connection.commit_on_exit:  # entered with autocommit off\n"
+        "            raise _manual(alias)\n",
+        "",
+        ("tests/test_django_orm.py::test_manual_transaction_management_is_refused",),
+        within="_writing",
+    ),
+    Mutant(
+        "django-lost-lock-fails-commit",
+        "a tracked transaction whose write lock was lost does not commit (LockLostError)",
+        "cacheguard/integrations/django/orm.py",
+        '            if getattr(handle, "lost", False):\n',
+        "            if False:\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_write_lock_lost_before_the_commit_rolls_the_transaction_back",
+        ),
+        within="_lost_lock",
+    ),
+    Mutant(
+        "django-watermark-at-begin",
+        "fills in an atomic block that began before a write do not store that write's old "
+        "rows (the watermark read as the block begins)",
+        "cacheguard/integrations/django/orm.py",
+        "        _registry.activate(state)\n        snapshot_opened(state)\n",
+        "        _registry.activate(state)\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_fill_in_a_transaction_begun_before_a_write_does_not_store_its_old_row",
+            "tests/test_django_orm.py::"
+            "test_orm_churn_across_processes_reads_nothing_older_than_a_commit",
+        ),
+        within="ModelTracker._began",
+    ),
+    Mutant(
+        "django-uncommitted-not-stored",
+        "no fill stores in a transaction once it wrote a tracked model (it may read rows not "
+        "yet committed), whatever key it fills",
+        "cacheguard/integrations/django/orm.py",
+        "        if state.snapshot_watermark != -1:\n",
+        "        if False:\n",
+        ("tests/test_django_orm.py::test_the_writers_own_reads_see_its_rows_and_store_nothing",),
+        within="ModelTracker._lock",
+    ),
+    Mutant(
+        "django-subclasses-and-proxies",
+        "writes through a tracked model's proxies and multi-table subclasses are tracked",
+        "cacheguard/integrations/django/orm.py",
+        "            if issubclass(model, tracked._meta.concrete_model)\n",
+        "            if model is tracked\n",
+        ("tests/test_django_orm.py::test_subclasses_and_proxies_share_the_templates",),
+        within="ModelTracker._specs",
+    ),
+    Mutant(
+        "django-model-values-family",
+        "an annotation naming a Django model (list[Menu], Menu | None) makes a typed value",
+        "cacheguard/codecs/values.py",
+        "(dataclasses.is_dataclass(part) and isinstance(part, type)) or _is_django_model(part)",
+        "(dataclasses.is_dataclass(part) and isinstance(part, type))",
+        ("tests/test_django_orm.py::test_model_instances_round_trip_and_a_hit_runs_no_query",),
+        within="_family",
+    ),
+    Mutant(
+        "django-model-values-as-from-the-database",
+        "a model instance read from the cache is one as a query returns it (not adding, its "
+        "database set): it saves as an update",
+        "cacheguard/codecs/django_models.py",
+        "        return kind.from_db(alias, names, values)\n",
+        "        return kind(**dict(zip(names, values, strict=True)))\n",
+        ("tests/test_django_orm.py::test_model_instances_round_trip_and_a_hit_runs_no_query",),
+        within="model_converters",
+    ),
+    Mutant(
+        "django-model-values-every-field",
+        "a stored instance without one of the model's fields is a miss (the model changed)",
+        "cacheguard/codecs/django_models.py",
+        "        if missing or pk not in stored:\n",
+        "        if pk not in stored:\n",
+        ("tests/test_django_orm.py::test_stored_data_that_no_longer_fits_the_model_is_a_miss",),
+        within="model_converters",
+    ),
+    Mutant(
+        "django-model-values-exact-class",
+        "an instance of a subclass is refused where the annotation names its parent (its own "
+        "fields and class would be lost)",
+        "cacheguard/codecs/django_models.py",
+        "        if type(value) is not kind:\n",
+        "        if not isinstance(value, kind):\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_subclass_instance_is_refused_where_the_annotation_names_its_parent",
+        ),
+        within="model_converters",
     # -- Django: the menu example (examples/menu_django, issue #27) ------------------------------
     Mutant(
         "menu-django-tracks-the-cache-api-keys",

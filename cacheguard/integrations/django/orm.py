@@ -550,8 +550,10 @@ class _Work:
                 found.extend(query.values(*self.attnames))
             return found
         # By primary key in a subquery: the outer query has no DISTINCT, aggregate or
-        # outer join that FOR UPDATE would refuse.
-        query = manager.filter(pk__in=queryset.order_by().values("pk"))
+        # outer join that FOR UPDATE would refuse; the subquery locks nothing itself.
+        inner = queryset.order_by().values("pk")
+        inner.query.select_for_update = False
+        query = manager.filter(pk__in=inner)
         if features.has_select_for_update:
             query = query.select_for_update()
         query = query.values(*self.attnames)
