@@ -5595,6 +5595,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                pass\n",
         ("tests/test_django_cache.py::test_each_event_loop_gets_its_guard_closed_with_the_loop",),
         within="_Connections._closed_with",
+    ),
     # -- Django: the ORM hooks and ORM values (integrations/django/orm.py, codecs/django_models.py;
     # issue #27) --
     Mutant(
@@ -5906,6 +5907,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_subclass_instance_is_refused_where_the_annotation_names_its_parent",
         ),
         within="model_converters",
+    ),
     # -- Django: the menu example (examples/menu_django, issue #27) ------------------------------
     Mutant(
         "menu-django-tracks-the-cache-api-keys",
