@@ -110,10 +110,17 @@ def caches_setting(url: str, token: str, labels: Sequence[str]) -> dict[str, Any
             "LOCATION": url,
             "KEY_PREFIX": f"{token}-{alias_of(label)}",
             "TIMEOUT": TIMEOUT,
-            "OPTIONS": dict(BACKENDS[label][1]),
+            "OPTIONS": _options(label, token),
         }
         for label in labels
     }
+
+
+def _options(label: str, token: str) -> dict[str, Any]:
+    options = dict(BACKENDS[label][1])
+    if label == "cacheguard":  # every key it writes (versions, the sequence too) under the token
+        options["namespace"] = f"{token}-cacheguard"
+    return options
 
 
 def configure_django(url: str, token: str, labels: Sequence[str]) -> None:
