@@ -24,7 +24,7 @@ pytest.importorskip("django")
 
 from menu_django.database import database_from_url  # noqa: E402
 
-RUN_TIMEOUT = 240  # seconds; the demo takes about 15 here
+RUN_TIMEOUT = 240  # seconds; the short demo of the test takes about 15 here
 SLOW_BUILD = 2.0  # the stale scene's slow reader waits this long at most for the commit
 
 
