@@ -194,7 +194,7 @@ def worker(
             loads.value += 1
         return {"rev": "new", "rows": menu_rows()}
 
-    def call(index: int, step: Step) -> tuple[float, str]:
+    def call(step: Step) -> tuple[float, str]:
         try:
             value = cache_for(step.backend).get_or_set(step.key, load, TIMEOUT)
         except Exception as exc:  # counted and shown, never silent
@@ -211,7 +211,7 @@ def worker(
         for index, step in enumerate(steps):
             parked.wait()
             local_go[index].wait()
-            outcome = call(index, step)
+            outcome = call(step)
             with mutex:
                 records[index].append(outcome)
             finished.wait()
@@ -242,9 +242,10 @@ class RoundResult:
     latencies_ms: list[float] = field(default_factory=list)
 
 
-def plant_herd_entry(url: str, token: str, labels: Sequence[str], key: str) -> None:
-    """An entry as HerdClient stores it, its herd time one second ago (its Redis TTL
-    still ``CACHE_HERD_TIMEOUT`` ahead): the state of a hot key just past its time."""
+def plant_herd_entry(key: str) -> None:
+    """An entry as HerdClient stores it, its herd time one second ago and its Redis TTL
+    a minute ahead (HerdClient's would be ``CACHE_HERD_TIMEOUT``, 60 s, less that
+    second): the state of a hot key just past its time."""
     from django_redis.client import DefaultClient
     from django_redis.client.herd import Marker
 
@@ -279,7 +280,7 @@ def stampedes(args: argparse.Namespace, url: str, token: str) -> dict[str, list[
         for index, step in enumerate(steps):
             print(f"stampede {index + 1}/{len(steps)}: {step.label}", file=sys.stderr)
             if step.label == HERD_STALE:
-                plant_herd_entry(url, token, labels, step.key)
+                plant_herd_entry(step.key)
             for _ in procs:
                 _from(ready, procs)
             before = loads.value
