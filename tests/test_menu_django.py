@@ -14,13 +14,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
-
-pytest.importorskip("django")
 
 from menu_django.database import database_from_url  # noqa: E402
 
@@ -238,8 +237,6 @@ def test_postgresql_urls_in_either_form(url: str, expected: dict[str, str]) -> N
 
 
 def test_sqlite_urls_name_a_file_and_other_schemes_are_refused() -> None:
-    from django.core.exceptions import ImproperlyConfigured
-
     assert database_from_url("sqlite:////tmp/x/menu.sqlite3")["NAME"] == "/tmp/x/menu.sqlite3"
     assert database_from_url("sqlite:///menu.sqlite3")["NAME"] == "menu.sqlite3"
     for url in ("sqlite://", "sqlite:///:memory:"):
