@@ -5402,6 +5402,20 @@ MUTANTS: tuple[Mutant, ...] = (
         within="_Many._value_type",
     ),
     Mutant(
+        "errors-unpickle-with-context",
+        "every cacheguard error unpickles with its message and context (keyword-only "
+        "context included), so errors raised in pool workers reach their callers",
+        "cacheguard/exceptions.py",
+        "    def __reduce__(self) -> tuple[object, ...]:\n"
+        "        return _rebuilt, (self.__class__, self.args, self.__dict__.copy())\n",
+        "",
+        (
+            "tests/test_exceptions.py::test_an_error_unpickles_with_its_message_and_context",
+            "tests/test_exceptions.py::test_an_error_raised_in_a_worker_process_reaches_the_caller",
+        ),
+        within="CacheGuardError",
+    ),
+    Mutant(
         "batch-gets-per-node",
         "a batch's GETs go one pipeline per node: a dead node's failure is charged to its "
         "own breaker and bypasses its names only, the other nodes' names are served",
