@@ -5416,6 +5416,16 @@ MUTANTS: tuple[Mutant, ...] = (
         within="CacheGuardError",
     ),
     Mutant(
+        "closed-guard-starts-no-refresh-pool",
+        "a background refresh asked for after close() starts no new pool of refresh "
+        "threads (close() would never shut it down)",
+        "cacheguard/cache/guard.py",
+        "            if self._state.closed:\n",
+        "            if False:\n",
+        ("tests/test_cache.py::test_a_refresh_begun_as_the_guard_closes_starts_no_pool",),
+        within="CacheGuard._background",
+    ),
+    Mutant(
         "batch-gets-per-node",
         "a batch's GETs go one pipeline per node: a dead node's failure is charged to its "
         "own breaker and bypasses its names only, the other nodes' names are served",
