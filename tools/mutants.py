@@ -5402,6 +5402,30 @@ MUTANTS: tuple[Mutant, ...] = (
         within="_Many._value_type",
     ),
     Mutant(
+        "errors-unpickle-with-context",
+        "every cacheguard error unpickles with its message and context (keyword-only "
+        "context included), so errors raised in pool workers reach their callers",
+        "cacheguard/exceptions.py",
+        "    def __reduce__(self) -> tuple[object, ...]:\n"
+        "        return _rebuilt, (self.__class__, self.args, self.__dict__.copy())\n",
+        "",
+        (
+            "tests/test_exceptions.py::test_an_error_unpickles_with_its_message_and_context",
+            "tests/test_exceptions.py::test_an_error_raised_in_a_worker_process_reaches_the_caller",
+        ),
+        within="CacheGuardError",
+    ),
+    Mutant(
+        "closed-guard-starts-no-refresh-pool",
+        "a background refresh asked for after close() starts no new pool of refresh "
+        "threads (close() would never shut it down)",
+        "cacheguard/cache/guard.py",
+        "            if self._state.closed:\n",
+        "            if False:\n",
+        ("tests/test_cache.py::test_a_refresh_begun_as_the_guard_closes_starts_no_pool",),
+        within="CacheGuard._background",
+    ),
+    Mutant(
         "batch-gets-per-node",
         "a batch's GETs go one pipeline per node: a dead node's failure is charged to its "
         "own breaker and bypasses its names only, the other nodes' names are served",
@@ -5432,6 +5456,169 @@ MUTANTS: tuple[Mutant, ...] = (
         "            pass\n",
         ("tests/test_batch.py::test_a_decorated_function_of_a_list_of_ids",),
         within="CachedManyFunction.invalidate",
+    ),
+    # -- Django: the cache backend (cacheguard/integrations/django/cache.py, issue #27) -----
+    Mutant(
+        "django-get-or-set-one-load",
+        "the Django backend's get_or_set with a callable loads through the guard: one call of "
+        "the callable across processes and threads, the others waiting for its value",
+        "cacheguard/integrations/django/cache.py",
+        "            return self.guard.get_or_load(name, default, ttl=ttl, none_ttl=ttl)\n",
+        "            return super().get_or_set(key, default, timeout, version)\n",
+        (
+            "tests/test_django_cache.py::test_threads_share_one_load",
+            "tests/test_django_cache.py::test_a_cold_key_stampede_of_processes_loads_once_woken_by_the_announcement",
+        ),
+        within="CacheGuardCache.get_or_set",
+    ),
+    Mutant(
+        "django-aget-or-set-one-load",
+        "the Django backend's aget_or_set with a callable loads through the asyncio guard: "
+        "tasks wait for another process's fill instead of loading",
+        "cacheguard/integrations/django/cache.py",
+        "            return await self.async_guard().get_or_load(name, default, ttl=ttl, "
+        "none_ttl=ttl)\n",
+        "            return await super().aget_or_set(key, default, timeout, version)\n",
+        ("tests/test_django_cache.py::test_aget_or_set_waits_for_another_processs_fill",),
+        within="CacheGuardCache.aget_or_set",
+    ),
+    Mutant(
+        "django-set-fails-fills-in-flight",
+        "a Django set (set, set_many, add) wins over a fill under way: its script deletes the "
+        "fill's 'fs' field, so the fill stores nothing over the written value",
+        "cacheguard/cache/entry_writes.py",
+        "redis.call('HDEL', lock, 'fs')\n",
+        "",
+        (
+            "tests/test_django_cache.py::test_a_write_during_a_fill_wins_over_it[set]",
+            "tests/test_django_cache.py::test_a_set_during_another_processs_fill_wins",
+        ),
+        within="ENTRY_PUT",
+    ),
+    Mutant(
+        "django-delete-fails-fills-in-flight",
+        "a Django delete (delete, delete_many, a timeout of 0) wins over a fill under way: the "
+        "fill does not store the deleted key again",
+        "cacheguard/cache/entry_writes.py",
+        "redis.call('HDEL', KEYS[2], 'fs')\nreturn redis.call('DEL', KEYS[1])\n",
+        "return redis.call('DEL', KEYS[1])\n",
+        ("tests/test_django_cache.py::test_a_write_during_a_fill_wins_over_it[delete]",),
+        within="ENTRY_DELETE",
+    ),
+    Mutant(
+        "django-set-stamped-by-the-server-clock",
+        "an entry a Django set stores is stamped with the Redis server's clock: the guard "
+        "judges it fresh, so a set value is a hit for get_or_set",
+        "cacheguard/cache/entry_writes.py",
+        "entry = string.sub(entry, 1, {_CREATED_AT - 1}) .. created .. "
+        "string.sub(entry, {_CREATED_AT + 8})\n",
+        "",
+        ("tests/test_django_cache.py::test_a_set_value_is_a_hit_for_get_or_set_and_for_the_guard",),
+        within="ENTRY_PUT",
+    ),
+    Mutant(
+        "django-add-only-if-free",
+        "a Django add (and get_or_set with a plain default) stores nothing over a value "
+        "already there",
+        "cacheguard/cache/entry_writes.py",
+        "if ARGV[3] == '1' and redis.call('EXISTS', vkey) == 1 then return 0 end\n",
+        "",
+        ("tests/test_django_cache.py::test_a_non_callable_default_is_added_then_read",),
+        within="ENTRY_PUT",
+    ),
+    Mutant(
+        "django-touch-restamps-the-entry",
+        "a Django touch gives the entry itself its new life (created now, the new ttl), "
+        "not only the key: the guard's get_or_set judges it by them",
+        "cacheguard/cache/entry_writes.py",
+        "entry = string.sub(entry, 1, {_CREATED_AT - 1}) .. stamp .. "
+        "string.sub(entry, {_AFTER_TTL})\n",
+        "",
+        ("tests/test_django_cache.py::test_touch_restarts_the_entrys_life_for_the_guard_too",),
+        within="ENTRY_TOUCH",
+    ),
+    Mutant(
+        "django-incr-compare-and-set",
+        "a Django incr/decr is a compare-and-set on the entry: increments from several "
+        "processes are never lost",
+        "cacheguard/cache/entry_writes.py",
+        "if type(current) ~= 'string' or current ~= ARGV[1] then return 0 end\n",
+        "if type(current) ~= 'string' then return 0 end\n",
+        ("tests/test_django_cache.py::test_incr_is_atomic_across_processes",),
+        within="ENTRY_SWAP",
+    ),
+    Mutant(
+        "django-clear-its-key-prefix-only",
+        "a Django clear() of a cache with a KEY_PREFIX deletes that prefix's keys only, not "
+        "those of the namespace's other caches",
+        "cacheguard/integrations/django/cache.py",
+        "            return prefix\n",
+        "            return ''\n",
+        ("tests/test_django_cache.py::test_clear_with_a_key_prefix_deletes_that_prefix_only",),
+        within="CacheGuardCache._clear_prefix",
+    ),
+    Mutant(
+        "django-clear-fails-fills-in-flight",
+        "a Django clear() invalidates (the guard's invalidate_prefix): a fill under way "
+        "stores nothing after it",
+        "cacheguard/integrations/django/cache.py",
+        "            self.guard.invalidate_prefix(self._clear_prefix())\n",
+        "            client = self.guard.client\n"
+        "            for key in client.scan_iter(match=f'{self.namespace}:*:v'):\n"
+        "                client.delete(key)\n",
+        ("tests/test_django_cache.py::test_clear_fails_a_fill_under_way",),
+        within="CacheGuardCache.clear",
+    ),
+    Mutant(
+        "django-pickles-signed-by-secret-key",
+        "the Django backend's pickles are signed with a key derived from SECRET_KEY: a new "
+        "SECRET_KEY makes the old entries misses",
+        "cacheguard/integrations/django/cache.py",
+        "    return hmac.new(material, _SIGNING_SALT, hashlib.sha256).digest()\n",
+        "    return hmac.new(b'fixed', _SIGNING_SALT, hashlib.sha256).digest()\n",
+        ("tests/test_django_cache.py::test_a_new_secret_key_makes_the_old_entries_misses",),
+        within="_signing_key",
+    ),
+    Mutant(
+        "django-tampered-pickle-refused",
+        "a pickle entry whose signature does not match (forged, tampered) is refused before "
+        "anything is unpickled: a miss for the Django backend",
+        "cacheguard/cache/codec.py",
+        '            raise ValueError("pickle payload is unsigned or its signature does not '
+        'match")\n',
+        "            pass\n",
+        ("tests/test_django_cache.py::test_an_unsigned_or_tampered_pickle_is_never_unpickled",),
+        within="PickleCodec.decode",
+    ),
+    Mutant(
+        "django-aget-no-thread",
+        "the Django backend's aget runs on the asyncio guard, not the sync one in a thread "
+        "(Django's default sync_to_async)",
+        "cacheguard/integrations/django/cache.py",
+        "        name = self.guard_name(key, version)\n        guard = self.async_guard()\n",
+        "        return await super().aget(key, default, version)\n",
+        ("tests/test_django_cache.py::test_the_async_methods_use_no_thread_and_no_sync_guard",),
+        within="CacheGuardCache.aget",
+    ),
+    Mutant(
+        "django-aset-no-thread",
+        "the Django backend's aset runs on the asyncio guard, not the sync one in a thread",
+        "cacheguard/integrations/django/cache.py",
+        "        call, _ = self._write_call(name, value, self.get_backend_timeout(timeout))\n"
+        '        await self._acall(call, f"writing {name!r}")\n',
+        "        await super().aset(key, value, timeout, version)\n",
+        ("tests/test_django_cache.py::test_the_async_methods_use_no_thread_and_no_sync_guard",),
+        within="CacheGuardCache.aset",
+    ),
+    Mutant(
+        "django-loop-guard-closed-with-its-loop",
+        "an event loop's asyncio guard in the Django backend is closed as the loop shuts down: "
+        "no connection outlives its loop",
+        "cacheguard/integrations/django/cache.py",
+        "                await guard.aclose()\n",
+        "                pass\n",
+        ("tests/test_django_cache.py::test_each_event_loop_gets_its_guard_closed_with_the_loop",),
+        within="_Connections._closed_with",
     ),
     # -- Django: the ORM hooks and ORM values (integrations/django/orm.py, codecs/django_models.py;
     # issue #27) --
