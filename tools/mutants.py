@@ -5892,6 +5892,19 @@ MUTANTS: tuple[Mutant, ...] = (
         within="ModelTracker._specs",
     ),
     Mutant(
+        "django-tracker-follows-the-backends-guard",
+        "tracking through a cache backend keeps working after the backend's shutdown() (its "
+        "next guard is used)",
+        "cacheguard/integrations/django/orm.py",
+        "        current: CacheGuard = self._cache.guard\n",
+        "        current = self._guard\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_the_cache_backend_sees_the_writes_before_and_after_its_shutdown",
+        ),
+        within="ModelTracker.guard",
+    ),
+    Mutant(
         "django-model-values-family",
         "an annotation naming a Django model (list[Menu], Menu | None) makes a typed value",
         "cacheguard/codecs/values.py",
