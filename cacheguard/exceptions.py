@@ -63,7 +63,26 @@ __all__ = [
 
 
 class CacheGuardError(Exception):
-    """Root of every exception cacheguard raises on purpose."""
+    """Root of every exception cacheguard raises on purpose.
+
+    Every one pickles with its message and its context (a process pool, a task
+    queue or a multiprocessing test hands errors over as pickles): most take
+    keyword-only context, which ``Exception``'s own pickling cannot call back with.
+    """
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuilt, (self.__class__, self.args, self.__dict__.copy())
+
+
+def _rebuilt(
+    cls: type[CacheGuardError], args: tuple[object, ...], state: dict[str, object]
+) -> CacheGuardError:
+    """An unpickled error: its message as raised and its context attributes, without
+    calling the class's own ``__init__`` (whose arguments are not the message)."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class LockError(CacheGuardError):

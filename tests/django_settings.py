@@ -10,9 +10,9 @@ one, in a schema of its own (``cg_<random>``, made here and dropped when the
 process exits), so that runs beside each other (the mutation check runs the
 tests in several copies at once) never share a table; SQLite in a temporary file
 otherwise. Child processes pass the parent's :class:`DjangoDatabase` back in to
-use the same tables. Two aliases name the same database: ``default`` and
-``repeatable`` (``REPEATABLE READ``, on PostgreSQL: one snapshot per
-transaction, what the snapshot checks are about).
+use the same tables; a child that passes none gets SQLite in memory. Two aliases
+name the same database: ``default`` and ``repeatable`` (``REPEATABLE READ``, on
+PostgreSQL: one snapshot per transaction, what the snapshot checks are about).
 
 ``CACHES`` has Django's local-memory backend as its default; tests of other
 backends make theirs themselves (``override_settings`` or the class directly).
@@ -23,6 +23,7 @@ by :func:`create_tables`.
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
 import tempfile
 import threading
@@ -32,6 +33,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 __all__ = ["DjangoDatabase", "configure_django", "create_tables", "postgres_url"]
+
+# The cache backend's tests sign pickles with a key derived from it: their child
+# processes must have the same (tests/django_workers.py).
+SECRET_KEY = "cacheguard-tests-" + "s" * 40
 
 _mutex = threading.Lock()
 _configured: DjangoDatabase | None = None
@@ -72,6 +77,9 @@ def configure_django(
         if settings.configured:  # by someone else: their database, unknown here
             _configured = DjangoDatabase("configured elsewhere")
             return _configured
+        if database is None and multiprocessing.parent_process() is not None:
+            # A child process that was given no database needs none of its own.
+            database = DjangoDatabase("sqlite:///:memory:")
         if database is None:
             url = database_url or postgres_url()
             if url is not None and url.startswith("postgres"):
@@ -83,7 +91,7 @@ def configure_django(
             DEBUG=False,
             USE_TZ=True,
             TIME_ZONE="UTC",
-            SECRET_KEY="cacheguard-tests",
+            SECRET_KEY=SECRET_KEY,
             DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
             INSTALLED_APPS=["tests.django_app"],
             DATABASES=_databases(database),

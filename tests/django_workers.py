@@ -10,21 +10,18 @@ import redis
 
 from cacheguard.backoff import Backoff
 
-SECRET_KEY = "cacheguard-tests-" + "s" * 40
 # A retry timer a minute long: within a test's deadline only the fill's announcement
 # can wake a waiter.
 NO_TIMER_WAKE_UP = functools.partial(Backoff, initial=60.0, cap=60.0)
 
 
 def configure_django() -> None:
-    """Django settings for the backend (once per process; left as they are if the
-    process configured them already)."""
-    import django
-    from django.conf import settings
+    """Django settings for the backend, once per process: the tests' shared settings
+    (tests/django_settings.py: one SECRET_KEY in every process), so that these and
+    the ORM tests can run in one process."""
+    from tests.django_settings import configure_django as configure
 
-    if not settings.configured:
-        settings.configure(SECRET_KEY=SECRET_KEY, USE_TZ=True)
-        django.setup()
+    configure()
 
 
 def backend(url: str, namespace: str, **options: Any) -> Any:

@@ -7,7 +7,7 @@ import decimal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -820,3 +820,28 @@ def test_an_l1_hit_sends_nothing(redis_url: str, namespace: str) -> None:
     assert guard.stats().l1_hits == 1
     guard.close()
     recording.client.close()
+
+
+def test_a_refresh_begun_as_the_guard_closes_starts_no_pool(
+    client: redis.Redis, namespace: str
+) -> None:
+    """A call that passed the closed check before close() and asks for a background
+    refresh afterwards: no new pool of refresh threads (close() already ran, so it
+    would never be shut down)."""
+    guard = make_guard(client, namespace)
+    guard.close()
+    ran: list[str] = []
+
+    def flow() -> Generator[Any, Any, None]:
+        ran.append("refresh")
+        yield from ()
+
+    before = {t.name for t in threading.enumerate()}
+    assert guard._start_background(flow(), "x") is False
+    assert guard._executor is None
+    assert not [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("cacheguard-refresh") and t.name not in before
+    ]
+    assert ran == []

@@ -680,6 +680,26 @@ def test_a_cache_backend_names_the_keys_as_it_maps_them(guard: CacheGuard) -> No
         track_models(Hashing(), {Menu: MENU_KEYS})
 
 
+def test_the_cache_backend_sees_the_writes_before_and_after_its_shutdown(
+    redis_url: str, namespace: str, menus: list[Menu]
+) -> None:
+    from cacheguard.integrations.django import CacheGuardCache
+
+    cache = CacheGuardCache(redis_url, {"KEY_PREFIX": "shop", "OPTIONS": {"namespace": namespace}})
+    with track_models(cache, {Menu: ("menu:{slug}",)}) as through_cache:
+        assert cache.get_or_set("menu:soups", lambda: "Soups", timeout=60) == "Soups"
+        with transaction.atomic():
+            Menu.objects.filter(slug="soups").update(name="Broths")
+            assert through_cache.held_keys() == {cache.guard_name("menu:soups")}
+            assert through_cache.held_keys() == {"shop:1:menu:soups"}
+        assert cache.get("menu:soups") is None
+        cache.shutdown()  # its guard closes; the next use opens another
+        assert cache.get_or_set("menu:soups", lambda: "Broths", timeout=60) == "Broths"
+        Menu.objects.filter(slug="soups").update(name="Consommés")
+        assert cache.get("menu:soups") is None
+    cache.shutdown()
+
+
 # -- ORM values in the cache ------------------------------------------------------------------
 
 

@@ -119,7 +119,7 @@ def _loaded_after(code: str) -> list[str]:
         f"{code}\nimport json, sys\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('cacheguard', 'cacheguard_testing', 'asyncio', 'redis', 'sqlalchemy', 'kazoo', "
-        "'opentelemetry', 'prometheus_client'))))"
+        "'opentelemetry', 'prometheus_client', 'django'))))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
@@ -137,7 +137,7 @@ def test_import_cacheguard_is_lean() -> None:
     assert not [
         m
         for m in loaded
-        if m.split(".")[0] in ("asyncio", "redis", "opentelemetry", "prometheus_client")
+        if m.split(".")[0] in ("asyncio", "redis", "opentelemetry", "prometheus_client", "django")
     ], loaded
 
 
@@ -159,6 +159,13 @@ def test_the_sync_guard_loads_no_asyncio_twin_store_or_integration() -> None:
     )
     assert "cacheguard.cache.guard" in loaded
     assert [m for m in loaded if _NOT_FOR_THE_SYNC_GUARD.search(m)] == []
+
+
+def test_the_django_face_loads_django_on_first_use() -> None:
+    # Naming the face (as a settings module may) loads neither Django nor the backend.
+    loaded = _loaded_after("import cacheguard.integrations.django")
+    assert "cacheguard.integrations.django" in loaded
+    assert [m for m in loaded if m.split(".")[0] == "django" or "django." in m] == [], loaded
 
 
 def test_the_asyncio_face_loads_on_first_use() -> None:

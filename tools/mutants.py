@@ -5402,6 +5402,30 @@ MUTANTS: tuple[Mutant, ...] = (
         within="_Many._value_type",
     ),
     Mutant(
+        "errors-unpickle-with-context",
+        "every cacheguard error unpickles with its message and context (keyword-only "
+        "context included), so errors raised in pool workers reach their callers",
+        "cacheguard/exceptions.py",
+        "    def __reduce__(self) -> tuple[object, ...]:\n"
+        "        return _rebuilt, (self.__class__, self.args, self.__dict__.copy())\n",
+        "",
+        (
+            "tests/test_exceptions.py::test_an_error_unpickles_with_its_message_and_context",
+            "tests/test_exceptions.py::test_an_error_raised_in_a_worker_process_reaches_the_caller",
+        ),
+        within="CacheGuardError",
+    ),
+    Mutant(
+        "closed-guard-starts-no-refresh-pool",
+        "a background refresh asked for after close() starts no new pool of refresh "
+        "threads (close() would never shut it down)",
+        "cacheguard/cache/guard.py",
+        "            if self._state.closed:\n",
+        "            if False:\n",
+        ("tests/test_cache.py::test_a_refresh_begun_as_the_guard_closes_starts_no_pool",),
+        within="CacheGuard._background",
+    ),
+    Mutant(
         "batch-gets-per-node",
         "a batch's GETs go one pipeline per node: a dead node's failure is charged to its "
         "own breaker and bypasses its names only, the other nodes' names are served",
@@ -5866,6 +5890,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if model is tracked\n",
         ("tests/test_django_orm.py::test_subclasses_and_proxies_share_the_templates",),
         within="ModelTracker._specs",
+    ),
+    Mutant(
+        "django-tracker-follows-the-backends-guard",
+        "tracking through a cache backend keeps working after the backend's shutdown() (its "
+        "next guard is used)",
+        "cacheguard/integrations/django/orm.py",
+        "        current: CacheGuard = self._cache.guard\n",
+        "        current = self._guard\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_the_cache_backend_sees_the_writes_before_and_after_its_shutdown",
+        ),
+        within="ModelTracker.guard",
     ),
     Mutant(
         "django-model-values-family",

@@ -683,6 +683,10 @@ class CacheGuard:
 
     def _background(self) -> ThreadPoolExecutor:
         with self._executor_mutex:
+            if self._state.closed:
+                # A call that began before close() and ends now must not start a
+                # pool that close() would never shut down (its threads would leak).
+                raise RuntimeError("the guard is closed")
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(
                     max_workers=4, thread_name_prefix="cacheguard-refresh"

@@ -230,7 +230,7 @@ class ModelTracker:
     ) -> None:
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError("max_rows must be an int >= 1")
-        self.guard, self._cache = _guard_of(guard)
+        self._guard, self._cache = _guard_of(guard)
         self.lock_timeout = (
             None if lock_timeout is None else check_positive("lock_timeout", lock_timeout)
         )
@@ -254,6 +254,19 @@ class ModelTracker:
         for prefix in sorted(set(self._prefixes.values())):
             # Fills under these prefixes honour the prefix invalidations of a fallback.
             self.guard.watch_prefix(prefix)
+
+    @property
+    def guard(self) -> CacheGuard:
+        """The guard the hooks lock and invalidate with: a cache backend's current one
+        (its ``shutdown()`` closes it, and its next use makes another)."""
+        if self._cache is None:
+            return self._guard
+        current: CacheGuard = self._cache.guard
+        if current is not self._guard:
+            for prefix in sorted(set(self._prefixes.values())):
+                current.watch_prefix(prefix)
+            self._guard = current
+        return current
 
     @property
     def models(self) -> dict[type[Any], tuple[str, ...]]:
