@@ -845,3 +845,40 @@ def test_a_refresh_begun_as_the_guard_closes_starts_no_pool(
         if t.name.startswith("cacheguard-refresh") and t.name not in before
     ]
     assert ran == []
+
+
+def test_unusable_bytes_replaced_by_another_fill_meanwhile_are_not_loaded_again(
+    client: redis.Redis, other_client: redis.Redis, namespace: str
+) -> None:
+    """Bytes a reader cannot use (here: of a type the read no longer accepts) are
+    overwritten by a fill of its own, unless another process replaced them between
+    the reader's look and its fill: that value is served, not loaded a second time
+    (after a deploy that changed a type, each process's first reader otherwise
+    loaded the key again)."""
+    reader = make_guard(client, namespace)
+    other = make_guard(other_client, namespace)
+    other.get_or_load("k", lambda: {"shape": "old"}, ttl=60)
+    looks = 0
+
+    def fits(value: Any) -> bool:
+        nonlocal looks
+        looks += 1
+        usable = value == {"shape": "new"}
+        if not usable and looks == 2:  # fill_begin found the old bytes: now the other fills
+            filler = threading.Thread(
+                target=lambda: other.refresh("k", lambda: {"shape": "new"}, ttl=60)
+            )
+            filler.start()
+            filler.join(30)
+        return usable
+
+    loads: list[int] = []
+
+    def load() -> dict[str, str]:
+        loads.append(1)
+        return {"shape": "mine"}
+
+    assert reader._get_or_load("k", load, 60, MISSING, None, fits) == {"shape": "new"}
+    assert looks == 3  # the GET, the first begin, the forced begin's answer
+    assert loads == []
+    assert other.peek("k") == {"shape": "new"}

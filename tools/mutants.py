@@ -5426,6 +5426,34 @@ MUTANTS: tuple[Mutant, ...] = (
         within="CacheGuard._background",
     ),
     Mutant(
+        "fill-begin-keeps-a-replacement",
+        "bytes a reader could not use are overwritten by its fill only if the key still "
+        "holds them: a value another process stored meanwhile is served, not loaded again",
+        "cacheguard/cache/scripts.py",
+        "elseif ARGV[5] then\n"
+        "  local value = redis.pcall('GET', vkey)\n"
+        "  if type(value) == 'string' and value ~= ARGV[5] then return {0, value} end\n",
+        "",
+        (
+            "tests/test_cache.py::"
+            "test_unusable_bytes_replaced_by_another_fill_meanwhile_are_not_loaded_again",
+        ),
+        within="_FILL_BEGIN_BODY",
+    ),
+    Mutant(
+        "fill-flow-names-the-unusable-bytes",
+        "a fill forced over unusable bytes names them, so a replacement stored meanwhile "
+        "is served instead of loaded again",
+        "cacheguard/cache/flows/fill.py",
+        "force, replacing = True, begin.raw",
+        "force, replacing = True, None",
+        (
+            "tests/test_cache.py::"
+            "test_unusable_bytes_replaced_by_another_fill_meanwhile_are_not_loaded_again",
+        ),
+        within="fill_flow",
+    ),
+    Mutant(
         "batch-gets-per-node",
         "a batch's GETs go one pipeline per node: a dead node's failure is charged to its "
         "own breaker and bypasses its names only, the other nodes' names are served",

@@ -38,6 +38,10 @@ FILL_BEGIN_CONTRACT = """\
 -- ARGV[2]  lease in ms
 -- ARGV[3]  '1': fill even if a value exists (a refresh), '0': return an existing value
 -- ARGV[4]  version key lifetime in ms (refreshed here)
+-- ARGV[5]  optional, with ARGV[3] '1': the bytes the caller found unusable (they do
+--          not decode, or are past their expiry); if the key now holds other bytes,
+--          another caller replaced them meanwhile: they are returned as {0, value}
+--          instead of filling again
 -- Returns {0, value}                             a value exists
 --         {1, version, epoch, server ms, server µs}  the caller holds read + fill: load now
 --         {2, ms until worth retrying, 'fill', µs, version}   a fill is under way (any
@@ -56,6 +60,9 @@ if refresh ~= '1' then
   -- pcall: a key of another type (not ours) is no value; the fill overwrites it.
   local value = redis.pcall('GET', vkey)
   if type(value) == 'string' then return {0, value} end
+elseif ARGV[5] then
+  local value = redis.pcall('GET', vkey)
+  if type(value) == 'string' and value ~= ARGV[5] then return {0, value} end
 end
 local now = now_ms()
 local s = load(key, now)

@@ -67,6 +67,7 @@ class Begin:
     # whose entries are of ``version`` or newer
     since_us: int = 0
     wait: float = 0.0  # busy: seconds until worth retrying
+    raw: bytes | None = None  # corrupt, expired: the bytes found unusable
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +84,20 @@ def _text(value: Any) -> str:
 
 
 def fill_begin_call(
-    keys: ResourceKeys, *, owner: str, lease_ms: int, refresh: bool, version_ttl_ms: int
+    keys: ResourceKeys,
+    *,
+    owner: str,
+    lease_ms: int,
+    refresh: bool,
+    version_ttl_ms: int,
+    replacing: bytes | None = None,
 ) -> ScriptCall:
-    return (
-        FILL_BEGIN,
-        [keys.value, keys.lock, keys.version],
-        [owner, lease_ms, "1" if refresh else "0", version_ttl_ms],
-    )
+    """``replacing`` (with ``refresh``): the bytes found unusable, overwritten only if
+    the key still holds them (else the reply is the value that replaced them)."""
+    args: list[Any] = [owner, lease_ms, "1" if refresh else "0", version_ttl_ms]
+    if replacing is not None:
+        args.append(replacing)
+    return FILL_BEGIN, [keys.value, keys.lock, keys.version], args
 
 
 def timed_get_call(keys: ResourceKeys) -> ScriptCall:
@@ -109,9 +117,9 @@ def parse_fill_begin(reply: Sequence[Any], decode: Decode, now: float) -> Begin:
     if status == 0:
         entry = decode(reply[1])
         if entry is None:
-            return Begin("corrupt")
+            return Begin("corrupt", raw=reply[1])
         if now >= entry.expires_at:  # kept only for stale serving
-            return Begin("expired")
+            return Begin("expired", raw=reply[1])
         return Begin("hit", entry=entry)
     if status == 1:
         return Begin(

@@ -271,6 +271,7 @@ def fill_flow(
 
     waited_from: float | None = None
     force = refresh
+    replacing: bytes | None = None  # the unusable bytes a forced begin may overwrite
     aborts = 0
     delays: Backoff | None = None
     try:
@@ -286,6 +287,7 @@ def fill_flow(
                     lease_ms=settings.lease_ms,
                     refresh=force,
                     version_ttl_ms=settings.version_ttl_ms,
+                    replacing=replacing,
                 )
             )
             begin = parse_fill_begin(reply, job.decode_quiet, job.clock())
@@ -295,8 +297,11 @@ def fill_flow(
                 assert begin.entry is not None
                 return Outcome(begin.entry.value, "l2", begin.entry)
             if begin.kind in ("corrupt", "expired"):  # bytes not to serve: overwrite them
-                force = True
+                # ... unless another caller replaces them first (its fill ended between
+                # our two begins): then its value is the answer, not a second load.
+                force, replacing = True, begin.raw
                 continue
+            replacing = None
             if begin.kind == "fill":
                 return (yield from _fill(job, begin))
 
