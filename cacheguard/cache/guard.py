@@ -483,6 +483,18 @@ class CacheGuard:
         flow = invalidate_prefix_flow(self._state, prefix)
         return self._traced("invalidate_prefix", None, flow, f"{prefix}*")  # type: ignore[no-any-return]
 
+    def note_written(self, *names: str, prefix: str | None = None) -> None:
+        """Tell the guard that ``names`` (and, with ``prefix``, every name starting
+        with it: ``""`` for all) were just written in Redis by other means than its
+        own calls, without its locks (e.g. the Django backend's ``set`` and
+        ``delete``, :mod:`cacheguard.cache.entry_writes`). A call from now on in this
+        process then neither waits for nor shares a load of them already under way
+        (it may have read the data before the write): it reads Redis itself. What
+        the process keeps of them (L1, the values seen) is dropped. No I/O, and no
+        error on a closed guard; ``invalidate`` and ``invalidate_prefix`` do this
+        themselves."""
+        self._state.note_written(names, prefix)
+
     @contextmanager
     def write(self, *names: str, timeout: Seconds | None = None) -> Iterator[None]:
         """The write path around a database update and commit.
