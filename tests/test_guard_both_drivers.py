@@ -8,7 +8,6 @@ Every test gets a ``make`` fixture that builds guards of the parametrised kind;
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,7 +28,7 @@ from cacheguard import (
 )
 from cacheguard.aio import AsyncCacheGuard
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
-from tests.helpers import subscribers, wait_until
+from tests.helpers import flight_entries, subscribers, wait_until
 
 Make = Callable[..., Guard]
 
@@ -124,27 +123,6 @@ async def test_invalidate_makes_the_next_read_load(make: Make) -> None:
     assert await guard.get_or_load("k", Loads("new"), ttl=60) == "new"
 
 
-def entries_of(monkeypatch: pytest.MonkeyPatch, flights: Any) -> list[str]:
-    """The names of the calls that entered ``flights`` (a single flight), as leaders or
-    followers, in the order they came: a list the test watches."""
-    entered: list[str] = []
-    join, lead = flights.join, flights.lead
-
-    def counted_join(key: str, since: float = math.inf) -> Any:
-        entered.append(key)
-        return join(key, since)
-
-    def counted_lead(key: str, since: float) -> Any:
-        flight = lead(key, since)
-        if flight is not None:
-            entered.append(key)
-        return flight
-
-    monkeypatch.setattr(flights, "join", counted_join)
-    monkeypatch.setattr(flights, "lead", counted_lead)
-    return entered
-
-
 @pytest.mark.parametrize("how", ["invalidate", "invalidate_prefix"])
 async def test_a_read_after_an_invalidation_does_not_share_a_load_begun_before(
     make: Make, monkeypatch: pytest.MonkeyPatch, how: str
@@ -154,7 +132,7 @@ async def test_a_read_after_an_invalidation_does_not_share_a_load_begun_before(
     # its own (and loads); those that joined before keep the load's value (their calls
     # overlap the invalidation).
     guard = make()
-    entered = entries_of(monkeypatch, guard.guard._state.flights)
+    entered = flight_entries(monkeypatch, guard.guard._state.flights)
     gate = threading.Event()
     before = Loads("loaded before", gate=gate)
     leader = asyncio.ensure_future(guard.get_or_load("k", before, ttl=60))
