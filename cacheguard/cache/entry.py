@@ -105,10 +105,10 @@ def pack_entry(
     magic = _MAGIC
     if compress is not None and len(payload) >= compress_min_size:
         packed = deflate(compress, payload)
-        signer = signing(codec)
-        if packed is not None and signer is not None:
-            packed = signer.sign(packed)  # checked before inflating (module docstring)
-        if packed is not None and len(packed) < len(payload):
+        if packed is not None:
+            signer = signing(codec)
+            if signer is not None:  # checked before inflating (see the module docstring)
+                packed = signer.sign(packed)
             magic, payload = _COMPRESSED_MAGIC[compress], packed
     return _HEADER.pack(magic, codec.codec_id, created, ttl, version, load_duration) + payload
 
