@@ -57,7 +57,7 @@ from cacheguard._identity import on_fork_in_child
 from cacheguard.backoff import Backoff
 from cacheguard.cache.async_guard import AsyncCacheGuard
 from cacheguard.cache.codec import PickleCodec
-from cacheguard.cache.entry import MISSING, pack_entry, unpack_entry
+from cacheguard.cache.entry import MISSING, Entry, pack_entry, unpack_entry
 from cacheguard.cache.entry_writes import (
     FOREVER,
     delete_call,
@@ -544,9 +544,9 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
         pauses: Backoff | None = None
         for _ in range(_SWAP_TRIES):
             raw = yield _Read(keys.value)
-            if self._decoded(name, raw) is MISSING:
+            entry = self._entry_read(name, raw)
+            if entry is None:
                 raise ValueError(f"Key '{key}' not found")
-            entry = unpack_entry(codec, raw)
             value = entry.value + delta
             replacement = pack_entry(
                 codec,
@@ -645,17 +645,22 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
     def _keys(self, name: str) -> ResourceKeys:
         return ResourceKeys(self.namespace, name)
 
-    def _decoded(self, name: str, raw: Any) -> Any:
-        """The value of an entry read, or MISSING: nothing there, a key of another type,
-        or bytes that are not one of ours (corrupt, unsigned, signed with another key:
-        never unpickled)."""
+    def _entry_read(self, name: str, raw: Any) -> Entry | None:
+        """The entry read, or None: nothing there, a key of another type, or bytes that
+        are not one of ours (corrupt, unsigned, signed with another key: never
+        unpickled)."""
         if raw is None or raw is FOREIGN:
-            return MISSING
+            return None
         try:
-            return unpack_entry(self._config.settings.codec, raw).value
+            return unpack_entry(self._config.settings.codec, raw)
         except ValueError as exc:
             log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
-            return MISSING
+            return None
+
+    def _decoded(self, name: str, raw: Any) -> Any:
+        """The value of an entry read, or MISSING (see :meth:`_entry_read`)."""
+        entry = self._entry_read(name, raw)
+        return MISSING if entry is None else entry.value
 
     def _found(self, names: Mapping[str, Any], raws: Iterable[Any]) -> dict[Any, Any]:
         found: dict[Any, Any] = {}
