@@ -3,9 +3,14 @@
 Django's own ``BaseCacheTests`` run in tests/test_django_cache_suite.py; here what
 the backend adds or must keep: one entry format with the guard, ``get_or_set``'s one
 load across processes (waiters woken by the announcement), writes that win over a
-fill under way, ``clear()`` bounded by its namespace and ``KEY_PREFIX``, signed
-pickles, an atomic ``incr`` across processes, the asyncio methods on the asyncio
-guard (no thread), Cluster and Sentinel URLs, and clear errors for bad input.
+fill under way and close the process's loads begun before them to later callers,
+``clear()`` bounded by its namespace and ``KEY_PREFIX`` and leaving nothing behind,
+signed pickles only (no unsigned entry, nothing inflated before its signature is
+checked; bytes that do not decode are absent for every operation), an atomic
+``incr`` across processes whose callers in a process take turns, the asyncio
+methods on the asyncio guard (no thread) with the sync ones' semantics, the
+configurations' guards shared while used and closed when not, Cluster and Sentinel
+URLs, and clear errors for bad input.
 """
 
 from __future__ import annotations

@@ -467,8 +467,10 @@ class CacheGuard:
         Every fill in flight for them fails its store, and so does every later
         fill whose database snapshot is older than this call (when the loader's
         snapshot watermark is known); L1 copies everywhere are dropped (here at
-        once, in other processes through pub/sub). ``template``: the names' key
-        template, for the events' labels (as for :meth:`get_or_load`).
+        once, in other processes through pub/sub). A read that starts in this
+        process after the call returned never waits for, nor gets, a load of
+        them begun before it (see :meth:`note_written`). ``template``: the names'
+        key template, for the events' labels (as for :meth:`get_or_load`).
         """
         names = self._state.key_names(names)
         flow = invalidate_flow(self._state, names, template=template)
