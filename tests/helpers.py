@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from cacheguard import CacheGuard
 from cacheguard.redis.clients import sync_client_from_url
+
+if TYPE_CHECKING:
+    import pytest
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
@@ -29,6 +33,27 @@ def subscribers(client: redis.Redis, channel: str) -> int:
     broadcast = int(client.pubsub_numsub(channel)[0][1])
     sharded = client.execute_command("PUBSUB", "SHARDNUMSUB", channel)
     return broadcast + int(sharded[1])
+
+
+def flight_entries(monkeypatch: pytest.MonkeyPatch, flights: Any) -> list[str]:
+    """The names of the calls that entered ``flights`` (a guard's single flight), as
+    leaders or followers, in the order they came: a list the test watches."""
+    entered: list[str] = []
+    join, lead = flights.join, flights.lead
+
+    def counted_join(key: str, since: float = math.inf) -> Any:
+        entered.append(key)
+        return join(key, since)
+
+    def counted_lead(key: str, since: float) -> Any:
+        flight = lead(key, since)
+        if flight is not None:
+            entered.append(key)
+        return flight
+
+    monkeypatch.setattr(flights, "join", counted_join)
+    monkeypatch.setattr(flights, "lead", counted_lead)
+    return entered
 
 
 def client_for(url: str) -> Any:

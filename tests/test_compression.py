@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from cacheguard import MISSING, CacheGuard
 from cacheguard.aio import AsyncCacheGuard
 from cacheguard.cache import compression
-from cacheguard.cache.codec import MsgpackCodec
+from cacheguard.cache import entry as entry_module
+from cacheguard.cache.codec import MsgpackCodec, PickleCodec
 from cacheguard.cache.entry import HEADER_SIZE, pack_entry, unpack_entry
 from cacheguard.cache.outage.gutter import gutter_settings
 from cacheguard.cache.settings import GuardSettings
@@ -176,6 +177,49 @@ def test_inflating_is_bounded(name: str, monkeypatch: pytest.MonkeyPatch) -> Non
         unpack_entry(CODEC, bomb)
     # Larger than the bound: stored as it is, never as an entry no reader takes.
     assert packed(bytes(65 * 1024), name)[:2] == PLAIN
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_signed_compressed_entry_is_authenticated_before_it_is_inflated(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    codec = PickleCodec(b"k" * 32)
+    inflated: list[int] = []
+    real_inflate = entry_module.inflate
+
+    def counted(how: Any, data: memoryview) -> bytes:
+        inflated.append(len(data))
+        return real_inflate(how, data)
+
+    monkeypatch.setattr(entry_module, "inflate", counted)
+    genuine = pack_entry(
+        codec, MENU, created=0.0, ttl=60.0, version=0, load_duration=0.0, compress=name
+    )
+    assert genuine[:2] == MAGIC[name]
+    assert unpack_entry(codec, genuine).value == MENU
+    assert len(inflated) == 1
+    # A bomb with the pickle codec's id but no signature over its compressed bytes: a
+    # few KiB inflating to a MiB (up to MAX_INFLATED for a larger one), never inflated.
+    bomb = packed(bytes(1 << 20), name)
+    forged = bomb[:2] + bytes([codec.codec_id]) + bomb[3:]
+    # The layout before: the codec's signed payload, compressed, unsigned outside.
+    before = compression.deflate(name, codec.encode(bytes(1 << 20)))
+    assert before is not None
+    signed_inside = genuine[:HEADER_SIZE] + before
+    other_key = pack_entry(
+        PickleCodec(b"o" * 32),
+        MENU,
+        created=0.0,
+        ttl=60.0,
+        version=0,
+        load_duration=0.0,
+        compress=name,
+    )
+    tampered = genuine[:-1] + bytes([genuine[-1] ^ 1])
+    for refused in (forged, signed_inside, other_key, tampered):
+        with pytest.raises(ValueError, match="signature"):
+            unpack_entry(codec, refused)
+    assert len(inflated) == 1
 
 
 def content_size_field(frame: bytes) -> tuple[int, int]:

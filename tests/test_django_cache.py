@@ -3,18 +3,26 @@
 Django's own ``BaseCacheTests`` run in tests/test_django_cache_suite.py; here what
 the backend adds or must keep: one entry format with the guard, ``get_or_set``'s one
 load across processes (waiters woken by the announcement), writes that win over a
-fill under way, ``clear()`` bounded by its namespace and ``KEY_PREFIX``, signed
-pickles, an atomic ``incr`` across processes, the asyncio methods on the asyncio
-guard (no thread), Cluster and Sentinel URLs, and clear errors for bad input.
+fill under way and close the process's loads begun before them to later callers,
+``clear()`` bounded by its namespace and ``KEY_PREFIX`` and leaving nothing behind,
+signed pickles only (no unsigned entry, nothing inflated before its signature is
+checked; bytes that do not decode are absent for every operation), an atomic
+``incr`` across processes whose callers in a process take turns, the asyncio
+methods on the asyncio guard (no thread) with the sync ones' semantics, the
+configurations' guards shared while used and closed when not, Cluster and Sentinel
+URLs, and clear errors for bad input.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import hmac
 import math
 import pickle
 import threading
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,26 +31,30 @@ import pytest
 import redis
 from cacheguard_testing.deployments import OwnedRedisCluster, OwnedSentinelSet
 
-from cacheguard import BackendUnavailable, CacheGuardError
-from cacheguard.cache.codec import PickleCodec
-from cacheguard.cache.entry import pack_entry, unpack_entry
-from cacheguard.cache.entry_writes import FOREVER
+from cacheguard import BackendUnavailable, CacheGuardError, RecursiveLoadError
+from cacheguard.cache import entry as entry_module
+from cacheguard.cache.codec import JsonCodec, MsgpackCodec, PickleCodec
+from cacheguard.cache.entry import HEADER_SIZE, pack_entry, unpack_entry
+from cacheguard.cache.entry_writes import ENTRY_SWAP, FOREVER
 from cacheguard.redis.keys import ResourceKeys
 from tests import django_workers
-from tests.helpers import subscribers, wait_until
+from tests.helpers import flight_entries, run_threads, subscribers, wait_until
 from tests.procs import results_of, run_processes, start_processes
 
 pytest_plugins = ["tests.deployment_fixtures"]
 
 django_workers.configure_django()
 
+from django.conf import settings as django_settings  # noqa: E402
 from django.core.cache.backends.base import CacheKeyWarning  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
 from cacheguard.integrations.django import CacheGuardCache  # noqa: E402
+from cacheguard.integrations.django import cache as django_cache  # noqa: E402
 from cacheguard.integrations.django.cache import (  # noqa: E402
     CacheBackendConfigError,
+    PoolExhausted,
     UnpicklableValue,
 )
 
@@ -322,6 +334,104 @@ def test_a_set_during_another_processs_fill_wins(
     assert cache.get("k") == "written"
 
 
+# -- writes close the flights of loads begun before them ---------------------------------------
+
+
+@pytest.mark.parametrize("write", ["set", "add", "set_many", "delete", "clear"])
+def test_a_get_or_set_after_a_write_does_not_share_a_load_begun_before(
+    cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    entered = flight_entries(monkeypatch, cache.guard._state.flights)
+    gate = Gate("loaded before the write")
+    leader_thread, leader = in_thread(lambda: cache.get_or_set("k", gate, 60))
+    assert gate.started.wait(30)
+    early_thread, early = in_thread(lambda: cache.get_or_set("k", lambda: "early", 60))
+    stays = "written" if write in ("set", "add", "set_many") else "loaded after"
+    try:
+        assert wait_until(lambda: len(entered) >= 2, timeout=30)  # early joined the load
+        if write == "set":
+            cache.set("k", "written", 60)
+        elif write == "add":
+            assert cache.add("k", "written", 60)
+        elif write == "set_many":
+            cache.set_many({"k": "written"}, 60)
+        elif write == "delete":
+            cache.delete("k")
+        else:
+            cache.clear()
+        late_thread, late = in_thread(lambda: cache.get_or_set("k", lambda: "loaded after", 60))
+        if stays == "written":  # read from Redis at once: no wait for the load under way
+            late_thread.join(30)
+            assert late == ["written"]
+        else:  # a miss: its own fill, once the one under way ended (storing nothing)
+            assert wait_until(lambda: len(entered) >= 3, timeout=30)
+    finally:
+        gate.release.set()
+    for thread in (leader_thread, early_thread, late_thread):
+        thread.join(30)
+    # The calls begun before the write get the load's value (theirs overlap the write).
+    assert leader == early == ["loaded before the write"]
+    assert late == [stays]
+    assert cache.get("k") == stays
+
+
+async def until(predicate: Callable[[], object], timeout: float = 30) -> None:
+    """Let the loop's other tasks run until ``predicate`` holds (or fail at ``timeout``)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "never came true"
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("write", ["aset", "set in another thread", "adelete", "aclear"])
+async def test_an_aget_or_set_after_a_write_does_not_share_a_load_begun_before(
+    cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    entered = flight_entries(monkeypatch, cache.async_guard()._state.flights)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await release.wait()
+        return "loaded before the write"
+
+    leader = asyncio.ensure_future(cache.aget_or_set("k", slow, 60))
+    await asyncio.wait_for(started.wait(), 30)
+    early = asyncio.ensure_future(cache.aget_or_set("k", lambda: "early", 60))
+    try:
+        await until(lambda: len(entered) >= 2)
+        if write == "aset":
+            await cache.aset("k", "written", 60)
+        elif write == "set in another thread":  # the sync guard's write tells this loop's
+            await asyncio.to_thread(cache.set, "k", "written", 60)
+        elif write == "adelete":
+            await cache.adelete("k")
+        else:
+            await cache.aclear()
+        late = asyncio.ensure_future(cache.aget_or_set("k", lambda: "loaded after", 60))
+        if write in ("aset", "set in another thread"):  # served without waiting for the load
+            assert await asyncio.wait_for(late, 30) == "written"
+        else:
+            await until(lambda: len(entered) >= 3)
+    finally:
+        release.set()
+    assert (
+        await asyncio.wait_for(asyncio.gather(leader, early), 30) == ["loaded before the write"] * 2
+    )
+    stays = "written" if write in ("aset", "set in another thread") else "loaded after"
+    assert await asyncio.wait_for(late, 30) == stays
+    assert await cache.aget("k") == stays
+
+
+def test_get_or_set_of_its_own_key_in_its_callable_fails_at_once(cache: CacheGuardCache) -> None:
+    def load() -> Any:
+        return cache.get_or_set("k", lambda: "inner", 60)
+
+    with pytest.raises(RecursiveLoadError):
+        cache.get_or_set("k", load, 60)
+    assert cache.get("k", "miss") == "miss"
+
+
 # -- clear() --------------------------------------------------------------------------------------
 
 
@@ -363,6 +473,32 @@ def test_clear_fails_a_fill_under_way(cache: CacheGuardCache) -> None:
     thread.join(30)
     assert out == ["loaded before the clear"]
     assert cache.get("k") is None
+
+
+def test_clear_leaves_no_key_behind(cache: CacheGuardCache, client: redis.Redis) -> None:
+    cache.set_many({f"k{i}": i for i in range(50)}, 300)
+    assert cache.get_or_set("filled", lambda: "loaded", 300) == "loaded"
+    cache.clear()
+    # No invalidation stamp per entry (a version key living version_ttl, 7 days).
+    assert list(client.scan_iter(match=f"{cache.namespace}:*")) == []
+
+    async def asynchronous() -> None:
+        await cache.aset_many({f"a{i}": i for i in range(50)}, 300)
+        await cache.aclear()
+        assert await cache.aget_many([f"a{i}" for i in range(50)]) == {}
+
+    asyncio.run(asynchronous())
+    assert list(client.scan_iter(match=f"{cache.namespace}:*")) == []
+
+
+def test_clear_of_a_key_prefix_leaves_a_longer_prefixs_entries(make: Make) -> None:
+    shorter, longer = make(KEY_PREFIX="a"), make(KEY_PREFIX="a:b")
+    longer.set("x", "longer's")
+    shorter.set("x", "shorter's")
+    assert (shorter.guard_name("x"), longer.guard_name("x")) == ("a:1:x", "a:b:1:x")
+    shorter.clear()
+    assert shorter.get("x") is None
+    assert longer.get("x") == "longer's"
 
 
 # -- signed pickles -------------------------------------------------------------------------------
@@ -420,6 +556,114 @@ def test_a_new_secret_key_makes_the_old_entries_misses(make: Make) -> None:
     assert make().get("k", "miss") == "miss"
 
 
+def server_now(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + micros / 1e6
+
+
+def fresh_entry(codec: Any, value: Any, client: redis.Redis) -> bytes:
+    """An entry of ``value`` by ``codec``, fresh by the server's clock (a guard would
+    serve it, were it readable)."""
+    return pack_entry(
+        codec, value, created=server_now(client), ttl=300.0, version=0, load_duration=0.0
+    )
+
+
+@pytest.mark.parametrize("codec", [MsgpackCodec(), JsonCodec()], ids=["msgpack", "json"])
+def test_an_unsigned_entry_is_refused_on_every_read_path(
+    cache: CacheGuardCache, client: redis.Redis, codec: Any
+) -> None:
+    # Whoever can write to Redis writes a msgpack or JSON entry without the key: not a
+    # value of this cache's, whatever path reads it.
+    value_key = cache.guard.keys(cache.guard_name("k")).value
+    client.set(value_key, fresh_entry(codec, 5, client))
+    assert cache.get("k", "miss") == "miss"
+    assert cache.get_many(["k"]) == {}
+    assert not cache.has_key("k")
+    with pytest.raises(ValueError, match="not found"):
+        cache.incr("k")
+    assert not cache.touch("k", 60)
+    assert cache.get_or_set("k", lambda: "loaded", 60) == "loaded"  # the hit path, then
+    client.set(value_key, fresh_entry(codec, 5, client))  # the fill's own look
+    assert cache.add("k", "added", 60)  # nothing there to keep
+    assert cache.get("k") == "added"
+
+    async def asynchronous() -> None:
+        client.set(value_key, fresh_entry(codec, 5, client))
+        assert await cache.aget("k", "miss") == "miss"
+        assert await cache.aget_many(["k"]) == {}
+        with pytest.raises(ValueError, match="not found"):
+            await cache.aincr("k")
+        assert await cache.aget_or_set("k", lambda: "loaded", 60) == "loaded"
+
+    asyncio.run(asynchronous())
+
+
+def test_a_compressed_entry_is_authenticated_before_anything_is_inflated(
+    make: Make, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = make(OPTIONS={"compress": "zlib"})
+    inflated: list[int] = []
+    real_inflate = entry_module.inflate
+
+    def counted(how: Any, data: Any) -> bytes:
+        inflated.append(len(data))
+        return real_inflate(how, data)
+
+    monkeypatch.setattr(entry_module, "inflate", counted)
+    big = "soup " * 10_000
+    cache.set("page", big, 60)
+    value_key = cache.guard.keys(cache.guard_name("page")).value
+    stored = client.get(value_key)
+    assert stored is not None
+    assert stored[:2] == b"\xcb\x02"  # zlib
+    assert cache.get("page") == big
+    assert len(inflated) == 1
+    # A bomb under the pickle codec's id: a few KiB inflating to 16 MiB (to 256 MiB
+    # for a larger one); without the key's signature over it, refused uninflated.
+    header = stored[:HEADER_SIZE]
+    client.set(value_key, header + zlib.compress(bytes(16 << 20), 9))
+    assert cache.get("page", "miss") == "miss"
+    assert cache.get_or_set("page", lambda: "loaded", 60) == "loaded"
+    client.set(value_key, stored[:-1] + bytes([stored[-1] ^ 1]))  # one bit flipped
+    assert cache.get("page", "miss") == "miss"
+    assert len(inflated) == 1
+
+
+def test_the_signing_key_is_derived_from_secret_key_not_secret_key_itself(
+    cache: CacheGuardCache, client: redis.Redis
+) -> None:
+    secret = django_settings.SECRET_KEY.encode()
+    value_key = cache.guard.keys(cache.guard_name("k")).value
+    client.set(value_key, fresh_entry(PickleCodec(secret), "signed with SECRET_KEY", client))
+    assert cache.get("k", "miss") == "miss"  # SECRET_KEY itself signs nothing here
+    derived = hmac.new(secret, b"cacheguard.integrations.django.CacheGuardCache", "sha256")
+    client.set(value_key, fresh_entry(PickleCodec(derived.digest()), "ours", client))
+    assert cache.get("k") == "ours"
+
+
+def test_after_a_key_rotation_old_entries_are_absent_for_every_operation(make: Make) -> None:
+    old = make()
+    for key in ("lock", "touched", "flag", "async-lock"):
+        old.set(key, "signed with the old key", None)
+    with override_settings(SECRET_KEY="a rotated secret key, " + "r" * 40):
+        new = make()
+        assert not new.has_key("lock")
+        assert new.add("lock", "mine", 30)  # an add-based lock can be taken again
+        assert not new.add("lock", "theirs", 30)
+        assert new.get("lock") == "mine"
+        assert not new.touch("touched", 30)  # nothing there, as get() says
+        assert new.get_or_set("flag", "default", 30) == "default"
+        assert new.get("flag") == "default"  # stored by its add
+
+        async def asynchronous() -> None:
+            assert await new.aadd("async-lock", "mine", 30)
+            assert await new.aget("async-lock") == "mine"
+            assert not await new.atouch("touched", 30)
+
+        asyncio.run(asynchronous())
+
+
 # -- incr -----------------------------------------------------------------------------------------
 
 
@@ -452,6 +696,126 @@ def test_incr_keeps_the_entrys_lifetime(cache: CacheGuardCache, client: redis.Re
     cache.set("none", None)
     with pytest.raises(TypeError):
         cache.incr("none")
+
+
+def lost_swaps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The compare-and-sets of incr/aincr that lost (found the key changed), recorded."""
+    lost: list[str] = []
+    answer, aanswer = django_cache._answer, django_cache._aanswer
+
+    def counted(client: Any, step: Any) -> Any:
+        reply = answer(client, step)
+        if isinstance(step, tuple) and step[0] is ENTRY_SWAP and not reply:
+            lost.append(step[1][0])
+        return reply
+
+    async def acounted(client: Any, step: Any) -> Any:
+        reply = await aanswer(client, step)
+        if isinstance(step, tuple) and step[0] is ENTRY_SWAP and not reply:
+            lost.append(step[1][0])
+        return reply
+
+    monkeypatch.setattr(django_cache, "_answer", counted)
+    monkeypatch.setattr(django_cache, "_aanswer", acounted)
+    return lost
+
+
+def test_concurrent_incrs_of_one_key_take_turns_in_the_process(
+    cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache.set("n", 0, 120)
+    lost = lost_swaps(monkeypatch)
+    run_threads(8, lambda _: [cache.incr("n") for _ in range(25)])
+    assert cache.get("n") == 200
+    assert lost == []  # no thread's compare-and-set lost to another's
+
+
+async def test_300_concurrent_aincrs_of_one_key_in_one_loop(
+    cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # All at once, each retrying its compare-and-set against the others, they used up
+    # the loop's 64 connections: the tasks waiting for one failed as Redis down.
+    await cache.aset("n", 0, 120)
+    lost = lost_swaps(monkeypatch)
+    values = await asyncio.gather(*(cache.aincr("n") for _ in range(300)))
+    assert sorted(values) == list(range(1, 301))
+    assert await cache.aget("n") == 300
+    assert lost == []
+
+
+def test_an_incr_whose_compare_and_set_loses_reads_again(
+    cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache.set("n", 1, 60)
+    answer = django_cache._answer
+    wrote: list[int] = []
+
+    def racing(client: Any, step: Any) -> Any:
+        reply = answer(client, step)
+        if isinstance(step, django_cache._Read) and not wrote:
+            wrote.append(1)
+            cache.set("n", 10, 60)  # another writer, between incr's read and its write
+        return reply
+
+    monkeypatch.setattr(django_cache, "_answer", racing)
+    assert cache.incr("n") == 11
+    assert cache.get("n") == 11
+
+
+async def test_an_aincr_whose_compare_and_set_loses_reads_again(
+    cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await cache.aset("n", 1, 60)
+    aanswer = django_cache._aanswer
+    wrote: list[int] = []
+
+    async def racing(client: Any, step: Any) -> Any:
+        reply = await aanswer(client, step)
+        if isinstance(step, django_cache._Read) and not wrote:
+            wrote.append(1)
+            await cache.aset("n", 10, 60)
+        return reply
+
+    monkeypatch.setattr(django_cache, "_aanswer", racing)
+    assert await cache.aincr("n") == 11
+    assert await cache.aget("n") == 11
+
+
+async def test_a_pool_used_up_is_pool_exhausted_not_redis_down(make: Make) -> None:
+    cache = make(OPTIONS={"max_connections": 1, "socket_timeout": 0.5})
+    await cache.aset("k", 1)
+    pool = cache.async_guard().client.connection_pool
+    held = await pool.get_connection()  # the pool's one connection, in use
+    try:
+        with pytest.raises(PoolExhausted) as caught:
+            await cache.aget("k")
+        assert not isinstance(caught.value, BackendUnavailable)
+    finally:
+        await pool.release(held)
+    assert await cache.aget("k") == 1
+
+
+@pytest.mark.parametrize("write", ["touch", "incr"])
+def test_touch_and_incr_during_a_fill_win_over_it(
+    cache: CacheGuardCache, client: redis.Redis, write: str
+) -> None:
+    name = cache.guard_name("k")
+    cache.set("k", 1, 60)
+    gate = Gate(100)
+    thread, out = in_thread(lambda: cache.guard.refresh(name, gate, ttl=60))
+    assert gate.started.wait(30)
+    try:
+        if write == "touch":
+            assert cache.touch("k", None)
+        else:
+            assert cache.incr("k") == 2
+    finally:
+        gate.release.set()
+    thread.join(30)
+    assert out == [100]  # the refresh's caller gets its load
+    assert cache.get("k") == (1 if write == "touch" else 2)  # the write's entry stays
+    if write == "touch":
+        assert client.pttl(cache.guard.keys(name).value) == -1  # with no expiry
 
 
 # -- asyncio --------------------------------------------------------------------------------------
@@ -605,6 +969,96 @@ def test_instances_of_one_configuration_share_their_guard(make: Make) -> None:
     assert make().guard is not make(OPTIONS={"lease": 12}).guard
 
 
+def lifetime_of(cache: CacheGuardCache, client: redis.Redis, key: str) -> str:
+    """How long the key lives: "gone", "forever" (no expiry, or a fill's FOREVER: ten
+    years) or "expires"."""
+    pttl = client.pttl(cache.guard.keys(cache.guard_name(key)).value)
+    if pttl == -2:
+        return "gone"
+    return "forever" if pttl == -1 or pttl > FOREVER * 1000 / 2 else "expires"
+
+
+@pytest.mark.parametrize(
+    ("timeout", "expected"), [(0, "gone"), (-1, "gone"), (None, "forever"), (60, "expires")]
+)
+async def test_the_async_writes_take_timeouts_as_the_sync_ones(
+    cache: CacheGuardCache, client: redis.Redis, timeout: Any, expected: str
+) -> None:
+    for key in ("set", "many", "add", "load"):
+        await cache.aset(key, "before", 60)
+        await cache.aset(f"a{key}", "before", 60)
+    await asyncio.to_thread(cache.set, "set", "v", timeout)
+    await asyncio.to_thread(cache.set_many, {"many": "v"}, timeout)
+    await cache.adelete_many(["add", "aadd", "load", "aload"])
+    await asyncio.to_thread(cache.add, "add", "v", timeout)
+    await asyncio.to_thread(cache.get_or_set, "load", lambda: "v", timeout)
+    await cache.aset("aset", "v", timeout)
+    await cache.aset_many({"amany": "v"}, timeout)
+    await cache.aadd("aadd", "v", timeout)
+    await cache.aget_or_set("aload", lambda: "v", timeout)
+    for key in ("set", "many", "add", "load"):
+        assert lifetime_of(cache, client, key) == expected, key
+        assert lifetime_of(cache, client, f"a{key}") == expected, f"a{key}"
+
+
+async def test_aget_or_set_caches_a_none_as_get_or_set_does(cache: CacheGuardCache) -> None:
+    calls: list[int] = []
+
+    async def nothing() -> None:
+        calls.append(1)
+
+    assert await cache.aget_or_set("nothing", nothing, 60) is None
+    assert await cache.aget_or_set("nothing", nothing, 60) is None
+    assert await cache.aget("nothing", "default") is None
+    assert calls == [1]
+
+
+def test_a_configuration_no_instance_uses_is_closed_once_another_is_made(
+    redis_url: str, namespace: str
+) -> None:
+    params = {"OPTIONS": {"namespace": namespace}}
+    first = CacheGuardCache(redis_url, params)
+    guard = first.guard
+    second = CacheGuardCache(redis_url, params)
+    assert second.guard is guard  # Django's instance per thread: one guard
+    del first, second
+    gc.collect()
+    # Unused, and no other configuration came: kept for the next instance (the next
+    # request's, in a server that makes one per request).
+    again = CacheGuardCache(redis_url, params)
+    assert again.guard is guard
+    del again
+    gc.collect()
+    guards = []
+    for rotation in range(5):  # each a configuration of its own (its signing key)
+        with override_settings(SECRET_KEY=f"rotated {rotation} " + "r" * 40):
+            rotated = CacheGuardCache(redis_url, params)
+            guards.append(rotated.guard)
+            del rotated
+            gc.collect()
+    try:
+        assert guard._state.closed
+        assert [g._state.closed for g in guards] == [True] * 4 + [False]
+        assert len(django_cache._registry) <= 2
+    finally:
+        guards[-1].close()
+
+
+async def test_an_unused_configurations_loop_guard_is_closed_on_its_loop(
+    redis_url: str, namespace: str
+) -> None:
+    first = CacheGuardCache(redis_url, {"OPTIONS": {"namespace": namespace}})
+    await first.aset("k", 1)
+    loop_guard = first.async_guard()
+    del first
+    gc.collect()
+    with override_settings(SECRET_KEY="rotated again " + "r" * 40):
+        other = CacheGuardCache(redis_url, {"OPTIONS": {"namespace": namespace}})
+    await until(lambda: loop_guard._state.closed)
+    assert await other.aget("k", "miss") == "miss"  # another key: its own guard
+    await other.ashutdown()
+
+
 # -- deployments ----------------------------------------------------------------------------------
 
 
@@ -619,8 +1073,10 @@ def check_backend_on(cache: CacheGuardCache) -> None:
     assert cache.get_many(["a", "e"]) == {}
 
     async def asynchronous() -> None:
-        await cache.aset("f", "async")
-        assert await cache.aget_many(["f"]) == {"f": "async"}
+        await cache.aset_many({f"f{i}": i for i in range(20)})  # keys on every node
+        assert await cache.aget_many([f"f{i}" for i in range(20)]) == {
+            f"f{i}": i for i in range(20)
+        }
         assert await cache.aget_or_set("g", lambda: "loaded") == "loaded"
 
     asyncio.run(asynchronous())
@@ -683,6 +1139,9 @@ def test_an_unpicklable_value_raises_a_pickle_error_and_stores_nothing(
         (None, {"l1_maxsize": 100}, "in-process copy"),
         (None, {"lease": -1}, "lease"),
         (None, {"on_timeout": "stale"}, "past its timeout"),
+        (None, {"stale_if_error": 60}, "after a delete"),
+        (None, {"outage_ttl": 60}, "after a delete"),
+        (None, {"fallback_maxsize": 100}, "not available"),
         (None, {"signing_key": "short"}, "16 bytes"),
     ],
 )

@@ -154,9 +154,11 @@ def test_a_read_that_starts_after_a_write_never_shares_a_get_sent_before_it(
     client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A leader's GET has been answered by Redis (the old value) but the reply is
-    held up; meanwhile ``guard.write`` runs and returns. A read that starts now joins
-    the leader's flight, yet must not take that reply: the flight was sealed for the
-    GET, so the late follower reads again and loads the new value."""
+    held up; meanwhile a write runs and returns in another process (here another
+    guard: a write of this guard closes the flight, see
+    tests/test_guard_both_drivers.py). A read that starts now joins the leader's
+    flight, yet must not take that reply: the flight was sealed for the GET, so the
+    late follower reads again and loads the new value."""
     _no_answer_from_before_the_write(make_guard(client, namespace), client, monkeypatch)
 
 
@@ -193,7 +195,7 @@ def _no_answer_from_before_the_write(
     early = threading.Thread(target=read, args=("early reader",), name="early reader")
     early.start()
     assert got_reply.wait(5), "the early reader's GET was never answered"
-    with guard.write("k"):
+    with make_guard(client, guard.namespace).write("k"):  # another process's write
         db["k"] = "new"
     late = threading.Thread(target=read, args=("late reader",), name="late reader")
     late.start()
@@ -208,7 +210,8 @@ async def test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_b
     aclient: redis.asyncio.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The asyncio guard's twin of the test above: the leader's GET reply is held
-    until a task that started after ``write`` returned has joined its flight."""
+    until a task that started after another process's ``write`` returned has joined
+    its flight."""
     guard = AsyncCacheGuard(aclient, namespace=namespace, ttl_jitter=0)
     db = {"k": "old"}
     assert await guard.get_or_load("k", lambda: db["k"], ttl=60) == "old"
@@ -230,8 +233,10 @@ async def test_an_async_read_that_starts_after_a_write_never_shares_a_get_sent_b
 
     early = asyncio.create_task(read(), name="early reader")
     await asyncio.wait_for(got_reply.wait(), 5)
-    async with guard.write("k"):
+    elsewhere = AsyncCacheGuard(aclient, namespace=namespace, ttl_jitter=0)
+    async with elsewhere.write("k"):  # another process's write
         db["k"] = "new"
+    await elsewhere.aclose()
     late = asyncio.create_task(read(), name="late reader")
     deadline = asyncio.get_running_loop().time() + 5
     while not _joined_as_follower(guard, "k"):

@@ -28,7 +28,7 @@ from cacheguard import (
 )
 from cacheguard.aio import AsyncCacheGuard
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
-from tests.helpers import subscribers, wait_until
+from tests.helpers import flight_entries, subscribers, wait_until
 
 Make = Callable[..., Guard]
 
@@ -121,6 +121,37 @@ async def test_invalidate_makes_the_next_read_load(make: Make) -> None:
     await guard.invalidate("k")
     assert await guard.peek("k") is MISSING
     assert await guard.get_or_load("k", Loads("new"), ttl=60) == "new"
+
+
+@pytest.mark.parametrize("how", ["invalidate", "invalidate_prefix"])
+async def test_a_read_after_an_invalidation_does_not_share_a_load_begun_before(
+    make: Make, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # invalidate takes no lock: a load under way as it returns may have read the data
+    # before the change it stands for. A read that starts after it begins a flight of
+    # its own (and loads); those that joined before keep the load's value (their calls
+    # overlap the invalidation).
+    guard = make()
+    entered = flight_entries(monkeypatch, guard.guard._state.flights)
+    gate = threading.Event()
+    before = Loads("loaded before", gate=gate)
+    leader = asyncio.ensure_future(guard.get_or_load("k", before, ttl=60))
+    await started(before)
+    early = asyncio.ensure_future(guard.get_or_load("k", Loads("early"), ttl=60))
+    assert await asyncio.to_thread(wait_until, lambda: len(entered) >= 2, 10)
+    if how == "invalidate":
+        await guard.invalidate("k")
+    else:
+        assert await guard.invalidate_prefix("k") == 1
+    after = Loads("loaded after")
+    late = asyncio.ensure_future(guard.get_or_load("k", after, ttl=60))
+    # The late read joined the flight, or began its own (then waits for the fill).
+    assert await asyncio.to_thread(wait_until, lambda: len(entered) >= 3, 10)
+    gate.set()
+    values = await asyncio.wait_for(asyncio.gather(leader, early, late), 30)
+    assert values == ["loaded before", "loaded before", "loaded after"]
+    assert after.calls == 1
+    assert await guard.peek("k") == "loaded after"  # the load from before stored nothing
 
 
 @pytest.mark.parametrize("how", ["invalidate", "invalidate_prefix"])

@@ -5580,22 +5580,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "a Django clear() of a cache with a KEY_PREFIX deletes that prefix's keys only, not "
         "those of the namespace's other caches",
         "cacheguard/integrations/django/cache.py",
-        "            return prefix\n",
-        "            return ''\n",
+        '            return f"{self.key_prefix}:", lambda name: shape.match(name) is not None\n',
+        '            return "", lambda name: True\n',
         ("tests/test_django_cache.py::test_clear_with_a_key_prefix_deletes_that_prefix_only",),
-        within="CacheGuardCache._clear_prefix",
+        within="CacheGuardCache._cleared",
     ),
     Mutant(
         "django-clear-fails-fills-in-flight",
-        "a Django clear() invalidates (the guard's invalidate_prefix): a fill under way "
-        "stores nothing after it",
+        "a Django clear() finds the fills under way by their lock hash (no value yet) and "
+        "deletes each name as delete does: the fill stores nothing after it",
         "cacheguard/integrations/django/cache.py",
-        "            self.guard.invalidate_prefix(self._clear_prefix())\n",
-        "            client = self.guard.client\n"
-        "            for key in client.scan_iter(match=f'{self.namespace}:*:v'):\n"
-        "                client.delete(key)\n",
+        "            name = self._layout.name_of(key)\n",
+        '            name = self._layout.name_of(key) if key.endswith("}:v") else None\n',
         ("tests/test_django_cache.py::test_clear_fails_a_fill_under_way",),
-        within="CacheGuardCache.clear",
+        within="CacheGuardCache._clear_flow",
     ),
     Mutant(
         "django-pickles-signed-by-secret-key",
@@ -5616,7 +5614,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'match")\n',
         "            pass\n",
         ("tests/test_django_cache.py::test_an_unsigned_or_tampered_pickle_is_never_unpickled",),
-        within="PickleCodec.decode",
+        within="PickleCodec.verified",
     ),
     Mutant(
         "django-aget-no-thread",
@@ -5632,8 +5630,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "django-aset-no-thread",
         "the Django backend's aset runs on the asyncio guard, not the sync one in a thread",
         "cacheguard/integrations/django/cache.py",
-        "        call, _ = self._write_call(name, value, self.get_backend_timeout(timeout))\n"
-        '        await self._acall(call, f"writing {name!r}")\n',
+        '        await self._adrive(_one(call), f"writing {name!r}", (name,))\n',
         "        await super().aset(key, value, timeout, version)\n",
         ("tests/test_django_cache.py::test_the_async_methods_use_no_thread_and_no_sync_guard",),
         within="CacheGuardCache.aset",
@@ -6032,6 +6029,312 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         ("tests/test_menu_django.py::test_postgresql_urls_in_either_form",),
         within="_POSTGRES_SCHEMES",
+    ),
+    # -- Django: the backend's review fixes (writes close flights, signed entries only, ...) --
+    Mutant(
+        "django-invalidate-closes-open-flights",
+        "invalidate (and invalidate_prefix, through it) closes the names' open flights once "
+        "sent: a read that starts after it neither waits for nor gets a load begun before",
+        "cacheguard/cache/flows/write.py",
+        "        state.written(names)\n",
+        "        pass\n",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_a_read_after_an_invalidation_does_not_share_a_load_begun_before[sync-invalidate]",
+            "tests/test_guard_both_drivers.py::"
+            "test_a_read_after_an_invalidation_does_not_share_a_load_begun_before[async-invalidate]",
+            "tests/test_guard_both_drivers.py::test_a_read_after_an_invalidation_does_not_share_"
+            "a_load_begun_before[sync-invalidate_prefix]",
+        ),
+        within="invalidate_flow",
+    ),
+    Mutant(
+        "django-a-written-flight-takes-no-new-callers",
+        "a single flight closed by a write takes no new caller: it begins a flight of its own",
+        "cacheguard/cache/singleflight.py",
+        "            self._close(self._flights.pop(key, None))\n",
+        "            self._close(self._flights.get(key))\n",
+        (
+            "tests/test_guard_both_drivers.py::"
+            "test_a_read_after_an_invalidation_does_not_share_a_load_begun_before[sync-invalidate]",
+            "tests/test_django_cache.py::"
+            "test_a_get_or_set_after_a_write_does_not_share_a_load_begun_before[set]",
+        ),
+        within="SingleFlight.written",
+    ),
+    Mutant(
+        "django-writes-close-open-flights",
+        "a Django write (set, add, delete, clear ...) closes the open flights of its keys: a "
+        "get_or_set that starts after it reads Redis, never a load begun before the write",
+        "cacheguard/integrations/django/cache.py",
+        "            self._shared.note_written(written, prefix)\n",
+        "            pass\n",
+        (
+            "tests/test_django_cache.py::"
+            "test_a_get_or_set_after_a_write_does_not_share_a_load_begun_before[set]",
+            "tests/test_django_cache.py::"
+            "test_a_get_or_set_after_a_write_does_not_share_a_load_begun_before[delete]",
+        ),
+        within="CacheGuardCache._drive",
+    ),
+    Mutant(
+        "django-async-writes-close-open-flights",
+        "the same for the a* writes: an aget_or_set that starts after aset/adelete/aclear "
+        "never gets a load begun before it",
+        "cacheguard/integrations/django/cache.py",
+        "            self._shared.note_written(written, prefix)\n",
+        "            pass\n",
+        (
+            "tests/test_django_cache.py::"
+            "test_an_aget_or_set_after_a_write_does_not_share_a_load_begun_before[aset]",
+            "tests/test_django_cache.py::"
+            "test_an_aget_or_set_after_a_write_does_not_share_a_load_begun_before[adelete]",
+        ),
+        within="CacheGuardCache._adrive",
+    ),
+    Mutant(
+        "django-writes-close-every-guards-flights",
+        "a Django write tells every guard of its configuration in the process (the sync one "
+        "and each loop's): a sync set closes the loads under way in an event loop",
+        "cacheguard/integrations/django/cache.py",
+        "            guards: list[Any] = [self._sync, "
+        "*(made[0] for made in self._loops.values())]\n",
+        "            guards: list[Any] = [self._sync]\n",
+        (
+            "tests/test_django_cache.py::test_an_aget_or_set_after_a_write_does_not_share_a_"
+            "load_begun_before[set in another thread]",
+        ),
+        within="_Connections.note_written",
+    ),
+    Mutant(
+        "django-clear-closes-open-flights",
+        "a Django clear() closes the open flights of every name under its prefix (note_written "
+        "with a prefix)",
+        "cacheguard/cache/flows/state.py",
+        "            self.written_under(under)\n",
+        "            pass\n",
+        (
+            "tests/test_django_cache.py::"
+            "test_a_get_or_set_after_a_write_does_not_share_a_load_begun_before[clear]",
+            "tests/test_django_cache.py::"
+            "test_an_aget_or_set_after_a_write_does_not_share_a_load_begun_before[aclear]",
+        ),
+        within="GuardState.note_written",
+    ),
+    Mutant(
+        "django-signed-codec-reads-its-own-entries-only",
+        "a signing codec (PickleCodec, the Django backend's) reads no unsigned msgpack or JSON "
+        "entry, on every read path",
+        "cacheguard/cache/codec.py",
+        "    if signing(codec) is not None:\n        return None\n",
+        "",
+        (
+            "tests/test_codecs.py::test_a_pickle_guard_reads_no_unsigned_entry",
+            "tests/test_django_cache.py::test_an_unsigned_entry_is_refused_on_every_read_path",
+        ),
+        within="reader_for",
+    ),
+    Mutant(
+        "django-signature-checked-before-inflating",
+        "a signing codec's compressed entry is authenticated before anything is inflated: "
+        "bytes without the signature cost one HMAC, never an inflation",
+        "cacheguard/cache/entry.py",
+        "        packed = signer.verified(packed)\n",
+        "        packed = bytes(packed)[32:]  # unchecked\n",
+        (
+            "tests/test_compression.py::"
+            "test_a_signed_compressed_entry_is_authenticated_before_it_is_inflated",
+            "tests/test_django_cache.py::"
+            "test_a_compressed_entry_is_authenticated_before_anything_is_inflated",
+        ),
+        within="_compressed_value",
+    ),
+    Mutant(
+        "django-incrs-take-turns",
+        "a process's threads incrementing one key take turns: none of their compare-and-sets "
+        "loses to another's",
+        "cacheguard/integrations/django/cache.py",
+        "            turn = self._turns.get(name)\n",
+        "            turn = None\n",
+        ("tests/test_django_cache.py::test_concurrent_incrs_of_one_key_take_turns_in_the_process",),
+        within="_Connections.incr_turn",
+    ),
+    Mutant(
+        "django-aincrs-take-turns",
+        "a loop's tasks incrementing one key take turns: 300 at once neither lose "
+        "compare-and-sets nor use up the pool",
+        "cacheguard/integrations/django/cache.py",
+        "            turn = turns.get(name)\n",
+        "            turn = None\n",
+        ("tests/test_django_cache.py::test_300_concurrent_aincrs_of_one_key_in_one_loop",),
+        within="_Connections.aincr_turn",
+    ),
+    Mutant(
+        "django-pool-exhausted-is-not-redis-down",
+        "a pool with no connection free for its whole wait raises PoolExhausted, not "
+        "BackendUnavailable",
+        "cacheguard/integrations/django/cache.py",
+        "        if isinstance(exc, redis.ConnectionError) and pool_exhausted(exc):\n",
+        "        if False:\n",
+        ("tests/test_django_cache.py::test_a_pool_used_up_is_pool_exhausted_not_redis_down",),
+        within="_unavailable",
+    ),
+    Mutant(
+        "django-add-over-undecodable-bytes",
+        "a Django add stores over bytes that do not decode (a rotated SECRET_KEY): an "
+        "add-based lock can be taken again",
+        "cacheguard/integrations/django/cache.py",
+        "                if (yield put_call("
+        "keys, entry, lifetime, only_new=False, replacing=raw)):\n"
+        "                    return True\n",
+        "                return False\n",
+        (
+            "tests/test_django_cache.py::"
+            "test_after_a_key_rotation_old_entries_are_absent_for_every_operation",
+            "tests/test_django_cache.py::test_an_unsigned_entry_is_refused_on_every_read_path",
+        ),
+        within="CacheGuardCache._add_flow",
+    ),
+    Mutant(
+        "django-touch-of-undecodable-bytes-is-false",
+        "a Django touch of bytes that do not decode says False (nothing there, as get says) "
+        "and leaves them be",
+        "cacheguard/integrations/django/cache.py",
+        "            if not readable:\n                return False\n",
+        "",
+        (
+            "tests/test_django_cache.py::"
+            "test_after_a_key_rotation_old_entries_are_absent_for_every_operation",
+        ),
+        within="CacheGuardCache._touch_flow",
+    ),
+    Mutant(
+        "django-touch-fails-fills-in-flight",
+        "a Django touch wins over a fill under way: the fill does not store its value with "
+        "the old lifetime over the touched entry",
+        "cacheguard/cache/entry_writes.py",
+        "redis.call('HDEL', KEYS[2], 'fs')\n",
+        "",
+        ("tests/test_django_cache.py::test_touch_and_incr_during_a_fill_win_over_it[touch]",),
+        within="ENTRY_TOUCH",
+    ),
+    Mutant(
+        "django-incr-fails-fills-in-flight",
+        "a Django incr wins over a fill under way: the fill does not store over the sum",
+        "cacheguard/cache/entry_writes.py",
+        "redis.call('HDEL', KEYS[2], 'fs')\n",
+        "",
+        ("tests/test_django_cache.py::test_touch_and_incr_during_a_fill_win_over_it[incr]",),
+        within="ENTRY_SWAP",
+    ),
+    Mutant(
+        "django-incr-flow-compares-and-sets",
+        "incr and aincr write back only the entry they read: a write between their read and "
+        "their write makes them read again, no increment is lost",
+        "cacheguard/integrations/django/cache.py",
+        "            if (yield swap_call(keys, raw, replacement)):\n",
+        "            if (yield put_call(keys, replacement, None, only_new=False)):\n",
+        (
+            "tests/test_django_cache.py::test_an_incr_whose_compare_and_set_loses_reads_again",
+            "tests/test_django_cache.py::test_an_aincr_whose_compare_and_set_loses_reads_again",
+        ),
+        within="CacheGuardCache._incr_flow",
+    ),
+    Mutant(
+        "django-clear-not-a-longer-key-prefix",
+        "a Django clear() with KEY_PREFIX 'a' leaves the entries of a cache with KEY_PREFIX "
+        "'a:b' (only names 'a:<version>:...')",
+        "cacheguard/integrations/django/cache.py",
+        "lambda name: shape.match(name) is not None",
+        "lambda name: name.startswith(self.key_prefix + ':')",
+        ("tests/test_django_cache.py::test_clear_of_a_key_prefix_leaves_a_longer_prefixs_entries",),
+        within="CacheGuardCache._cleared",
+    ),
+    Mutant(
+        "django-clear-leaves-nothing-behind",
+        "a Django clear() deletes its names as delete does, with no invalidation stamp: no "
+        "version key per cleared entry is left for version_ttl",
+        "cacheguard/integrations/django/cache.py",
+        '        self._drive(self._clear_flow(), "clearing the cache", prefix=prefix)\n',
+        "        self.guard.invalidate_prefix(prefix)\n",
+        ("tests/test_django_cache.py::test_clear_leaves_no_key_behind",),
+        within="CacheGuardCache.clear",
+    ),
+    Mutant(
+        "django-unused-configurations-closed",
+        "the Django backend's configurations no instance uses are closed once another "
+        "configuration is made: overrides of SECRET_KEY or CACHES keep no sockets open",
+        "cacheguard/integrations/django/cache.py",
+        "                unused = [c for c in self._entries.values() if c.users == 0]\n",
+        "                unused = []\n",
+        (
+            "tests/test_django_cache.py::"
+            "test_a_configuration_no_instance_uses_is_closed_once_another_is_made",
+            "tests/test_django_cache.py::"
+            "test_an_unused_configurations_loop_guard_is_closed_on_its_loop",
+        ),
+        within="_Registry.connections_for",
+    ),
+    Mutant(
+        "django-stale-if-error-refused",
+        "the Django backend refuses OPTIONS stale_if_error, saying why (it would serve a "
+        "value past its timeout or after a delete)",
+        "cacheguard/integrations/django/cache.py",
+        '    "stale_if_error": "it would answer a failing get_or_set() with a value this process '
+        'saw "\n',
+        '    "stale_if_error_": "it would answer a failing get_or_set() with a value this process '
+        'saw "\n',
+        (
+            "tests/test_django_cache.py::"
+            "test_a_bad_configuration_is_a_clear_error[None-options11-after a delete]",
+        ),
+        within="_REFUSED_OPTIONS",
+    ),
+    Mutant(
+        "django-aset-many-timeout-zero-deletes",
+        "the Django backend's aset_many takes timeouts as set_many does: 0 or less deletes, "
+        "never stores forever",
+        "cacheguard/integrations/django/cache.py",
+        "        lifetime = self.get_backend_timeout(timeout)\n",
+        "        lifetime = self.get_backend_timeout(timeout) or None\n",
+        ("tests/test_django_cache.py::test_the_async_writes_take_timeouts_as_the_sync_ones",),
+        within="CacheGuardCache.aset_many",
+    ),
+    Mutant(
+        "django-aget-or-set-caches-none",
+        "the Django backend's aget_or_set caches a None its callable returned, as get_or_set does",
+        "cacheguard/integrations/django/cache.py",
+        "default, ttl=ttl, none_ttl=ttl)",
+        "default, ttl=ttl, none_ttl=None)",
+        ("tests/test_django_cache.py::test_aget_or_set_caches_a_none_as_get_or_set_does",),
+        within="CacheGuardCache.aget_or_set",
+    ),
+    Mutant(
+        "django-signing-key-salted",
+        "the Django backend's signing key is an HMAC of SECRET_KEY with its own salt, never "
+        "SECRET_KEY itself",
+        "cacheguard/integrations/django/cache.py",
+        "    return hmac.new(material, _SIGNING_SALT, hashlib.sha256).digest()\n",
+        "    return material\n",
+        (
+            "tests/test_django_cache.py::"
+            "test_the_signing_key_is_derived_from_secret_key_not_secret_key_itself",
+        ),
+        within="_signing_key",
+    ),
+    Mutant(
+        "django-aget-many-on-a-cluster",
+        "the Django backend's aget_many reads keys on several cluster nodes (MGET per node), "
+        "as get_many does",
+        "cacheguard/integrations/django/cache.py",
+        "            if is_cluster(guard.client):\n"
+        "                raws = await guard.client.mget_nonatomic(value_keys)  "
+        "# type: ignore[union-attr]\n"
+        "            else:\n"
+        "                raws = await guard.client.mget(value_keys)\n",
+        "            raws = await guard.client.mget(value_keys)\n",
+        ("tests/test_django_cache.py::test_the_backend_on_a_cluster",),
+        within="CacheGuardCache.aget_many",
     ),
 )
 

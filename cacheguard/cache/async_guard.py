@@ -474,6 +474,14 @@ class AsyncCacheGuard:
         flow = invalidate_prefix_flow(self._state, prefix)
         return await self._traced("invalidate_prefix", None, flow, f"{prefix}*")  # type: ignore[no-any-return]
 
+    def note_written(self, *names: str, prefix: str | None = None) -> None:
+        """Tell the guard that ``names`` (and every name under ``prefix``) were just
+        written in Redis by other means than its own calls: later calls neither
+        wait for nor share a load of them under way (see
+        :meth:`CacheGuard.note_written`). Not awaited: no I/O; callable from any
+        thread (the Django backend's sync writes tell every loop's guard)."""
+        self._state.note_written(names, prefix)
+
     @asynccontextmanager
     async def write(self, *names: str, timeout: Seconds | None = None) -> AsyncIterator[None]:
         """The write path around a database update and commit: write locks in one

@@ -18,6 +18,13 @@ Every entry names its codec (``codec_id``). A guard reads entries of its own
 codec and of the built-in codecs that need no configuration (msgpack, JSON), so
 guards with different codecs on one namespace read each other's entries instead
 of reloading; a pickle entry needs the same HMAC key.
+
+A *signing* codec (``signed = True``, with ``sign`` and ``verified``: the
+:class:`PickleCodec`) reads its own entries only: an unsigned msgpack or JSON
+entry runs no code, but whoever can write to Redis could put any value of their
+choosing there, which the signature exists to refuse. Its compressed entries
+are signed as stored, so the signature is checked before anything is inflated
+(see :mod:`cacheguard.cache.entry`).
 """
 
 from __future__ import annotations
@@ -35,7 +42,16 @@ import msgpack
 
 from cacheguard.exceptions import SerializationError
 
-__all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "check_codec", "reader_for"]
+__all__ = [
+    "Codec",
+    "JsonCodec",
+    "MsgpackCodec",
+    "PickleCodec",
+    "SigningCodec",
+    "check_codec",
+    "reader_for",
+    "signing",
+]
 
 
 class Codec(Protocol):
@@ -46,6 +62,29 @@ class Codec(Protocol):
     def encode(self, value: Any) -> bytes: ...
 
     def decode(self, data: bytes | memoryview) -> Any: ...
+
+
+class SigningCodec(Codec, Protocol):
+    """A codec whose payloads are signed (``signed = True``): it reads its own entries
+    only, and signs compressed payloads as stored (checked before inflating)."""
+
+    signed: ClassVar[bool]
+
+    def sign(self, data: bytes) -> bytes:
+        """``data`` with its signature in front."""
+        ...
+
+    def verified(self, data: bytes | memoryview) -> bytes:
+        """What :meth:`sign` signed, its signature checked; ``ValueError`` if it does
+        not match (unsigned, tampered, another key's)."""
+        ...
+
+
+def signing(codec: object) -> SigningCodec | None:
+    """``codec`` if it is a signing codec, else None."""
+    if getattr(codec, "signed", False) is True:
+        return codec  # type: ignore[return-value]
+    return None
 
 
 # msgpack extension type codes
@@ -155,6 +194,8 @@ class PickleCodec:
     """
 
     codec_id: ClassVar[int] = 3
+    # Reads no other codec's entries, and signs compressed payloads as stored.
+    signed: ClassVar[bool] = True
     _DIGEST = 32
 
     def __init__(self, hmac_key: bytes) -> None:
@@ -162,23 +203,32 @@ class PickleCodec:
             raise SerializationError("PickleCodec needs an HMAC key of at least 16 bytes")
         self._key = hmac_key
 
-    def _sign(self, payload: bytes) -> bytes:
+    def _digest(self, payload: bytes) -> bytes:
         return hmac.new(self._key, payload, hashlib.sha256).digest()
+
+    def sign(self, data: bytes) -> bytes:
+        """``data`` with its HMAC-SHA256 in front."""
+        return self._digest(data) + data
+
+    def verified(self, data: bytes | memoryview) -> bytes:
+        """The bytes :meth:`sign` signed; ``ValueError`` if the signature does not match."""
+        data = bytes(data)
+        signature, payload = data[: self._DIGEST], data[self._DIGEST :]
+        if len(signature) != self._DIGEST or not hmac.compare_digest(
+            signature, self._digest(payload)
+        ):
+            raise ValueError("pickle payload is unsigned or its signature does not match")
+        return payload
 
     def encode(self, value: Any) -> bytes:
         try:
             payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise SerializationError(f"pickle cannot encode the value: {exc}") from exc
-        return self._sign(payload) + payload
+        return self.sign(payload)
 
     def decode(self, data: bytes | memoryview) -> Any:
-        data = bytes(data)
-        signature, payload = data[: self._DIGEST], data[self._DIGEST :]
-        if len(signature) != self._DIGEST or not hmac.compare_digest(
-            signature, self._sign(payload)
-        ):
-            raise ValueError("pickle payload is unsigned or its signature does not match")
+        payload = self.verified(data)
         try:
             return pickle.loads(payload)  # signed by a key we hold
         except Exception as exc:
@@ -205,9 +255,12 @@ _READERS: dict[int, Codec] = {1: MsgpackCodec(), 2: JsonCodec()}
 
 def reader_for(codec: Codec, codec_id: int) -> Codec | None:
     """The codec that decodes an entry tagged ``codec_id`` for a guard using
-    ``codec``: its own, a configuration-free built-in, or None (a miss)."""
+    ``codec``: its own, a configuration-free built-in (not for a signing codec:
+    unsigned entries are refused), or None (a miss)."""
     if codec_id == codec.codec_id:
         return codec
+    if signing(codec) is not None:
+        return None
     return _READERS.get(codec_id)
 
 

@@ -22,6 +22,14 @@ is still stored that way. The plain format's magic is what a hit compares first,
 so a hit of an uncompressed entry costs what it did; every guard reads every
 format, whatever its own setting. A version without compression reads a
 compressed entry as a corrupt one (a miss, reloaded and stored uncompressed).
+
+A signing codec's compressed payload (:func:`~cacheguard.cache.codec.signing`:
+the :class:`~cacheguard.cache.codec.PickleCodec`) is signed as stored, the
+compressed bytes, and checked before anything is inflated: bytes without the
+key's signature cost one HMAC, never an inflation (a small hostile payload may
+inflate to :data:`~cacheguard.cache.compression.MAX_INFLATED`). The payload
+inside is the codec's own, signed too. (Versions before this signed only the
+inflated payload: their compressed pickle entries are misses, reloaded once.)
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Final, NamedTuple
 
-from cacheguard.cache.codec import Codec, reader_for
+from cacheguard.cache.codec import Codec, reader_for, signing
 from cacheguard.cache.compression import Compress, deflate, inflate
 
 __all__ = ["HEADER_SIZE", "MISSING", "Entry", "Missing", "pack_entry", "unpack_entry"]
@@ -98,6 +106,9 @@ def pack_entry(
     if compress is not None and len(payload) >= compress_min_size:
         packed = deflate(compress, payload)
         if packed is not None:
+            signer = signing(codec)
+            if signer is not None:  # checked before inflating (see the module docstring)
+                packed = signer.sign(packed)
             magic, payload = _COMPRESSED_MAGIC[compress], packed
     return _HEADER.pack(magic, codec.codec_id, created, ttl, version, load_duration) + payload
 
@@ -126,4 +137,8 @@ def _compressed_value(magic: bytes, reader: Codec | None, codec_id: int, data: b
         raise ValueError("not a cacheguard entry (bad magic)")
     if reader is None:
         raise ValueError(f"entry written by codec {codec_id}, which this guard cannot read")
-    return reader.decode(inflate(name, memoryview(data)[HEADER_SIZE:]))
+    packed: bytes | memoryview = memoryview(data)[HEADER_SIZE:]
+    signer = signing(reader)
+    if signer is not None:  # authentic before anything is inflated
+        packed = signer.verified(packed)
+    return reader.decode(inflate(name, memoryview(packed)))

@@ -5,8 +5,9 @@ A key-value front end on a guard's keys (the Django cache backend,
 ``incr``, ``touch``, ``delete``. Each write here is one script on the key's own slot
 that also deletes the ``fs`` field of the key's lock hash (see
 :mod:`cacheguard.cache.scripts`): a fill that began before the write then stores
-nothing, so a write always wins over a load already under way, and the fill's
-waiters, told "not stored", read the key again and find the write's value.
+nothing (a touch's too: it would store a value with the old lifetime), so a
+write always wins over a load already under way, and the fill's waiters, told
+"not stored", read the key again and find the write's value.
 
 The entries are the guard's own (:mod:`cacheguard.cache.entry`), so a value written
 here is a hit for ``get_or_load`` and a filled one is read back here. A stored
@@ -57,10 +58,17 @@ ENTRY_PUT = LuaScript(f"""\
 -- ARGV[1]  the entry (cache/entry.py); its created field is stamped here with the
 --          server's clock
 -- ARGV[2]  the key's lifetime in ms, or '' for none (the key persists)
--- ARGV[3]  '1': only if the key holds nothing (add), '0': whatever it holds (set)
--- Returns 1 when stored, 0 when not (an add that found the key taken).
+-- ARGV[3]  '1': only if the key holds nothing (add), '0': whatever it holds (set),
+--          '2': only if it still holds ARGV[4] (an add replacing bytes that do not
+--          decode: signed with an old key, corrupt)
+-- ARGV[4]  with '2': the bytes the caller read
+-- Returns 1 when stored, 0 when not (an add that found the key taken, or changed).
 local vkey, lock, entry, px = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 if ARGV[3] == '1' and redis.call('EXISTS', vkey) == 1 then return 0 end
+if ARGV[3] == '2' then
+  local current = redis.pcall('GET', vkey)
+  if type(current) ~= 'string' or current ~= ARGV[4] then return 0 end
+end
 -- The delete first: out of memory (noeviction) Redis refuses the SET, never the HDEL.
 redis.call('HDEL', lock, 'fs')
 local now = redis.call('TIME')
@@ -90,16 +98,19 @@ return 1
 """)
 
 ENTRY_TOUCH = LuaScript(f"""\
--- entry_touch: give an entry a new lifetime, counted from now.
+-- entry_touch: give an entry a new lifetime, counted from now, failing every fill in
+-- flight (it would store its value with the old lifetime over the touched entry).
 -- KEYS[1]  value key   <ns>:{{<name>}}:v
+-- KEYS[2]  lock hash   <ns>:{{<name>}}:rw: its 'fs' field is deleted
 -- ARGV[1]  the entry's new lifetime in seconds (its header's ttl; created becomes now)
 -- ARGV[2]  the key's new lifetime in ms, or '' for none (the key persists)
--- Returns 1 when the key held an entry, 0 when it held nothing or something not ours.
+-- ARGV[3]  the entry as the caller read it (and found it decodes): touched only if the
+--          key still holds it
+-- Returns 1 when touched, 0 when the key holds anything else now (or nothing).
 local vkey, px = KEYS[1], ARGV[2]
 local entry = redis.pcall('GET', vkey)
-if type(entry) ~= 'string' or #entry < {HEADER_SIZE} or string.byte(entry, 1) ~= 203 then
-  return 0
-end
+if type(entry) ~= 'string' or entry ~= ARGV[3] or #entry < {HEADER_SIZE} then return 0 end
+redis.call('HDEL', KEYS[2], 'fs')
 local now = redis.call('TIME')
 local stamp = struct.pack('<dd', tonumber(now[1]) + tonumber(now[2]) / 1000000, tonumber(ARGV[1]))
 entry = string.sub(entry, 1, {_CREATED_AT - 1}) .. stamp .. string.sub(entry, {_AFTER_TTL})
@@ -143,10 +154,18 @@ def new_entry(settings: GuardSettings, value: Any, lifetime: float | None) -> by
 
 
 def put_call(
-    keys: ResourceKeys, entry: bytes, lifetime: float | None, *, only_new: bool
+    keys: ResourceKeys,
+    entry: bytes,
+    lifetime: float | None,
+    *,
+    only_new: bool,
+    replacing: bytes | None = None,
 ) -> ScriptCall:
     """Store ``entry`` for ``lifetime`` s (None: no expiry); ``only_new``: only if the key
-    holds nothing (an add). Reply: 1 stored, 0 not."""
+    holds nothing (an add); ``replacing``: only if the key still holds these bytes (an
+    add over bytes that do not decode). Reply: 1 stored, 0 not."""
+    if replacing is not None:
+        return ENTRY_PUT, [keys.value, keys.lock], [entry, _px(lifetime), "2", replacing]
     return ENTRY_PUT, [keys.value, keys.lock], [entry, _px(lifetime), "1" if only_new else "0"]
 
 
@@ -156,11 +175,12 @@ def swap_call(keys: ResourceKeys, seen: bytes, replacement: bytes) -> ScriptCall
     return ENTRY_SWAP, [keys.value, keys.lock], [seen, replacement]
 
 
-def touch_call(keys: ResourceKeys, lifetime: float | None) -> ScriptCall:
-    """A new lifetime from now for the key's entry (None: no expiry). Reply: 1 touched,
-    0 nothing (of ours) there."""
+def touch_call(keys: ResourceKeys, lifetime: float | None, seen: bytes) -> ScriptCall:
+    """A new lifetime from now for the key's entry ``seen`` (the bytes read, found to
+    decode; None: no expiry), failing fills in flight. Reply: 1 touched, 0 the key holds
+    something else now (or nothing)."""
     ttl = FOREVER if lifetime is None else lifetime
-    return ENTRY_TOUCH, [keys.value], [repr(float(ttl)), _px(lifetime)]
+    return ENTRY_TOUCH, [keys.value, keys.lock], [repr(float(ttl)), _px(lifetime), seen]
 
 
 def delete_call(keys: ResourceKeys) -> ScriptCall:

@@ -467,8 +467,10 @@ class CacheGuard:
         Every fill in flight for them fails its store, and so does every later
         fill whose database snapshot is older than this call (when the loader's
         snapshot watermark is known); L1 copies everywhere are dropped (here at
-        once, in other processes through pub/sub). ``template``: the names' key
-        template, for the events' labels (as for :meth:`get_or_load`).
+        once, in other processes through pub/sub). A read that starts in this
+        process after the call returned never waits for, nor gets, a load of
+        them begun before it (see :meth:`note_written`). ``template``: the names'
+        key template, for the events' labels (as for :meth:`get_or_load`).
         """
         names = self._state.key_names(names)
         flow = invalidate_flow(self._state, names, template=template)
@@ -482,6 +484,18 @@ class CacheGuard:
         prefix = self._state.key_prefix(prefix)
         flow = invalidate_prefix_flow(self._state, prefix)
         return self._traced("invalidate_prefix", None, flow, f"{prefix}*")  # type: ignore[no-any-return]
+
+    def note_written(self, *names: str, prefix: str | None = None) -> None:
+        """Tell the guard that ``names`` (and, with ``prefix``, every name starting
+        with it: ``""`` for all) were just written in Redis by other means than its
+        own calls, without its locks (e.g. the Django backend's ``set`` and
+        ``delete``, :mod:`cacheguard.cache.entry_writes`). A call from now on in this
+        process then neither waits for nor shares a load of them already under way
+        (it may have read the data before the write): it reads Redis itself. What
+        the process keeps of them (L1, the values seen) is dropped. No I/O, and no
+        error on a closed guard; ``invalidate`` and ``invalidate_prefix`` do this
+        themselves."""
+        self._state.note_written(names, prefix)
 
     @contextmanager
     def write(self, *names: str, timeout: Seconds | None = None) -> Iterator[None]:

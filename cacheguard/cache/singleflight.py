@@ -10,7 +10,16 @@ is valid only for followers that joined before the seal; a follower that joined
 after it may have started after a write that the read did not see, so it must
 read again (as a new flight: one shared round trip per wave of late joiners,
 not one per thread). A value the leader loaded itself under the key's read lock
-is valid for every follower (``VALID_FOR_ALL``).
+is valid for every follower (``VALID_FOR_ALL``): every writer of the guard's own
+write path waits for that lock.
+
+Writes that take no lock (``invalidate``, ``invalidate_prefix``, the entry
+writes of :mod:`cacheguard.cache.entry_writes`) *close* the key's open flight
+once they are done (:meth:`SingleFlight.written`): a caller from then on begins
+a flight of its own, whose reads follow the write, instead of waiting for a load
+that may have read the data before it. Whoever joined before the write keeps
+the flight's outcome (their calls overlap the write: either answer is theirs to
+get), capped at the generation of the write.
 
 A flight also keeps when the newest of its callers' calls began
 (``newest_start``, on the guard's monotonic timer): a load without the lock
@@ -41,6 +50,7 @@ class Flight:
         "newest_start",
         "result",
         "valid_below",
+        "written_at",
     )
 
     def __init__(self, generation: int = 0, newest_start: float = math.inf) -> None:
@@ -51,6 +61,9 @@ class Flight:
         self.result: Any = None
         self.error: BaseException | None = None
         self.valid_below = 0
+        # The generation a write closed the flight at (see SingleFlight.written): its
+        # outcome serves only those who joined below it. VALID_FOR_ALL: never closed.
+        self.written_at = VALID_FOR_ALL
 
     def wait(self, timeout: float) -> bool:
         """``True`` once the leader finished, ``False`` at the timeout (followers only)."""
@@ -117,6 +130,26 @@ class SingleFlight:
             flight.generation += 1
             return flight.generation
 
+    def written(self, key: str) -> None:
+        """``key`` was just written without the write path's locks (an invalidation,
+        an entry write): its open flight, if any, is closed to new callers (they
+        begin their own, reading after the write) and its outcome serves only the
+        callers that joined it before."""
+        with self._mutex:
+            self._close(self._flights.pop(key, None))
+
+    def written_under(self, prefix: str) -> None:
+        """:meth:`written` for every key that starts with ``prefix``."""
+        with self._mutex:
+            for key in [key for key in self._flights if key.startswith(prefix)]:
+                self._close(self._flights.pop(key))
+
+    @staticmethod
+    def _close(flight: Flight | None) -> None:
+        if flight is not None:
+            flight.generation += 1
+            flight.written_at = flight.generation
+
     def finish(
         self,
         key: str,
@@ -125,8 +158,10 @@ class SingleFlight:
         error: BaseException | None = None,
         valid_below: int = VALID_FOR_ALL,
     ) -> None:
-        flight.result, flight.error, flight.valid_below = result, error, valid_below
         with self._mutex:
+            # A write closed the flight: what it read or loaded may predate the write.
+            valid_below = min(valid_below, flight.written_at)
+            flight.result, flight.error, flight.valid_below = result, error, valid_below
             if self._flights.get(key) is flight:
                 del self._flights[key]
             event = flight.event

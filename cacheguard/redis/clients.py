@@ -47,6 +47,7 @@ except ImportError:  # an older redis-py, without them
 
 __all__ = [
     "AsyncClient",
+    "NoConnectionAvailable",
     "QueueingPool",
     "QuickCheckConnection",
     "SyncClient",
@@ -61,6 +62,7 @@ __all__ = [
     "is_cluster",
     "node_namer",
     "parse_url",
+    "pool_exhausted",
     "replicas_expected",
     "sync_client_from_url",
 ]
@@ -317,7 +319,7 @@ class QueueingPool(redis.asyncio.ConnectionPool):
             finally:
                 timer.cancel()
             if not woken:
-                raise redis.ConnectionError("No connection available.")
+                raise NoConnectionAvailable("No connection available.")
 
     async def release(self, connection: Any) -> None:
         await super().release(connection)
@@ -329,6 +331,19 @@ class QueueingPool(redis.asyncio.ConnectionPool):
             if not waiter.done():  # a waiter that timed out or was cancelled is done
                 waiter.set_result(True)
                 return
+
+
+class NoConnectionAvailable(redis.ConnectionError):
+    """A :class:`QueueingPool`'s task waited its whole timeout for a connection while
+    every one was in use. A ``redis.ConnectionError`` (what redis-py's own pools
+    raise), told apart by :func:`pool_exhausted`: Redis itself may be fine."""
+
+
+def pool_exhausted(error: redis.ConnectionError) -> bool:
+    """Did ``error`` come from a client's pool having no connection to give (all in
+    use: a :class:`QueueingPool` after its wait, redis-py's pools at once), rather
+    than from Redis?"""
+    return isinstance(error, NoConnectionAvailable) or _pool_used_up(error)
 
 
 def _pool_used_up(error: redis.ConnectionError) -> bool:

@@ -308,6 +308,33 @@ class GuardState:
         if self.last_seen is not None:
             self.last_seen.drop(names)
 
+    def written(self, names: Iterable[str]) -> None:
+        """``names`` were just written without the write path's locks (an invalidation,
+        an entry write): a call from now on neither waits for nor shares a load of
+        them already under way here, which may have read the data before the write
+        (see :meth:`SingleFlight.written`)."""
+        for name in names:
+            self.flights.written(name)
+
+    def written_under(self, prefix: str) -> None:
+        """:meth:`written` for every name that starts with ``prefix``."""
+        self.flights.written_under(prefix)
+
+    def note_written(self, names: Iterable[object], prefix: object = None) -> None:
+        """The guards' ``note_written``: ``names`` (and every name under ``prefix``)
+        were written in Redis by other means than the guard's own calls. Checked as
+        the calls check them, but on a closed guard too (nothing of it is open)."""
+        checked = [self.checked_name(name) for name in names]
+        self.forget_here(checked)
+        self.written(checked)
+        if prefix is not None:
+            under = "" if prefix == "" else check_name(prefix, sys.maxsize, "a prefix")
+            if self.last_seen is not None:
+                self.last_seen.drop_prefix(under)
+            if self.l1 is not None:
+                self.l1.tier.clear()  # no prefix index: all of it (a rare call)
+            self.written_under(under)
+
     def refuse_bypass(
         self,
         name: str,

@@ -218,6 +218,10 @@ def invalidate_flow(
     except BackendUnavailable as exc:
         failure = unavailable(state, what, exc, names[0], template=template)
         raise failure from client_error(exc)
+    finally:
+        # Sent (perhaps applied even if its reply failed): loads of the names under
+        # way here may predate it, so later calls must not wait for them nor share them.
+        state.written(names)
     # On a cluster each call stands alone: one whose node is down or failing over
     # is that call's error (and its node's breaker's), while the others went through.
     failed: BackendUnavailable | None = None

@@ -25,6 +25,9 @@ derived from ``settings.SECRET_KEY`` (or ``OPTIONS["signing_key"]``), so bytes
 that were not written with the key are refused before anything is unpickled.
 The plain writes are one script each (:mod:`cacheguard.cache.entry_writes`);
 ``incr``/``decr`` are a compare-and-set on the entry, atomic across processes.
+The operations of more than one step (``add``, ``touch``, ``incr``, ``clear``)
+are written once, as generators that decide and yield their Redis calls; the
+sync and the asyncio methods only carry those out.
 """
 
 from __future__ import annotations
@@ -35,9 +38,13 @@ import hmac
 import inspect
 import logging
 import pickle
+import re
 import threading
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
+import time
+import weakref
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
@@ -47,6 +54,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, default_
 from django.core.exceptions import ImproperlyConfigured
 
 from cacheguard._identity import on_fork_in_child
+from cacheguard.backoff import Backoff
 from cacheguard.cache.async_guard import AsyncCacheGuard
 from cacheguard.cache.codec import PickleCodec
 from cacheguard.cache.entry import MISSING, Entry, pack_entry, unpack_entry
@@ -59,15 +67,16 @@ from cacheguard.cache.entry_writes import (
     touch_call,
 )
 from cacheguard.cache.guard import CacheGuard
+from cacheguard.cache.invalidation import SCAN_BATCH, Invalidation
 from cacheguard.cache.settings import GuardSettings
 from cacheguard.exceptions import BackendUnavailable, CacheGuardError, SerializationError
 from cacheguard.redis.async_scripts import arun_pipelined
-from cacheguard.redis.clients import is_cluster, parse_url
+from cacheguard.redis.clients import is_cluster, parse_url, pool_exhausted
 from cacheguard.redis.errors import REDIS_DOWN, classify
 from cacheguard.redis.keys import ResourceKeys, check_name
 from cacheguard.redis.scripts import ScriptCall, run_pipelined
 
-__all__ = ["CacheBackendConfigError", "CacheGuardCache", "UnpicklableValue"]
+__all__ = ["CacheBackendConfigError", "CacheGuardCache", "PoolExhausted", "UnpicklableValue"]
 
 log = logging.getLogger("cacheguard.django")
 
@@ -94,9 +103,6 @@ _GUARD_OPTIONS: Final = frozenset(
         "cohort_limit",
         "confirm_replicas",
         "confirm_timeout",
-        "outage_ttl",
-        "stale_if_error",
-        "fallback_maxsize",
         "gutter_ttl",
     }
 )
@@ -113,6 +119,13 @@ _REFUSED_OPTIONS: Final = {
     "l1_maxsize": "an in-process copy would let get() miss another process's set() for "
     "up to l1_ttl; Django's cache API promises the next get() sees it",
     "l1_ttl": "there is no in-process copy (see 'l1_maxsize')",
+    "stale_if_error": "it would answer a failing get_or_set() with a value this process saw "
+    "before, past its timeout or after a delete(); Django's cache API never serves those",
+    "outage_ttl": "with Redis down it would answer get_or_set() with a value this process "
+    "saw before, past its timeout or after a delete(); Django's cache API never serves "
+    "those (on_backend_error='bypass' calls the callable instead)",
+    "fallback_maxsize": "it sizes the memory of 'stale_if_error' and 'outage_ttl', which "
+    "are not available",
     "MAX_ENTRIES": "Redis evicts by its maxmemory-policy; nothing culls entries here (as "
     "with Django's own Redis backend)",
     "CULL_FREQUENCY": "Redis evicts by its maxmemory-policy; nothing culls entries here",
@@ -120,8 +133,10 @@ _REFUSED_OPTIONS: Final = {
 # Defaults that differ from a guard's: Django's timeouts are exact (no jitter), and a
 # get_or_set() callable runs in its caller's request, never early in a worker thread.
 _BACKEND_DEFAULTS: Final = {"namespace": "django", "ttl_jitter": 0.0, "early_refresh_beta": 0.0}
-# Tries of an incr() whose compare-and-set keeps losing to other writers.
-_SWAP_TRIES: Final = 1000
+# Tries of an incr() or touch() whose compare-and-set keeps losing to other writers
+# (other processes: this one's take turns), each after a jittered pause.
+_SWAP_TRIES: Final = 200
+_SWAP_PAUSES: Final = (0.001, 0.05)  # the pauses' first and longest, in seconds
 _SIGNING_SALT: Final = b"cacheguard.integrations.django.CacheGuardCache"
 
 
@@ -134,6 +149,13 @@ class CacheBackendConfigError(CacheGuardError, ImproperlyConfigured):  # type: i
 class UnpicklableValue(SerializationError, pickle.PicklingError):
     """A value given to the backend cannot be pickled: nothing was stored. Also a
     ``pickle.PicklingError``, which Django's cache API raises for it."""
+
+
+class PoolExhausted(CacheGuardError):
+    """Every connection of the event loop's pool (``max_connections``) stayed in use
+    for ``socket_timeout`` while a call waited for one: more calls at once than the
+    pool allows, or Redis slow to answer them. Not :class:`BackendUnavailable`:
+    Redis itself may be fine (raise ``max_connections``, or call less at once)."""
 
 
 class _SignedPickle(PickleCodec):
@@ -178,8 +200,10 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
     def __init__(self, server: Any, params: Mapping[str, Any]) -> None:
         super().__init__(params)
         self._config = _Config.read(server, params.get("OPTIONS") or {})
-        self._shared = _connections_for(self._config)
+        self._shared = _registry.connections_for(self._config, self)
         self._max_key_length = self._config.settings.max_key_length
+        # The key layout's SCAN pattern and names, for clear() (no I/O).
+        self._layout = Invalidation(self.namespace, self._config.settings.version_ttl_ms)
 
     # -- the guards ----------------------------------------------------------------------
 
@@ -263,32 +287,23 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
     ) -> None:
         name = self.guard_name(key, version)
         call, _ = self._write_call(name, value, self.get_backend_timeout(timeout))
-        self._call(call, f"writing {name!r}")
+        self._drive(_one(call), f"writing {name!r}", (name,))
 
     def add(
         self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None
     ) -> bool:
         name = self.guard_name(key, version)
-        lifetime = self.get_backend_timeout(timeout)
-        entry = self._entry(name, value, lifetime)  # a value that cannot be pickled raises
-        keys = self.guard.keys(name)
-        if lifetime == 0:  # stored and gone at once, as Django's backends do: was it free?
-            with _unavailable(f"reading {name!r}"):
-                return not self.guard.client.exists(keys.value)
-        if entry is None:
-            return False
-        return bool(self._call(put_call(keys, entry, lifetime, only_new=True), f"adding {name!r}"))
+        flow = self._add_flow(name, value, self.get_backend_timeout(timeout))
+        return bool(self._drive(flow, f"adding {name!r}", (name,)))
 
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         name = self.guard_name(key, version)
-        lifetime = self.get_backend_timeout(timeout)
-        keys = self.guard.keys(name)
-        call = delete_call(keys) if lifetime == 0 else touch_call(keys, lifetime)
-        return bool(self._call(call, f"touching {name!r}"))
+        flow = self._touch_flow(name, self.get_backend_timeout(timeout))
+        return bool(self._drive(flow, f"touching {name!r}", (name,)))
 
     def delete(self, key: Any, version: int | None = None) -> bool:
         name = self.guard_name(key, version)
-        return bool(self._call(delete_call(self.guard.keys(name)), f"deleting {name!r}"))
+        return bool(self._drive(_one(delete_call(self._keys(name))), f"deleting {name!r}", (name,)))
 
     def set_many(
         self,
@@ -299,35 +314,31 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
         if not data:
             return []
         lifetime = self.get_backend_timeout(timeout)
-        calls, failed = self._write_calls(data, lifetime, version)
-        self._pipelined(calls, f"writing {len(calls)} keys")
+        names, calls, failed = self._write_calls(data, lifetime, version)
+        self._drive(_all(calls), f"writing {len(calls)} keys", names)
         return failed
 
     def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         names = [self.guard_name(key, version) for key in keys]
         if names:
-            calls = [delete_call(self.guard.keys(name)) for name in names]
-            self._pipelined(calls, f"deleting {len(names)} keys")
+            calls = [delete_call(self._keys(name)) for name in names]
+            self._drive(_all(calls), f"deleting {len(names)} keys", names)
 
     def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         name = self.guard_name(key, version)
-        guard = self.guard
-        keys = guard.keys(name)
-        for _ in range(_SWAP_TRIES):
-            with _unavailable(f"reading {name!r}"):
-                raw = _readable(lambda: guard.client.get(keys.value))
-            seen, entry = self._swap_for(key, name, raw, delta)
-            if self._call(swap_call(keys, seen, entry), f"writing {name!r}"):
-                return unpack_entry(self._config.settings.codec, entry).value
-        raise _too_busy(name)
+        # This process's incrs of a key take turns: only other processes' writes make
+        # a compare-and-set lose (and try again).
+        with self._shared.incr_turn(name):
+            return self._drive(self._incr_flow(key, name, delta), f"writing {name!r}", (name,))
 
     def clear(self) -> None:
-        """Delete every entry of this cache: the namespace's keys whose name starts with
-        ``KEY_PREFIX:`` (with Django's key function and a ``KEY_PREFIX``), else every key
-        of the namespace; nothing of another namespace (no FLUSHDB). Loads under way for
-        them store nothing (the guard's ``invalidate_prefix``: a SCAN of the keyspace)."""
-        with _unavailable("clearing the cache"):
-            self.guard.invalidate_prefix(self._clear_prefix())
+        """Delete every entry of this cache: with Django's key function and a
+        ``KEY_PREFIX``, the namespace's names ``KEY_PREFIX:<version>:...`` (not those
+        of a longer prefix), else every name of the namespace; nothing of another
+        namespace (no FLUSHDB). A SCAN of the keyspace, then one delete per name, which
+        also fails a fill of it under way, as :meth:`delete` does."""
+        prefix, _ = self._cleared()
+        self._drive(self._clear_flow(), "clearing the cache", prefix=prefix)
 
     def get_or_set(
         self,
@@ -389,37 +400,26 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
     ) -> None:
         name = self.guard_name(key, version)
         call, _ = self._write_call(name, value, self.get_backend_timeout(timeout))
-        await self._acall(call, f"writing {name!r}")
+        await self._adrive(_one(call), f"writing {name!r}", (name,))
 
     async def aadd(
         self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None
     ) -> bool:
         name = self.guard_name(key, version)
-        lifetime = self.get_backend_timeout(timeout)
-        entry = self._entry(name, value, lifetime)
-        guard = self.async_guard()
-        keys = guard.keys(name)
-        if lifetime == 0:
-            with _unavailable(f"reading {name!r}"):
-                return not await guard.client.exists(keys.value)
-        if entry is None:
-            return False
-        call = put_call(keys, entry, lifetime, only_new=True)
-        return bool(await self._acall(call, f"adding {name!r}"))
+        flow = self._add_flow(name, value, self.get_backend_timeout(timeout))
+        return bool(await self._adrive(flow, f"adding {name!r}", (name,)))
 
     async def atouch(
         self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None
     ) -> bool:
         name = self.guard_name(key, version)
-        lifetime = self.get_backend_timeout(timeout)
-        keys = self.async_guard().keys(name)
-        call = delete_call(keys) if lifetime == 0 else touch_call(keys, lifetime)
-        return bool(await self._acall(call, f"touching {name!r}"))
+        flow = self._touch_flow(name, self.get_backend_timeout(timeout))
+        return bool(await self._adrive(flow, f"touching {name!r}", (name,)))
 
     async def adelete(self, key: Any, version: int | None = None) -> bool:
         name = self.guard_name(key, version)
-        call = delete_call(self.async_guard().keys(name))
-        return bool(await self._acall(call, f"deleting {name!r}"))
+        flow = _one(delete_call(self._keys(name)))
+        return bool(await self._adrive(flow, f"deleting {name!r}", (name,)))
 
     async def aset_many(
         self,
@@ -430,39 +430,31 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
         if not data:
             return []
         lifetime = self.get_backend_timeout(timeout)
-        calls, failed = self._write_calls(data, lifetime, version)
-        await self._apipelined(calls, f"writing {len(calls)} keys")
+        names, calls, failed = self._write_calls(data, lifetime, version)
+        await self._adrive(_all(calls), f"writing {len(calls)} keys", names)
         return failed
 
     async def adelete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         names = [self.guard_name(key, version) for key in keys]
         if names:
-            guard = self.async_guard()
-            calls = [delete_call(guard.keys(name)) for name in names]
-            await self._apipelined(calls, f"deleting {len(names)} keys")
+            calls = [delete_call(self._keys(name)) for name in names]
+            await self._adrive(_all(calls), f"deleting {len(names)} keys", names)
 
     async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         name = self.guard_name(key, version)
-        guard = self.async_guard()
-        keys = guard.keys(name)
-        for _ in range(_SWAP_TRIES):
-            with _unavailable(f"reading {name!r}"):
-                try:
-                    raw = await guard.client.get(keys.value)
-                except redis.ResponseError as exc:
-                    raw = _not_ours(exc)
-            seen, entry = self._swap_for(key, name, raw, delta)
-            if await self._acall(swap_call(keys, seen, entry), f"writing {name!r}"):
-                return unpack_entry(self._config.settings.codec, entry).value
-        raise _too_busy(name)
+        # The loop's aincrs of a key take turns (see incr): a task waiting for its turn
+        # holds no connection, so many of them cannot use up the pool.
+        async with self._shared.aincr_turn(asyncio.get_running_loop(), name):
+            flow = self._incr_flow(key, name, delta)
+            return await self._adrive(flow, f"writing {name!r}", (name,))
 
     async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         return await self.aincr(key, -delta, version)
 
     async def aclear(self) -> None:
         """:meth:`clear` on the running loop's asyncio guard."""
-        with _unavailable("clearing the cache"):
-            await self.async_guard().invalidate_prefix(self._clear_prefix())
+        prefix, _ = self._cleared()
+        await self._adrive(self._clear_flow(), "clearing the cache", prefix=prefix)
 
     async def aget_or_set(
         self,
@@ -495,18 +487,180 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
         except SerializationError as exc:
             raise UnpicklableValue(str(exc)) from exc
 
+    # -- the operations of several steps: flows, no I/O (both APIs drive them) ------------
+
+    def _add_flow(self, name: str, value: Any, lifetime: float | None) -> _Flow:
+        """``add``: store the entry unless the key holds one. Bytes that do not decode
+        (signed with a rotated key, corrupt) are what ``get`` misses, so they hold
+        nothing: the add takes their place (only while they are still there). A key
+        of another type is someone else's: left as it is (False)."""
+        entry = self._entry(name, value, lifetime)  # a value that cannot be pickled raises
+        keys = self._keys(name)
+        if lifetime == 0:  # stored and gone at once, as Django's backends do: was it free?
+            raw = yield _Read(keys.value)
+            return raw is not FOREIGN and self._decoded(name, raw) is MISSING
+        if entry is None:  # over max_value_bytes: not stored
+            return False
+        for _ in range(_SWAP_TRIES):
+            if (yield put_call(keys, entry, lifetime, only_new=True)):
+                return True
+            raw = yield _Read(keys.value)
+            if raw is FOREIGN:
+                return False
+            if raw is not None:
+                if self._decoded(name, raw) is not MISSING:
+                    return False  # taken
+                if (yield put_call(keys, entry, lifetime, only_new=False, replacing=raw)):
+                    return True
+            # Gone or changed since it was read: try again.
+        return False
+
+    def _touch_flow(self, name: str, lifetime: float | None) -> _Flow:
+        """``touch``: a new lifetime for the entry, if the key holds one that decodes
+        (what ``get`` would return; bytes that do not are nothing, as for ``get``),
+        compared-and-set on the bytes read; a timeout of 0 deletes the key."""
+        keys = self._keys(name)
+        pauses: Backoff | None = None
+        for _ in range(_SWAP_TRIES):
+            raw = yield _Read(keys.value)
+            readable = self._decoded(name, raw) is not MISSING
+            if lifetime == 0:
+                return bool((yield delete_call(keys))) and readable
+            if not readable:
+                return False
+            if (yield touch_call(keys, lifetime, raw)):
+                return True
+            pauses = pauses or _swap_pauses()
+            yield _Pause(pauses.next_delay())
+        raise _too_busy("touch", name)
+
+    def _incr_flow(self, key: Any, name: str, delta: Any) -> _Flow:
+        """``incr``: the entry's value plus ``delta``, compared-and-set on the bytes
+        read (same lifetime); another process's write meanwhile: read again, after a
+        jittered pause. Django's ``ValueError`` for a missing key (or bytes that do not
+        decode); the sum's own error (``TypeError`` for None + 1)."""
+        keys = self._keys(name)
+        codec, settings = self._config.settings.codec, self._config.settings
+        pauses: Backoff | None = None
+        for _ in range(_SWAP_TRIES):
+            raw = yield _Read(keys.value)
+            entry = self._entry_read(name, raw)
+            if entry is None:
+                raise ValueError(f"Key '{key}' not found")
+            value = entry.value + delta
+            replacement = pack_entry(
+                codec,
+                value,
+                created=entry.created,
+                ttl=entry.ttl,
+                version=entry.version,
+                load_duration=entry.load_duration,
+                compress=settings.compress,
+                compress_min_size=settings.compress_min_size,
+            )
+            if (yield swap_call(keys, raw, replacement)):
+                return value
+            pauses = pauses or _swap_pauses()
+            yield _Pause(pauses.next_delay())
+        raise _too_busy("incr", name)
+
+    def _clear_flow(self) -> _Flow:
+        """``clear``: the names :meth:`_cleared` picks among the namespace's keys, each
+        deleted as ``delete`` deletes (failing a fill in flight). No invalidation
+        stamp: nothing is left behind for ``version_ttl`` per entry cleared."""
+        prefix, belongs = self._cleared()
+        found = yield _Scan(self._layout.scan_pattern(prefix))
+        names = set()
+        for raw in found:
+            key = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+            name = self._layout.name_of(key)
+            if name is not None and belongs(name):
+                names.add(name)
+        ordered = sorted(names)
+        for start in range(0, len(ordered), SCAN_BATCH):
+            batch = ordered[start : start + SCAN_BATCH]
+            yield from _all([delete_call(self._keys(name)) for name in batch])
+
+    def _cleared(self) -> tuple[str, Callable[[str], bool]]:
+        """What :meth:`clear` deletes: the prefix of the names to SCAN for, and which of
+        them are this cache's. With Django's key function and a ``KEY_PREFIX`` short
+        enough to survive the guard's shortening of long names, the names
+        ``KEY_PREFIX:<version>:...`` (a cache of ``KEY_PREFIX`` "a:b" is not one of
+        "a"'s); else every name of the namespace."""
+        # A shortened name keeps its first max_key_length - 33 characters (redis/keys.py),
+        # room for the prefix and a version.
+        kept = self._max_key_length - 33
+        if (
+            self.key_prefix
+            and self.key_func is default_key_func
+            and len(self.key_prefix) + _VERSION_ROOM <= kept
+        ):
+            shape = re.compile(re.escape(self.key_prefix) + r":-?\d+:")
+            return f"{self.key_prefix}:", lambda name: shape.match(name) is not None
+        return "", lambda name: True
+
+    # -- the drivers of the flows ------------------------------------------------------------
+
+    def _drive(
+        self, flow: _Flow, what: str, written: Iterable[str] = (), *, prefix: str | None = None
+    ) -> Any:
+        """Carry out ``flow``'s steps with the sync guard's client; its result. Then
+        (however it ended) tell this configuration's guards that ``written`` (and the
+        names under ``prefix``) were written: loads of them under way in this process
+        may predate the write, so later calls must neither wait for nor share them."""
+        client = self.guard.client
+        reply: Any = None
+        try:
+            with _unavailable(what):
+                while True:
+                    try:
+                        step = flow.send(reply)
+                    except StopIteration as done:
+                        return done.value
+                    reply = _answer(client, step)
+        finally:
+            flow.close()
+            self._shared.note_written(written, prefix)
+
+    async def _adrive(
+        self, flow: _Flow, what: str, written: Iterable[str] = (), *, prefix: str | None = None
+    ) -> Any:
+        """:meth:`_drive` with the running loop's asyncio guard."""
+        client = self.async_guard().client
+        reply: Any = None
+        try:
+            with _unavailable(what):
+                while True:
+                    try:
+                        step = flow.send(reply)
+                    except StopIteration as done:
+                        return done.value
+                    reply = await _aanswer(client, step)
+        finally:
+            flow.close()
+            self._shared.note_written(written, prefix)
+
     # -- shared by both APIs ---------------------------------------------------------------
 
-    def _decoded(self, name: str, raw: Any) -> Any:
-        """The value of an entry read, or MISSING: nothing there, or bytes that are not
-        one of ours (corrupt, unsigned, signed with another key: never unpickled)."""
-        if raw is None:
-            return MISSING
+    def _keys(self, name: str) -> ResourceKeys:
+        return ResourceKeys(self.namespace, name)
+
+    def _entry_read(self, name: str, raw: Any) -> Entry | None:
+        """The entry read, or None: nothing there, a key of another type, or bytes that
+        are not one of ours (corrupt, unsigned, signed with another key: never
+        unpickled)."""
+        if raw is None or raw is FOREIGN:
+            return None
         try:
-            return unpack_entry(self._config.settings.codec, raw).value
+            return unpack_entry(self._config.settings.codec, raw)
         except ValueError as exc:
             log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
-            return MISSING
+            return None
+
+    def _decoded(self, name: str, raw: Any) -> Any:
+        """The value of an entry read, or MISSING (see :meth:`_entry_read`)."""
+        entry = self._entry_read(name, raw)
+        return MISSING if entry is None else entry.value
 
     def _found(self, names: Mapping[str, Any], raws: Iterable[Any]) -> dict[Any, Any]:
         found: dict[Any, Any] = {}
@@ -536,7 +690,7 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
         less, or for a value too large (an older value must not stay); and whether
         that is what was asked (False: the value was too large)."""
         entry = self._entry(name, value, lifetime)
-        keys = ResourceKeys(self.namespace, name)
+        keys = self._keys(name)
         if lifetime == 0:
             return delete_call(keys), True
         if entry is None:
@@ -545,71 +699,125 @@ class CacheGuardCache(BaseCache):  # type: ignore[misc]  # Django is untyped
 
     def _write_calls(
         self, data: Mapping[Any, Any], lifetime: float | None, version: int | None
-    ) -> tuple[list[ScriptCall], list[Any]]:
-        """A set_many's calls, and its keys that were not stored (values too large)."""
+    ) -> tuple[list[str], list[ScriptCall], list[Any]]:
+        """A set_many's names, calls, and keys that were not stored (values too large)."""
+        names: list[str] = []
         calls: list[ScriptCall] = []
         failed: list[Any] = []
         for key, value in data.items():
-            call, done = self._write_call(self.guard_name(key, version), value, lifetime)
+            name = self.guard_name(key, version)
+            call, done = self._write_call(name, value, lifetime)
+            names.append(name)
             calls.append(call)
             if not done:
                 failed.append(key)
-        return calls, failed
+        return names, calls, failed
 
-    def _swap_for(self, key: Any, name: str, raw: Any, delta: Any) -> tuple[bytes, bytes]:
-        """An incr's compare-and-set: the entry read and its replacement (the value
-        plus ``delta``, same lifetime). Django's ``ValueError`` for a missing key; the
-        sum's own error (``TypeError`` for None + 1) as Django's backends raise it."""
-        codec = self._config.settings.codec
-        entry: Entry | None = None
-        if raw is not None:
-            try:
-                entry = unpack_entry(codec, raw)
-            except ValueError as exc:
-                log.warning("cache entry of %r does not decode, treated as a miss: %s", name, exc)
-        if entry is None:
-            raise ValueError(f"Key '{key}' not found")
-        settings = self._config.settings
-        replacement = pack_entry(
-            codec,
-            entry.value + delta,
-            created=entry.created,
-            ttl=entry.ttl,
-            version=entry.version,
-            load_duration=entry.load_duration,
-            compress=settings.compress,
-            compress_min_size=settings.compress_min_size,
-        )
-        return raw, replacement
 
-    def _clear_prefix(self) -> str:
-        """The names :meth:`clear` deletes: those of this ``KEY_PREFIX`` when Django's
-        key function makes them (and the prefix is short enough to survive the guard's
-        shortening of long names), else all of the namespace."""
-        prefix = f"{self.key_prefix}:"
-        # A shortened name keeps its first max_key_length - 33 characters (redis/keys.py).
-        kept = self._max_key_length - 33
-        if self.key_prefix and self.key_func is default_key_func and len(prefix) <= kept:
-            return prefix
-        return ""
+# -- the flows' steps and their drivers' answers -------------------------------------------------
 
-    def _call(self, call: ScriptCall, what: str) -> Any:
-        script, keys, args = call
-        with _unavailable(what):
-            return script(self.guard.client, keys, args)
 
-    async def _acall(self, call: ScriptCall, what: str) -> Any:
-        script, keys, args = call
-        with _unavailable(what):
-            return await script.acall(self.async_guard().client, keys, args)
+class _Foreign:
+    """What a GET of a key of another Redis type (not ours) answers a flow."""
 
-    def _pipelined(self, calls: list[ScriptCall], what: str) -> None:
-        with _unavailable(what):
-            _raise_first(run_pipelined(self.guard.client, calls))
+    def __repr__(self) -> str:
+        return "FOREIGN"
 
-    async def _apipelined(self, calls: list[ScriptCall], what: str) -> None:
-        with _unavailable(what):
-            _raise_first(await arun_pipelined(self.async_guard().client, calls))
+
+FOREIGN: Final = _Foreign()
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """Step: GET ``key``. Answer: its bytes, None, or :data:`FOREIGN`."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Pipelined:
+    """Step: run ``calls`` in one round trip (one pipeline per node on a cluster).
+    Answer: their replies, errors in place."""
+
+    calls: tuple[ScriptCall, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """Step: every key matching ``pattern`` (SCAN). Answer: the keys."""
+
+    pattern: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Pause:
+    """Step: wait ``seconds`` (a compare-and-set lost to another process). Answer: None."""
+
+    seconds: float
+
+
+# A ScriptCall (a tuple) is a step too: run the script. Answer: its reply.
+_Flow = Generator[Any, Any, Any]
+# Room for ":<version>:" in a name's kept head (see CacheGuardCache._cleared).
+_VERSION_ROOM: Final = 24
+
+
+def _one(call: ScriptCall) -> _Flow:
+    """The flow of one script call: its reply."""
+    return (yield call)
+
+
+def _all(calls: list[ScriptCall]) -> _Flow:
+    """The flow of calls sent in one round trip; the first error among them raises."""
+    _raise_first((yield _Pipelined(tuple(calls))))
+
+
+def _swap_pauses() -> Backoff:
+    return Backoff(initial=_SWAP_PAUSES[0], cap=_SWAP_PAUSES[1])
+
+
+def _answer(client: Any, step: Any) -> Any:
+    """A flow's step carried out with a sync client."""
+    if isinstance(step, _Read):
+        try:
+            return client.get(step.key)
+        except redis.ResponseError as exc:
+            return _foreign(exc)
+    if isinstance(step, _Pipelined):
+        return run_pipelined(client, list(step.calls))
+    if isinstance(step, _Scan):
+        return list(client.scan_iter(match=step.pattern, count=1000))
+    if isinstance(step, _Pause):
+        time.sleep(step.seconds)
+        return None
+    script, keys, args = step
+    return script(client, keys, args)
+
+
+async def _aanswer(client: Any, step: Any) -> Any:
+    """A flow's step carried out with an asyncio client."""
+    if isinstance(step, _Read):
+        try:
+            return await client.get(step.key)
+        except redis.ResponseError as exc:
+            return _foreign(exc)
+    if isinstance(step, _Pipelined):
+        return await arun_pipelined(client, list(step.calls))
+    if isinstance(step, _Scan):
+        return [key async for key in client.scan_iter(match=step.pattern, count=1000)]
+    if isinstance(step, _Pause):
+        await asyncio.sleep(step.seconds)
+        return None
+    script, keys, args = step
+    return await script.acall(client, keys, args)
+
+
+def _foreign(exc: redis.ResponseError) -> _Foreign:
+    """What a GET that failed with ``exc`` read: :data:`FOREIGN` for a key of another
+    type; any other error raises."""
+    if str(exc).startswith("WRONGTYPE"):
+        return FOREIGN
+    raise exc
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -725,18 +933,42 @@ def _signing_key(given: Any) -> bytes:
 # -- the guards of a configuration, shared in the process ----------------------------------------
 
 
+class _Turn:
+    """A key's turn for this process's incrs (threads); weakly kept, so a key's turn
+    lives only while someone takes it."""
+
+    __slots__ = ("__weakref__", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> _Turn:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 class _Connections:
     """One configuration's guards in this process: one sync guard, and one asyncio
-    guard per event loop (a ``redis.asyncio`` client belongs to one loop)."""
+    guard per event loop (a ``redis.asyncio`` client belongs to one loop). Counted
+    by the backend instances using it (see :class:`_Registry`)."""
 
     def __init__(self, config: _Config) -> None:
         self.config = config
+        self.users = 0  # backend instances alive that use it (the registry's count)
         # Reentrant: a closed loop's closer, stepped under it, takes it again.
         self._mutex = threading.RLock()
         self._sync: CacheGuard | None = None
         # The loop's guard and the async generator that closes it with the loop (the
         # guard's connections keep their loop alive: entries are dropped explicitly).
         self._loops: dict[asyncio.AbstractEventLoop, tuple[AsyncCacheGuard, Any, Any]] = {}
+        # Each key's turn for incr: threads' and, per loop, tasks'.
+        self._turns: weakref.WeakValueDictionary[str, _Turn] = weakref.WeakValueDictionary()
+        self._aturns: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, weakref.WeakValueDictionary[str, asyncio.Lock]
+        ] = weakref.WeakKeyDictionary()
 
     def sync_guard(self) -> CacheGuard:
         guard = self._sync
@@ -763,6 +995,38 @@ class _Connections:
                 made = self._loops[loop] = (guard, closer, started)
         return made[0]
 
+    def note_written(self, names: Iterable[str], prefix: str | None) -> None:
+        """``names`` (and the names under ``prefix``) were just written: every guard of
+        the configuration in this process stops sharing loads of them under way (see
+        :meth:`CacheGuard.note_written`). Thread-safe; no I/O."""
+        names = tuple(names)
+        if not names and prefix is None:
+            return
+        with self._mutex:
+            guards: list[Any] = [self._sync, *(made[0] for made in self._loops.values())]
+        for guard in guards:
+            if guard is not None:
+                guard.note_written(*names, prefix=prefix)
+
+    def incr_turn(self, name: str) -> _Turn:
+        """The turn of ``name`` for this process's threads' incrs."""
+        with self._mutex:
+            turn = self._turns.get(name)
+            if turn is None:
+                turn = self._turns[name] = _Turn()
+            return turn
+
+    def aincr_turn(self, loop: asyncio.AbstractEventLoop, name: str) -> asyncio.Lock:
+        """The turn of ``name`` for the loop's tasks' aincrs (called in the loop's thread)."""
+        with self._mutex:
+            turns = self._aturns.get(loop)
+            if turns is None:
+                turns = self._aturns[loop] = weakref.WeakValueDictionary()
+            turn = turns.get(name)
+            if turn is None:
+                turn = turns[name] = asyncio.Lock()
+            return turn
+
     async def _closed_with(
         self, loop: asyncio.AbstractEventLoop, guard: AsyncCacheGuard
     ) -> AsyncGenerator[None, None]:
@@ -780,13 +1044,7 @@ class _Connections:
         generators (their connections are the garbage collector's then)."""
         for loop in [loop for loop in self._loops if loop.is_closed()]:
             _, closer, _ = self._loops.pop(loop)
-            step = closer.aclose()
-            try:
-                step.send(None)  # runs its finally at once: the loop is closed, no awaits
-            except StopIteration:
-                pass
-            except Exception as exc:
-                log.debug("closing the guard of a closed loop: %s", exc)
+            _step_closed(closer)
 
     def shutdown(self) -> None:
         with self._mutex:
@@ -801,35 +1059,107 @@ class _Connections:
         if made is not None:
             await made[1].aclose()  # its finally closes the guard (it is no longer listed)
 
+    def close_all(self) -> None:
+        """Close every guard: the sync one at once, each live loop's on its loop (no
+        backend instance uses the configuration any more)."""
+        with self._mutex:
+            guard, self._sync = self._sync, None
+            loops, self._loops = self._loops, {}
+        if guard is not None:
+            guard.close()
+        for loop, (_, closer, _) in loops.items():
+            if loop.is_closed():
+                _step_closed(closer)
+            else:
+                try:
+                    loop.call_soon_threadsafe(_close_on_loop, closer)
+                except RuntimeError:  # closed meanwhile
+                    _step_closed(closer)
+
     def reset_after_fork(self) -> None:
         self._mutex = threading.RLock()
         self._loops = {}  # the parent's loops do not run here
+        self._turns = weakref.WeakValueDictionary()
+        self._aturns = weakref.WeakKeyDictionary()
 
 
-_registry_mutex = threading.Lock()
-# Kept for the process's life: Django drops and makes backend instances again (every
-# override_settings(CACHES=...) does), and a configuration's guards must not be made
-# anew, and the old ones left open, each time.
-_registry: dict[Any, _Connections] = {}
+def _step_closed(closer: Any) -> None:
+    """Run the finally of a closed loop's closer at once (no awaits: the loop is closed)."""
+    step = closer.aclose()
+    try:
+        step.send(None)
+    except StopIteration:
+        pass
+    except Exception as exc:
+        log.debug("closing the guard of a closed loop: %s", exc)
 
 
-def _connections_for(config: _Config) -> _Connections:
-    """The guards shared by every backend instance of ``config`` in this process."""
-    with _registry_mutex:
-        connections = _registry.get(config.identity)
-        if connections is None:
-            connections = _registry[config.identity] = _Connections(config)
+# The tasks closing loops' guards, kept until done (a loop keeps only weak references).
+_closing: set[asyncio.Future[None]] = set()
+
+
+def _close_on_loop(closer: Any) -> None:
+    """In the loop's thread: close the loop's guard (the closer's finally) in a task."""
+    task = asyncio.ensure_future(_aclosed(closer))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+async def _aclosed(closer: Any) -> None:
+    await closer.aclose()
+
+
+class _Registry:
+    """The configurations' guards in this process, shared by their backend instances.
+
+    Django makes backend instances anew in every thread, every async context (a
+    request under ASGI) and every ``override_settings(CACHES=...)``, and drops them
+    as those end: one configuration's instances share one :class:`_Connections`
+    while any of them lives. One no instance uses any more is kept while it is the
+    only kind (its next instance, maybe in the next request, finds its connections
+    open) and closed as soon as an instance of a configuration not seen before is
+    made (a test's override of ``SECRET_KEY`` or ``CACHES``), so the configurations a
+    process ever had do not each keep their connections open.
+    """
+
+    def __init__(self) -> None:
+        # Reentrant: an instance's finalizer (release) may run in any thread, at any
+        # allocation, also while this thread is inside connections_for.
+        self._mutex = threading.RLock()
+        self._entries: dict[Any, _Connections] = {}
+
+    def connections_for(self, config: _Config, instance: object) -> _Connections:
+        """The guards of ``config``, counted as used by ``instance`` while it lives."""
+        unused: list[_Connections] = []
+        with self._mutex:
+            connections = self._entries.get(config.identity)
+            if connections is None:
+                unused = [c for c in self._entries.values() if c.users == 0]
+                for stale in unused:
+                    del self._entries[stale.config.identity]
+                connections = self._entries[config.identity] = _Connections(config)
+            connections.users += 1
+        weakref.finalize(instance, self._release, connections)
+        for stale in unused:
+            stale.close_all()
         return connections
 
+    def _release(self, connections: _Connections) -> None:
+        with self._mutex:
+            connections.users -= 1
 
-def _reset_after_fork() -> None:
-    global _registry_mutex
-    _registry_mutex = threading.Lock()
-    for connections in list(_registry.values()):
-        connections.reset_after_fork()
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def reset_after_fork(self) -> None:
+        self._mutex = threading.RLock()
+        for connections in list(self._entries.values()):
+            connections.reset_after_fork()
 
 
-on_fork_in_child(_reset_after_fork)
+_registry = _Registry()
+
+on_fork_in_child(_registry.reset_after_fork)
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -837,10 +1167,16 @@ on_fork_in_child(_reset_after_fork)
 
 @contextmanager
 def _unavailable(what: str) -> Iterator[None]:
-    """Redis down (unreachable, or refusing for now) -> :class:`BackendUnavailable`."""
+    """Redis down (unreachable, or refusing for now) -> :class:`BackendUnavailable`;
+    the asyncio pool used up for its whole wait -> :class:`PoolExhausted`."""
     try:
         yield
     except REDIS_DOWN as exc:
+        if isinstance(exc, redis.ConnectionError) and pool_exhausted(exc):
+            raise PoolExhausted(
+                f"no connection of the pool came free {what}: {exc} (every one of "
+                "max_connections stayed in use for socket_timeout)"
+            ) from exc
         raise BackendUnavailable(f"Redis unavailable {what}: {exc}") from exc
     except redis.ResponseError as exc:
         refusal = classify(exc)
@@ -870,8 +1206,8 @@ def _raise_first(results: list[Any]) -> None:
             raise result
 
 
-def _too_busy(name: str) -> CacheGuardError:
+def _too_busy(operation: str, name: str) -> CacheGuardError:
     return CacheGuardError(
-        f"incr of {name!r} lost its compare-and-set {_SWAP_TRIES} times in a row: other "
-        "writers change the key faster than it can be read and written"
+        f"{operation} of {name!r} lost its compare-and-set {_SWAP_TRIES} times in a row: "
+        "other processes change the key faster than it can be read and written"
     )
