@@ -20,7 +20,14 @@ import psycopg
 import pytest
 import redis
 
-from cacheguard import MISSING, CacheGuard, KeyTemplateError, LockLostError, cached_with_lock
+from cacheguard import (
+    MISSING,
+    CacheGuard,
+    KeyTemplateError,
+    LockLostError,
+    LockTimeout,
+    cached_with_lock,
+)
 from tests.django_settings import DjangoDatabase, configure_django, create_tables, postgres_url
 from tests.django_support import (
     CHURN_CHECKED,
@@ -665,12 +672,9 @@ def test_a_cache_backend_names_the_keys_as_it_maps_them(guard: CacheGuard) -> No
 
     with track_models(Backend(), {Menu: MENU_KEYS}) as mapped, transaction.atomic():
         Menu.objects.create(name="Soups", slug="soups")
-        assert mapped.held_keys() == {
-            ":1:menu:list",
-            ":1:menu:soups",
-            ":1:menu:1",
-            ":1:menus:by-owner:None",
-        }
+        cache_api = {":1:menu:list", ":1:menu:soups", ":1:menu:1", ":1:menus:by-owner:None"}
+        own = {"menu:list", "menu:soups", "menu:1", "menus:by-owner:None"}
+        assert mapped.held_keys() == cache_api | own  # both kinds of keys (docs/django.md)
 
     class Hashing(Backend):
         def guard_name(self, key: str, version: int | None = None) -> str:
@@ -685,13 +689,14 @@ def test_the_cache_backend_sees_the_writes_before_and_after_its_shutdown(
 ) -> None:
     from cacheguard.integrations.django import CacheGuardCache
 
-    cache = CacheGuardCache(redis_url, {"KEY_PREFIX": "shop", "OPTIONS": {"namespace": namespace}})
+    options = {"namespace": f"{namespace}-cache"}  # not the tracker fixture's names
+    cache = CacheGuardCache(redis_url, {"KEY_PREFIX": "shop", "OPTIONS": options})
     with track_models(cache, {Menu: ("menu:{slug}",)}) as through_cache:
         assert cache.get_or_set("menu:soups", lambda: "Soups", timeout=60) == "Soups"
         with transaction.atomic():
             Menu.objects.filter(slug="soups").update(name="Broths")
-            assert through_cache.held_keys() == {cache.guard_name("menu:soups")}
-            assert through_cache.held_keys() == {"shop:1:menu:soups"}
+            assert through_cache.held_keys() == {cache.guard_name("menu:soups"), "menu:soups"}
+            assert through_cache.held_keys() == {"shop:1:menu:soups", "menu:soups"}
         assert cache.get("menu:soups") is None
         cache.shutdown()  # its guard closes; the next use opens another
         assert cache.get_or_set("menu:soups", lambda: "Broths", timeout=60) == "Broths"
@@ -831,3 +836,184 @@ def test_orm_churn_across_processes_reads_nothing_older_than_a_commit(
     assert readers[0]["snapshot_reads"] >= CHURN_SNAPSHOT_READS, readers
     assert sum(r["checked"] for r in readers) >= CHURN_CHECKED, readers
     assert [r["stale"] for r in readers] == [0, 0], readers
+
+
+# -- the review's findings -------------------------------------------------------------------------
+
+
+def test_new_keys_use_the_values_as_the_database_stores_them(guard: CacheGuard) -> None:
+    import datetime as dt
+
+    templates = ("menus:price:{price}", "menus:created:{created}", "menus:uid:{uid}")
+    with track_models(guard, {Menu: templates}, lock_timeout=10) as tracker:
+        menu = Menu.objects.create(name="Soups", slug="soups")
+        menu.price = Decimal("12.5")  # stored as 12.50
+        paris = dt.timezone(dt.timedelta(hours=2))
+        menu.created = dt.datetime(2024, 5, 6, 7, 0, tzinfo=paris)  # read back in UTC
+        menu.uid = "9B2E6C8E-5F3A-4B8D-9C1E-2A3B4C5D6E7F"  # read back as a lower-case UUID
+        with transaction.atomic():
+            menu.save()
+            held = tracker.held_keys()
+        as_read = tracker.keys_of(Menu.objects.get(pk=menu.pk))  # a reader's values
+    assert "menus:price:12.50" in as_read
+    assert as_read <= held
+
+
+def test_save_signals_run_outside_the_hooks_transaction(tracker: ModelTracker) -> None:
+    from django.db.models.signals import post_save, pre_save
+
+    in_block: list[bool] = []
+
+    def note_pre_save(sender: Any, **kwargs: Any) -> None:
+        in_block.append(connection.in_atomic_block)
+
+    def durable_ledger(sender: Any, instance: Menu, **kwargs: Any) -> None:
+        in_block.append(connection.in_atomic_block)
+        with transaction.atomic(durable=True):  # refused inside another block
+            Owner.objects.create(name=f"audit {instance.pk}")
+
+    def mail_server_down(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("mail server down")
+
+    pre_save.connect(note_pre_save, sender=Menu)
+    post_save.connect(durable_ledger, sender=Menu)
+    try:
+        Menu.objects.create(name="Soups", slug="soups")
+        assert in_block == [False, False]  # as without tracking, in autocommit mode
+        assert list(Owner.objects.values_list("name", flat=True)) == ["audit 1"]
+        post_save.disconnect(durable_ledger, sender=Menu)
+        post_save.connect(mail_server_down, sender=Menu)
+        with pytest.raises(RuntimeError, match="mail server down"):
+            Menu.objects.create(name="Salads", slug="salads")
+    finally:
+        pre_save.disconnect(note_pre_save, sender=Menu)
+        post_save.disconnect(durable_ledger, sender=Menu)
+        post_save.disconnect(mail_server_down, sender=Menu)
+    # The handler failed after the save committed, as it does without tracking.
+    assert sorted(Menu.objects.values_list("slug", flat=True)) == ["salads", "soups"]
+    assert tracker.held_keys() == frozenset()
+
+
+def test_on_commit_callbacks_run_after_the_keys_are_released(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def menu_name(menu_id: int) -> str:
+        return str(Menu.objects.get(pk=menu_id).name)
+
+    read: list[object] = []
+    served = threading.Event()
+
+    def reader() -> None:
+        try:
+            read.append(menu_name(1))
+        except Exception as exc:  # a reader kept waiting for the writer's lock
+            read.append(exc)
+        finally:
+            served.set()
+            connections.close_all()
+
+    held_in_callback: list[frozenset[str]] = []
+
+    def slow_callback() -> None:  # e.g. sends a mail, waits for a reader
+        held_in_callback.append(tracker.held_keys())
+        threading.Thread(target=reader).start()
+        served.wait(60)
+
+    assert menu_name(1) == "Starters"
+    with transaction.atomic():
+        Menu.objects.filter(pk=1).update(name="Hors d'oeuvres")
+        transaction.on_commit(slow_callback)
+    assert held_in_callback == [frozenset()]
+    assert served.is_set()
+    assert read == ["Hors d'oeuvres"]
+
+
+def test_a_lock_timeout_after_the_sql_rolls_the_write_back(guard: CacheGuard) -> None:
+    Menu.objects.create(name="Starters", slug="starters")
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_the_next_id() -> None:  # its key is known only after the INSERT
+        with guard.write("menu:2"):
+            holding.set()
+            done.wait(60)
+
+    holder = threading.Thread(target=hold_the_next_id)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        with (
+            track_models(guard, {Menu: MENU_KEYS}, lock_timeout=0.2),
+            transaction.atomic(),  # commits: the caller below carries on
+            pytest.raises(LockTimeout),
+        ):
+            Menu.objects.create(name="Soups", slug="soups")
+    finally:
+        done.set()
+        holder.join(30)
+    assert list(Menu.objects.values_list("slug", flat=True)) == ["starters"]
+
+
+def test_tracked_through_a_cache_both_kinds_of_key_are_invalidated(
+    redis_url: str, namespace: str
+) -> None:
+    from cacheguard.integrations.django import CacheGuardCache
+
+    cache = CacheGuardCache(redis_url, {"KEY_PREFIX": "shop", "OPTIONS": {"namespace": namespace}})
+    templates = ("menu-by-name:{name}", "menu:{slug}")
+
+    @cached_with_lock(cache.guard, key="menu:{slug}", ttl=60)  # the guard's own, escaped names
+    def menu_name(slug: str) -> str:
+        return str(Menu.objects.get(slug=slug).name)
+
+    def slug_named(name: str) -> str:  # Django's cache API, a key built by hand
+        return str(cache.get_or_set(f"menu-by-name:{name}", lambda: slug_of(name), timeout=60))
+
+    def slug_of(name: str) -> str:
+        return str(Menu.objects.get(name=name).slug)
+
+    awkward = "Tapas:50%off#1"  # characters the guard's names escape
+    Menu.objects.create(name=awkward, slug="tapas:1")
+    Menu.objects.create(name="Soups", slug="soups")
+    try:
+        with track_models(cache, {Menu: templates}, max_rows=1) as tracker:
+            assert (slug_named(awkward), menu_name("tapas:1")) == ("tapas:1", awkward)
+            Menu.objects.filter(name=awkward).update(name="Tapas:60%off#1")
+            assert cache.get(f"menu-by-name:{awkward}") is None
+            assert menu_name("tapas:1") == "Tapas:60%off#1"
+            # More rows than max_rows: both kinds, by prefix.
+            assert (slug_named("Soups"), menu_name("soups")) == ("soups", "Soups")
+            assert tracker.max_rows == 1
+            Menu.objects.update(slug=None)  # no slug: the keys of the old ones go
+            assert cache.get("menu-by-name:Soups") is None
+            assert cache.guard.peek("menu:soups") is MISSING
+    finally:
+        cache.shutdown()
+
+
+def test_a_template_starting_with_a_field_is_refused(guard: CacheGuard) -> None:
+    with pytest.raises(KeyTemplateError, match="starts with a field"):
+        track_models(guard, {Menu: ("menu:list", "{slug}")})
+
+
+def test_a_tracker_of_another_namespace_does_not_stop_fills_from_storing(
+    client: redis.Redis, namespace: str
+) -> None:
+    busy = make_guard(client, f"{namespace}-app", wait_timeout=10)
+    other = make_guard(client, f"{namespace}-other", wait_timeout=10)
+    Menu.objects.create(name="Starters", slug="starters")
+    busy.invalidate(*(f"warm-up:{n}" for n in range(20)))  # its sequence is ahead
+    try:
+        with (
+            track_models(busy, {Menu: ("menu:{id}",)}),
+            track_models(other, {Owner: ("owner:{id}",)}),  # the other sequence: far behind
+        ):
+            Menu.objects.filter(pk=1).update(name="Hors d'oeuvres")  # menu:1's version > 20
+            assert other.watermark() < busy.watermark()
+            with transaction.atomic():  # both snapshots open; only busy's counts for busy
+                name = busy.get_or_load("menu:1", lambda: Menu.objects.get(pk=1).name, ttl=60)
+            assert name == "Hors d'oeuvres"
+            assert busy.peek("menu:1") == "Hors d'oeuvres"  # stored
+    finally:
+        busy.close()
+        other.close()

@@ -5654,14 +5654,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "django-save-locks-before-the-sql",
         "a tracked save() write-locks and invalidates its keys before its SQL runs",
         "cacheguard/integrations/django/orm.py",
-        "        work.instances([self])\n        work.lock()\n        result = original(",
-        "        work.instances([self])\n        result = original(",
+        "        work.instances([instance])\n        work.lock()\n        with django_block:\n",
+        "        work.instances([instance])\n        with django_block:\n",
         (
             "tests/test_django_orm.py::test_each_write_kind_locks_old_and_new_keys[save-atomic]",
             "tests/test_django_orm.py::"
             "test_each_write_kind_locks_old_and_new_keys[save-autocommit]",
         ),
-        within="_save_base",
+        within="_tracked_save",
     ),
     Mutant(
         "django-locking-invalidates",
@@ -5676,11 +5676,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "django-save-old-values",
         "a tracked save() names the keys of the row's old values, read from the database",
         "cacheguard/integrations/django/orm.py",
-        "        if self.pk is not None:  # the row as it is: the old values\n"
-        "            work.rows(work.select(pks=[self.pk], limit=False) or [])\n",
+        "        if instance.pk is not None:  # the row as it is: the old values\n"
+        "            work.rows(work.select(pks=[instance.pk], limit=False) or [])\n",
         "",
         ("tests/test_django_orm.py::test_each_write_kind_locks_old_and_new_keys[save-atomic]",),
-        within="_save_base",
+        within="_tracked_save",
     ),
     Mutant(
         "django-update-hook",
@@ -5972,6 +5972,126 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_subclass_instance_is_refused_where_the_annotation_names_its_parent",
         ),
         within="model_converters",
+    ),
+    # the review of the ORM hooks (issue #27): what a write names, and where its
+    # transaction begins and ends
+    Mutant(
+        "django-save-keys-as-stored",
+        "after a tracked save()'s SQL the row is read again: its keys are named from the "
+        "values as the database stores them (12.50, UTC, a lower-case UUID), not as the "
+        "instance holds them",
+        "cacheguard/integrations/django/orm.py",
+        "            work.instances([instance])\n"
+        "            work.rows(work.select(pks=[instance.pk], limit=False) or [])\n",
+        "            work.instances([instance])\n",
+        ("tests/test_django_orm.py::test_new_keys_use_the_values_as_the_database_stores_them",),
+        within="_tracked_save",
+    ),
+    Mutant(
+        "django-save-signals-outside",
+        "pre_save and post_save handlers run outside the hooks' transaction, as without "
+        "tracking (a failing post_save keeps the save; atomic(durable=True) works in one)",
+        "cacheguard/integrations/django/orm.py",
+        "        result = original(self, raw, force_insert, force_update, using, update_fields)\n"
+        "    finally:\n",
+        "        with _writing(using):\n"
+        "            result = original("
+        "self, raw, force_insert, force_update, using, update_fields)\n"
+        "    finally:\n",
+        ("tests/test_django_orm.py::test_save_signals_run_outside_the_hooks_transaction",),
+        within="_save_base",
+    ),
+    Mutant(
+        "django-on-commit-after-release",
+        "the keys are invalidated and released before Django runs the on_commit callbacks",
+        "cacheguard/integrations/django/orm.py",
+        "                connection.run_on_commit.insert("
+        "0, (set(), lambda: _end_all(connection), True))\n",
+        "                pass\n",
+        ("tests/test_django_orm.py::test_on_commit_callbacks_run_after_the_keys_are_released",),
+        within="_atomic_exit",
+    ),
+    Mutant(
+        "django-rollback-after-sql",
+        "an error after a tracked write's SQL (a lock timeout on a key known only then) "
+        "marks the transaction for rollback: the write does not commit",
+        "cacheguard/integrations/django/orm.py",
+        "            transaction.set_rollback(True, using=alias)\n",
+        "            pass\n",
+        ("tests/test_django_orm.py::test_a_lock_timeout_after_the_sql_rolls_the_write_back",),
+        within="_after_sql",
+    ),
+    Mutant(
+        "django-cache-api-keys-unescaped",
+        "tracked through a cache backend, the keys of its cache API are the templates' "
+        "values as str.format writes them (as a hand-built f-string key has them), not escaped",
+        "cacheguard/integrations/django/orm.py",
+        "            written = template.format_map(values)\n",
+        "            written = render_key(template, values, max_length=1 << 30)\n",
+        (
+            "tests/test_django_orm.py::test_tracked_through_a_cache_both_kinds_of_key_are_invalidated",
+        ),
+        within="ModelTracker._keys",
+    ),
+    Mutant(
+        "django-cache-tracks-guard-names",
+        "tracked through a cache backend, the guard's own names (@cached_with_lock on "
+        "cache.guard) are locked and invalidated too",
+        "cacheguard/integrations/django/orm.py",
+        "        return (own, str(self._cache.guard_name(written)))\n",
+        "        return (str(self._cache.guard_name(written)),)\n",
+        (
+            "tests/test_django_orm.py::test_tracked_through_a_cache_both_kinds_of_key_are_invalidated",
+        ),
+        within="ModelTracker._keys",
+    ),
+    Mutant(
+        "django-cache-prefix-both-kinds",
+        "tracked through a cache backend, the by-prefix fallback covers the guard's own "
+        "names as well as the cache API's",
+        "cacheguard/integrations/django/orm.py",
+        "        return (prefix, head)\n",
+        "        return (head,)\n",
+        (
+            "tests/test_django_orm.py::test_tracked_through_a_cache_both_kinds_of_key_are_invalidated",
+        ),
+        within="ModelTracker._template_prefixes",
+    ),
+    Mutant(
+        "django-empty-prefix-refused",
+        "a key template starting with a field (no prefix: its fallback would wipe the "
+        "namespace) is refused by track_models",
+        "cacheguard/integrations/django/orm.py",
+        "                    if not _literal_prefix(template):\n",
+        "                    if False:\n",
+        ("tests/test_django_orm.py::test_a_template_starting_with_a_field_is_refused",),
+        within="ModelTracker.__init__",
+    ),
+    Mutant(
+        "watermark-same-namespace-only",
+        "a fill counts only the open snapshots of its own namespace's sequence (another "
+        "namespace's watermark is no bound on its versions)",
+        "cacheguard/cache/watermark.py",
+        "            elif _same_sequence(namespace, _namespace_of(holder)):\n",
+        "            else:\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_tracker_of_another_namespace_does_not_stop_fills_from_storing",
+        ),
+        within="collecting",
+    ),
+    Mutant(
+        "django-snapshot-names-its-namespace",
+        "a Django tracker's snapshot names its guard's namespace",
+        "cacheguard/integrations/django/orm.py",
+        "        state.snapshot_namespace = self.guard.namespace"
+        "  # fills of other namespaces ignore it\n",
+        "",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_tracker_of_another_namespace_does_not_stop_fills_from_storing",
+        ),
+        within="ModelTracker._state",
     ),
     # -- Django: the menu example (examples/menu_django, issue #27) ------------------------------
     Mutant(
