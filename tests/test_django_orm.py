@@ -1017,3 +1017,73 @@ def test_a_tracker_of_another_namespace_does_not_stop_fills_from_storing(
     finally:
         busy.close()
         other.close()
+
+
+def test_tracking_again_after_another_library_patched_over_the_hooks(guard: CacheGuard) -> None:
+    from django.db.models import QuerySet
+
+    untracked = QuerySet.__dict__["update"]
+    Menu.objects.create(name="Starters", slug="starters")
+    first = track_models(guard, {Menu: MENU_KEYS}, lock_timeout=10)
+    ours = QuerySet.__dict__["update"]
+
+    def instrumented_update(self: Any, **kwargs: Any) -> Any:  # an APM's, without wraps
+        return ours(self, **kwargs)
+
+    QuerySet.update = instrumented_update
+    try:
+        first.close()  # ours stays under the instrumentation
+        with (
+            track_models(guard, {Menu: MENU_KEYS}, lock_timeout=10) as again,
+            transaction.atomic(),
+        ):
+            assert Menu.objects.filter(pk=1).update(name="Hors d'oeuvres") == 1
+            assert "menu:1" in again.held_keys()  # tracked, and no endless recursion
+    finally:
+        QuerySet.update = ours
+        track_models(guard, {Menu: MENU_KEYS}).close()  # ours on top again: removed
+    assert QuerySet.__dict__["update"] is untracked
+
+
+@pytest.mark.parametrize("codec", ["default", "json"])
+def test_json_field_data_round_trips_exactly(
+    client: redis.Redis, namespace: str, codec: str
+) -> None:
+    from cacheguard.cache.codec import JsonCodec
+
+    options: dict[str, Any] = {"codec": JsonCodec()} if codec == "json" else {}
+    guard = make_guard(client, namespace, **options)
+    tags = {"__cg__": "decimal", "v": "1"}  # what the JSON codec writes for Decimal("1")
+    Menu.objects.create(name="Starters", slug="starters", tags=tags)
+    Menu.objects.create(name="Soups", slug="soups", tags=[tags, {"__cg__": "bytes", "v": ""}])
+
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def get_menu(menu_id: int) -> Menu:
+        return Menu.objects.get(pk=menu_id)
+
+    try:
+        for menu_id in (1, 2):
+            stored = Menu.objects.get(pk=menu_id).tags
+            assert get_menu(menu_id).tags == stored  # the miss
+            assert guard.peek(f"menu:{menu_id}") is not MISSING
+            assert get_menu(menu_id).tags == stored  # the hit: the codec's tags stay data
+    finally:
+        guard.close()
+
+
+def test_a_guard_and_a_cache_of_one_namespace_track_one_model_together(
+    redis_url: str, namespace: str, guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    from cacheguard.integrations.django import CacheGuardCache
+
+    cache = CacheGuardCache(redis_url, {"OPTIONS": {"namespace": namespace, "wait_timeout": 10}})
+    try:
+        # Both name the guard's "menu:soups"; two guard objects share no write holds.
+        with track_models(cache, {Menu: ("menu:{slug}",)}, lock_timeout=10) as through_cache:
+            with transaction.atomic():
+                Menu.objects.filter(slug="soups").update(name="Broths")
+                assert "menu:soups" in tracker.held_keys()
+                assert through_cache.held_keys() == {":1:menu:soups"}
+            assert lock_is_free(guard, "menu:soups")
+    finally:
+        cache.shutdown()

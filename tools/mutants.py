@@ -6093,14 +6093,52 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         within="ModelTracker._state",
     ),
+    Mutant(
+        "django-repatched-hooks-kept",
+        "tracking again after another library patched over the hooks (without "
+        "functools.wraps) reuses ours, still called through its patch: no endless recursion",
+        "cacheguard/integrations/django/orm.py",
+        "        if (owner, name) in _LEFT_IN_PLACE and original is not "
+        "_ORIGINALS[(owner, name)]:\n",
+        "        if False:\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_tracking_again_after_another_library_patched_over_the_hooks",
+        ),
+        within="_install",
+    ),
+    Mutant(
+        "django-model-json-as-text",
+        "a model's JSONField data is stored as its JSON text: the codec's own tagged forms "
+        "in a user's JSON come back as data, not as the values they tag",
+        "cacheguard/codecs/django_models.py",
+        "                stored[name] = json.dumps(item, cls=model_field.encoder)\n",
+        "                stored[name] = item\n",
+        ("tests/test_django_orm.py::test_json_field_data_round_trips_exactly[json]",),
+        within="model_converters",
+    ),
+    Mutant(
+        "django-shared-names-locked-once",
+        "a name that another tracker of the same namespace locked for the transaction is "
+        "not locked again (two guard objects share no write holds: it would wait for itself)",
+        "cacheguard/integrations/django/orm.py",
+        "        elsewhere = self._held_by_others(connection, state)\n",
+        "        elsewhere: set[str] = set()\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_guard_and_a_cache_of_one_namespace_track_one_model_together",
+        ),
+        within="ModelTracker._lock",
+    ),
     # -- Django: the menu example (examples/menu_django, issue #27) ------------------------------
     Mutant(
         "menu-django-tracks-the-cache-api-keys",
-        "the example tracks its model's writes on the keys of Django's cache API it reads "
-        "(menu:list): no stale list after a commit, one load per stampede",
+        "the example tracks its model's writes through the cache, so the keys of Django's "
+        "cache API it reads (menu:list) are invalidated too: no stale list after a commit, "
+        "one load per stampede",
         "examples/menu_django/menus/apps.py",
-        "        track_models(cache, {Menu: CACHE_API_KEYS})\n",
-        "",
+        "        track_models(cache, {Menu: MENU_KEYS})\n",
+        "        track_models(cache.guard, {Menu: MENU_KEYS})\n",
         (
             "tests/test_menu_django.py::test_demo_one_query_per_stampede_and_no_stale_read",
             "tests/test_menu_django.py::"
@@ -6112,26 +6150,26 @@ MUTANTS: tuple[Mutant, ...] = (
         "menu-django-tracks-the-guard-names",
         "the example tracks its model's writes on the guard's names its decorated reads "
         "use (menu:{id}, menu:owner:{owner})",
-        "examples/menu_django/menus/apps.py",
-        "        track_models(cache.guard, {Menu: GUARD_KEYS})\n",
-        "",
+        "examples/menu_django/menus/models.py",
+        'MENU_KEYS = ("menu:list", "menu:{id}", "menu:owner:{owner}")\n',
+        'MENU_KEYS = ("menu:list", "menu:owner:{owner}")\n',
         (
             "tests/test_menu_django.py::"
             "test_views_read_through_the_cache_and_writes_refresh_every_key",
         ),
-        within="MenusConfig.ready",
+        within="MENU_KEYS",
     ),
     Mutant(
         "menu-django-owner-lists-tracked",
         "a menu moved to another owner leaves both owners' cached lists fresh",
         "examples/menu_django/menus/models.py",
-        'GUARD_KEYS = ("menu:{id}", "menu:owner:{owner}")\n',
-        'GUARD_KEYS = ("menu:{id}",)\n',
+        'MENU_KEYS = ("menu:list", "menu:{id}", "menu:owner:{owner}")\n',
+        'MENU_KEYS = ("menu:list", "menu:{id}")\n',
         (
             "tests/test_menu_django.py::"
             "test_views_read_through_the_cache_and_writes_refresh_every_key",
         ),
-        within="GUARD_KEYS",
+        within="MENU_KEYS",
     ),
     Mutant(
         "menu-django-table-of-its-own",

@@ -1,11 +1,16 @@
 """The ORM hooks behind :func:`track_models`: Django writes that keep the cache right.
 
 Django has no session to listen on: every write goes through a handful of
-methods, patched once per process while a tracker is open (a model that is not
-tracked costs one dictionary lookup per write):
+methods, patched once per process while a tracker is open (a write to a model
+that is not tracked costs one dictionary lookup; every outermost ``atomic``
+block, whatever it writes, one watermark read from Redis unless the trackers
+pass ``snapshots=False``):
 
 * ``Model.save_base`` (``save()``, ``create()``, ``get_or_create()``,
-  ``update_or_create()``, fixtures' raw saves, ``asave()``...);
+  ``update_or_create()``, fixtures' raw saves, ``asave()``...), and the block it
+  opens around its SQL (``django.db.models.base.transaction`` is stood in for):
+  the hooks' work and transaction wrap the SQL only, so ``pre_save`` and
+  ``post_save`` handlers run outside them, as without tracking;
 * ``Collector.delete`` (``Model.delete()``, ``QuerySet.delete()`` and what they
   cascade to, fast deletes and ``on_delete=SET_NULL``/``SET_DEFAULT``/``SET()``
   updates included: signals would miss the fast ones);
@@ -26,15 +31,17 @@ One tracked write, from its start to the end of its transaction:
    carries, they name the keys, which are write-locked in sorted order and
    invalidated. ``QuerySet.update`` then updates exactly the rows it selected.
 3. After the SQL: keys known only now (ids the database generated, values
-   ``pre_save`` or an expression set, rows an update moved) are locked and
-   invalidated too, still before the commit.
+   ``pre_save`` or an expression set, rows an update moved, a saved row's values
+   as the database stores them) are locked and invalidated too, still before
+   the commit. An error here (a lock timeout, Redis gone) marks the transaction
+   for rollback: the write must not commit unseen by the cache.
 4. From the first write on, no fill in that thread may store until the
    transaction ends: it may have read rows not yet committed.
 5. The end of the outermost ``atomic`` block (commit or rollback; a savepoint's
    end changes nothing: its keys stay locked): every key invalidated again, then
-   the locks released. A write lock lost before the commit (a renewal found its
-   holding gone) fails the commit with
-   :class:`~cacheguard.exceptions.LockLostError` and rolls back.
+   the locks released, before Django runs the ``on_commit`` callbacks. A write
+   lock lost before the commit (a renewal found its holding gone) fails the
+   commit with :class:`~cacheguard.exceptions.LockLostError` and rolls back.
 
 Snapshots: when an outermost ``atomic`` block begins, each tracker reads its
 guard's invalidation watermark before the database takes the transaction's
@@ -431,7 +438,11 @@ class ModelTracker:
             # Rows not yet committed may be read here from now on: no fill stores.
             state.snapshot_watermark = -1
             snapshot_opened(state)
-        fresh = sorted(name for name in names if name not in state.locks)
+        # A name another tracker of this namespace locked for this transaction stays
+        # its (two guard objects of one namespace do not share write holds): both
+        # invalidate it again at the end, when both release.
+        elsewhere = self._held_by_others(connection, state)
+        fresh = sorted(name for name in names if name not in state.locks and name not in elsewhere)
         if not fresh:
             return
         if state.holder is None:
@@ -441,6 +452,13 @@ class ModelTracker:
             handle = lock.acquire_write(self.lock_timeout, holder=state.holder)
             state.locks[name] = (lock, handle)
         self.guard.invalidate(*fresh)
+
+    def _held_by_others(self, connection: Any, state: _TransactionLocks) -> set[str]:
+        held: set[str] = set()
+        for other in connection.__dict__.get(_TRACKING, {}).values():
+            if other is not state and other.snapshot_namespace == state.snapshot_namespace:
+                held.update(other.locks)
+        return held
 
     def _by_prefix(self, connection: Any, spec: _ModelKeys) -> None:
         """Too many rows, or rows not known: every name of the model's templates."""
@@ -646,6 +664,7 @@ def _manual(alias: str) -> ManualTransactionError:
 # -- the patched methods ---------------------------------------------------------------------------
 
 _ORIGINALS: dict[tuple[type[Any], str], Any] = {}
+_LEFT_IN_PLACE: set[tuple[type[Any], str]] = set()  # ours, patched over by someone else
 
 
 def _original(owner: type[Any], name: str) -> Any:
@@ -1020,6 +1039,11 @@ def _install(patches: Iterable[tuple[type[Any], str, Callable[..., Any]]]) -> No
         original = owner.__dict__[name]
         if getattr(original, "__cacheguard_hook__", None) is hook:
             continue
+        if (owner, name) in _LEFT_IN_PLACE and original is not _ORIGINALS[(owner, name)]:
+            # Ours was patched over (see _uninstall) and is still called through what
+            # replaced it: recording that as the original would call ours again, forever.
+            continue
+        _LEFT_IN_PLACE.discard((owner, name))
         _ORIGINALS[(owner, name)] = original
 
         @functools.wraps(original)  # keeps alters_data and queryset_only (templates, managers)
@@ -1035,8 +1059,11 @@ def _uninstall(patches: Iterable[tuple[type[Any], str, Callable[..., Any]]]) -> 
         current = owner.__dict__.get(name)
         if getattr(current, "__cacheguard_hook__", None) is hook:
             setattr(owner, name, _ORIGINALS[(owner, name)])
-        # Patched again on top of ours by someone else: ours stays, and passes calls
-        # through while no tracker is open.
+            _LEFT_IN_PLACE.discard((owner, name))
+        elif current is not _ORIGINALS.get((owner, name)):
+            # Patched again on top of ours by someone else: ours stays, passes calls
+            # through while no tracker is open, and serves the next tracker again.
+            _LEFT_IN_PLACE.add((owner, name))
 
 
 # -- helpers -----------------------------------------------------------------------------------
