@@ -34,9 +34,14 @@ from tests.django_support import (
     CHURN_SNAPSHOT_READS,
     DISH_KEYS,
     MENU_KEYS,
+    MOVING_CHECKED,
+    MOVING_MENUS,
+    MOVING_OWNERS,
     churn_reader,
     churn_writer,
     lock_is_free,
+    moving_churn_reader,
+    moving_churn_writer,
     waiting_in_process,
 )
 from tests.helpers import make_guard, wait_until
@@ -838,6 +843,37 @@ def test_orm_churn_across_processes_reads_nothing_older_than_a_commit(
     assert [r["stale"] for r in readers] == [0, 0], readers
 
 
+@pytest.mark.slow
+def test_orm_churn_moving_keys_reads_nothing_older_than_a_commit(
+    redis_url: str, namespace: str, client: redis.Redis
+) -> None:
+    """Menus change owners and come and go (every kind of write, tracked through the
+    cache backend); readers read owners' lists and the whole list through the guard's
+    names and through Django's cache API."""
+    for number in range(1, MOVING_OWNERS + 1):
+        Owner.objects.create(name=f"owner {number}")
+    for number in range(MOVING_MENUS):
+        Menu.objects.create(
+            name=f"menu {number}", slug=f"menu-{number}", owner_id=number % MOVING_OWNERS + 1
+        )
+    rows = Menu.objects.values_list("id", "version", "owner_id")
+    client.set(f"{namespace}:test:rows", ";".join(f"{i},{v},{o}" for i, v, o in rows))
+    connections.close_all()
+    started = start_processes(
+        moving_churn_reader,
+        [(redis_url, namespace, DATABASE, True, 1), (redis_url, namespace, DATABASE, False, 2)],
+    )
+    writer = start_processes(moving_churn_writer, [(redis_url, namespace, DATABASE, 100, 2)])
+    kinds = results_of(writer, timeout=110)[0]
+    readers = results_of(started, timeout=60)
+    assert all(count >= 20 for count in kinds.values()), kinds  # every kind of write
+    for kind in ("decorated", "cache_api", "list"):  # every kind of read, checked
+        assert sum(r[kind] for r in readers) >= MOVING_CHECKED // 6, readers
+    assert sum(r["exact"] for r in readers) >= 20, readers  # some compared whole
+    assert readers[0]["snapshot_reads"] >= 30, readers
+    assert [r["stale"] for r in readers] == [0, 0], readers
+
+
 # -- the review's findings -------------------------------------------------------------------------
 
 
@@ -1087,3 +1123,152 @@ def test_a_guard_and_a_cache_of_one_namespace_track_one_model_together(
             assert lock_is_free(guard, "menu:soups")
     finally:
         cache.shutdown()
+
+
+# -- guarantees no test checked before (the review's surviving mutations) -------------------------
+
+
+def test_the_rows_a_write_names_are_selected_for_update(
+    tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    def selections(write: Callable[[], object]) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            write()
+        return [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]
+
+    menu = Menu.objects.get(pk=1)
+    menu.name = "Hors d'oeuvres"
+    saved = selections(menu.save)  # by primary key: before the SQL, FOR UPDATE
+    assert saved
+    assert "FOR UPDATE" in saved[0]
+    updated = selections(lambda: Menu.objects.filter(owner__isnull=True).update(name="Sweets"))
+    assert updated
+    assert all("FOR UPDATE" in sql for sql in updated)  # by a queryset
+    deleted = selections(Menu.objects.get(pk=2).delete)
+    assert any('"django_app_menu"' in sql and "FOR UPDATE" in sql for sql in deleted)
+
+
+def test_a_write_locks_its_keys_in_sorted_order(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[str] = []
+    write_lock = guard.write_lock
+
+    def recorded(name: str) -> Any:
+        order.append(name)
+        return write_lock(name)
+
+    monkeypatch.setattr(guard, "write_lock", recorded)
+    with transaction.atomic():  # two writers in opposite orders cannot deadlock
+        Menu.objects.filter(pk__in=[1, 2, 3]).update(name="Renamed")
+    assert len(order) >= 5
+    assert order == sorted(order)
+
+
+def test_lock_timeout_bounds_the_wait_and_every_name_tried_is_invalidated_at_the_end(
+    client: redis.Redis, namespace: str
+) -> None:
+    patient = make_guard(client, namespace, wait_timeout=600)  # far past the holder's hold
+    Menu.objects.create(name="Starters", slug="starters")
+    patient.get_or_load("menus:by-owner:None", lambda: ["stale"], ttl=60)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_a_key() -> None:  # sorted between menu:list and menus:by-owner:None
+        with patient.write("menu:soups"):
+            holding.set()
+            done.wait(30)  # then released: a writer that ignored lock_timeout gets it
+
+    holder = threading.Thread(target=hold_a_key)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        with track_models(patient, {Menu: MENU_KEYS}, lock_timeout=0.2), transaction.atomic():
+            with pytest.raises(LockTimeout):  # before its SQL: the transaction goes on
+                Menu.objects.create(name="Soups", slug="soups")
+            Owner.objects.create(name="Ann")  # the transaction goes on, and commits
+    finally:
+        done.set()
+        holder.join(60)
+        patient.close()
+    # menus:by-owner:None was named but never locked: invalidated when the block ended.
+    assert client.get(patient.keys("menus:by-owner:None").value) is None
+    assert list(Owner.objects.values_list("name", flat=True)) == ["Ann"]
+    assert list(Menu.objects.values_list("slug", flat=True)) == ["starters"]
+
+
+def test_bulk_create_ignoring_conflicts_invalidates_by_prefix(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def menu_name(menu_id: int) -> str | None:
+        menu = Menu.objects.filter(pk=menu_id).first()
+        return None if menu is None else str(menu.name)
+
+    assert menu_name(4) is None  # cached: no menu 4 yet
+    # PostgreSQL reports no ids for ON CONFLICT DO NOTHING: the keys of the new
+    # rows are not known, the templates' prefixes are.
+    Menu.objects.bulk_create([Menu(name="Salads", slug="salads")], ignore_conflicts=True)
+    assert menu_name(4) == "Salads"
+
+
+def test_a_failed_watermark_read_stores_nothing_from_that_transaction(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def redis_down() -> int:
+        raise ConnectionError("Redis is down")
+
+    monkeypatch.setattr(guard, "watermark", redis_down)
+    with transaction.atomic():  # its snapshot's watermark is not known
+        assert guard.get_or_load("count:menus", Menu.objects.count, ttl=60) == 3
+        assert guard.peek("count:menus") is MISSING
+    monkeypatch.undo()
+    assert guard.get_or_load("count:menus", Menu.objects.count, ttl=60) == 3
+    assert guard.peek("count:menus") == 3
+
+
+def test_the_transaction_hooks_go_once_every_transaction_ended(
+    guard: CacheGuard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db.transaction import Atomic
+
+    untracked = Atomic.__dict__["__enter__"]
+    tracker = track_models(guard, {Menu: MENU_KEYS}, lock_timeout=10)
+    try:
+        with transaction.atomic():  # its state becomes active: locks held
+            Menu.objects.create(name="Starters", slug="starters")
+        with monkeypatch.context() as broken:  # a block that fails to begin
+            broken.setattr(connection, "set_autocommit", _database_gone)
+            with pytest.raises(ConnectionError), transaction.atomic():
+                pass
+    finally:
+        tracker.close()
+    assert Atomic.__dict__["__enter__"] is untracked  # no state left open
+
+
+def _database_gone(*args: Any, **kwargs: Any) -> None:
+    raise ConnectionError("the database went away")
+
+
+def test_an_update_forgets_the_rows_its_queryset_had_read(
+    tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    none_yet = Menu.objects.filter(name="Salads")
+    assert list(none_yet) == []
+    assert none_yet.update(slug="salads") == 0
+    Menu.objects.filter(pk=3).update(name="Salads")
+    assert [m.pk for m in none_yet] == [3]  # read again, as without tracking
+    soups = Menu.objects.filter(name="Soups")
+    assert [m.pk for m in soups] == [2]
+    assert soups.update(name="Broths") == 1
+    assert list(soups) == []
+
+
+def test_the_model_codec_refuses_unknown_fields_and_keeps_the_alias() -> None:
+    from cacheguard.codecs.django_models import model_converters
+
+    dump, load = model_converters(Menu)
+    data = dump(Menu.objects.create(name="Starters", slug="starters"))
+    assert load(data)._state.db == "default"
+    assert load({**data, "db": "replica"})._state.db == "replica"  # where it was read from
+    with pytest.raises(ValueError, match="no field 'ghost'"):  # a model that lost a field
+        load({**data, "fields": {**data["fields"], "ghost": 1}})

@@ -6130,6 +6130,144 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         within="ModelTracker._lock",
     ),
+    Mutant(
+        "django-select-by-pk-for-update",
+        "the rows a save() or a delete names by primary key are selected FOR UPDATE (they cannot "
+        "change before the commit)",
+        "cacheguard/integrations/django/orm.py",
+        "                if features.has_select_for_update:\n                    query = "
+        "query.select_for_update()\n                found.extend",
+        "                found.extend",
+        ("tests/test_django_orm.py::test_the_rows_a_write_names_are_selected_for_update",),
+        within="_Work.select",
+    ),
+    Mutant(
+        "django-select-queryset-for-update",
+        "the rows an update() or a fast delete names through a queryset are selected FOR UPDATE",
+        "cacheguard/integrations/django/orm.py",
+        "        if features.has_select_for_update:\n            query = "
+        "query.select_for_update()\n        query = query.values",
+        "        query = query.values",
+        ("tests/test_django_orm.py::test_the_rows_a_write_names_are_selected_for_update",),
+        within="_Work.select",
+    ),
+    Mutant(
+        "django-locks-sorted",
+        "a write takes its keys' write locks in sorted order (two writers cannot deadlock)",
+        "cacheguard/integrations/django/orm.py",
+        "        fresh = sorted(name for name in names if name not in state.locks and name not "
+        "in elsewhere)\n",
+        "        fresh = sorted(\n            (name for name in names if name not in state.locks "
+        "and name not in elsewhere),\n            reverse=True,\n        )\n",
+        ("tests/test_django_orm.py::test_a_write_locks_its_keys_in_sorted_order",),
+        within="ModelTracker._lock",
+    ),
+    Mutant(
+        "django-lock-timeout-honoured",
+        "lock_timeout bounds each write-lock wait of a tracked write",
+        "cacheguard/integrations/django/orm.py",
+        "lock.acquire_write(self.lock_timeout, holder=state.holder)",
+        "lock.acquire_write(None, holder=state.holder)",
+        (
+            "tests/test_django_orm.py::test_lock_timeout_bounds_the_wait_and_every_name_tried_is_invalidated_at_the_end",
+        ),
+        within="ModelTracker._lock",
+    ),
+    Mutant(
+        "django-end-invalidates-touched",
+        "every name a write tried to lock (one it never got too) is invalidated when the "
+        "transaction ends",
+        "cacheguard/integrations/django/orm.py",
+        "names = locked + sorted(state.touched - set(locked))",
+        "names = locked",
+        (
+            "tests/test_django_orm.py::test_lock_timeout_bounds_the_wait_and_every_name_tried_is_invalidated_at_the_end",
+        ),
+        within="ModelTracker._end",
+    ),
+    Mutant(
+        "django-bulk-create-unreported-ids",
+        "a bulk_create() whose ids the database does not report (ignore_conflicts) invalidates "
+        "its templates by prefix",
+        "cacheguard/integrations/django/orm.py",
+        "            if len(known) < len(pending):  # ids the database did not report\n          "
+        "      work.by_prefix()",
+        "            if len(known) < len(pending):  # ids the database did not report\n          "
+        "      pass",
+        ("tests/test_django_orm.py::test_bulk_create_ignoring_conflicts_invalidates_by_prefix",),
+        within="_bulk_create",
+    ),
+    Mutant(
+        "django-watermark-failure-stores-nothing",
+        "a transaction whose watermark could not be read stores no fill",
+        "cacheguard/integrations/django/orm.py",
+        "            state.snapshot_watermark = -1\n            log.warning",
+        "            state.snapshot_watermark = None\n            log.warning",
+        (
+            "tests/test_django_orm.py::test_a_failed_watermark_read_stores_nothing_from_that_transaction",
+        ),
+        within="ModelTracker._began",
+    ),
+    Mutant(
+        "django-failed-begin-ends",
+        "an atomic block that fails to begin leaves no transaction state open",
+        "cacheguard/integrations/django/orm.py",
+        "            _end_all(began)  # it never began",
+        "            pass  # it never began",
+        ("tests/test_django_orm.py::test_the_transaction_hooks_go_once_every_transaction_ended",),
+        within="_atomic_enter",
+    ),
+    Mutant(
+        "django-states-deactivated",
+        "a transaction's end closes its state: the transaction hooks go with the last tracker",
+        "cacheguard/integrations/django/orm.py",
+        "        _registry.deactivate(state)\n",
+        "",
+        ("tests/test_django_orm.py::test_the_transaction_hooks_go_once_every_transaction_ended",),
+        within="ModelTracker._end",
+    ),
+    Mutant(
+        "django-update-forgets-its-rows",
+        "a tracked update() clears its queryset's result cache, as Django's does (also when no "
+        "row matched)",
+        "cacheguard/integrations/django/orm.py",
+        "        if not rows:\n            self._result_cache = None\n            return 0",
+        "        if not rows:\n            return 0",
+        ("tests/test_django_orm.py::test_an_update_forgets_the_rows_its_queryset_had_read",),
+        within="_update",
+    ),
+    Mutant(
+        "django-update-forgets-updated-rows",
+        "a tracked update() that changed rows clears its queryset's result cache",
+        "cacheguard/integrations/django/orm.py",
+        "        count = original(self.filter(pk__in=pks), **kwargs)\n        self._result_cache "
+        "= None\n",
+        "        count = original(self.filter(pk__in=pks), **kwargs)\n",
+        ("tests/test_django_orm.py::test_an_update_forgets_the_rows_its_queryset_had_read",),
+        within="_update",
+    ),
+    Mutant(
+        "django-model-unknown-fields-miss",
+        "stored model data with a field the model does not have is refused (a miss)",
+        "cacheguard/codecs/django_models.py",
+        "        if unknown:\n            raise",
+        "        if False:\n            raise",
+        (
+            "tests/test_django_orm.py::test_the_model_codec_refuses_unknown_fields_and_keeps_the_alias",
+        ),
+        within="model_converters",
+    ),
+    Mutant(
+        "django-model-keeps-the-alias",
+        "a hit's instance has the database alias it was read from",
+        "cacheguard/codecs/django_models.py",
+        "return kind.from_db(alias, names, values)",
+        'return kind.from_db("default", names, values)',
+        (
+            "tests/test_django_orm.py::test_the_model_codec_refuses_unknown_fields_and_keeps_the_alias",
+        ),
+        within="model_converters",
+    ),
     # -- Django: the menu example (examples/menu_django, issue #27) ------------------------------
     Mutant(
         "menu-django-tracks-the-cache-api-keys",
