@@ -271,7 +271,12 @@ def moving_churn_writer(
                 f"{i},{v},{o}" for i, v, o in Menu.objects.values_list("id", "version", "owner_id")
             )
             client.set(f"{namespace}:test:rows", rows)
+            exact = int(client.get(f"{namespace}:test:exact") or 0)
             client.incr(f"{namespace}:test:ended")
+            if index % 5 == 0:  # a quiet moment: until a reader compared a read whole
+                while int(client.get(f"{namespace}:test:exact") or 0) <= exact:
+                    assert time.monotonic() < deadline + 60, "no read compared whole"
+                    time.sleep(0.002)  # test-side polling, nothing synchronised by it
         return kinds
     finally:
         client.set(f"{namespace}:test:writer-done", "1")
@@ -351,6 +356,7 @@ def moving_churn_reader(
                     stale.append(f"{kind} {owner}: menu {menu_id} deleted before, listed")
             if begun == ended == after_begun:  # no write under way from before to after
                 counts["exact"] += 1
+                client.incr(f"{namespace}:test:exact")
                 if got != expected:
                     stale.append(f"{kind} {owner}: read {got}, committed {expected}")
         counts["stale"] = len(stale)

@@ -454,9 +454,15 @@ class ModelTracker:
         self.guard.invalidate(*fresh)
 
     def _held_by_others(self, connection: Any, state: _TransactionLocks) -> set[str]:
+        """The names other guard objects of this namespace hold for the transaction
+        (the same guard object takes a hold again: each tracker then holds its own)."""
         held: set[str] = set()
-        for other in connection.__dict__.get(_TRACKING, {}).values():
-            if other is not state and other.snapshot_namespace == state.snapshot_namespace:
+        for tracker, other in connection.__dict__.get(_TRACKING, {}).items():
+            if (
+                other is not state
+                and other.snapshot_namespace == state.snapshot_namespace
+                and tracker.guard is not self.guard
+            ):
                 held.update(other.locks)
         return held
 
