@@ -20,16 +20,28 @@ import psycopg
 import pytest
 import redis
 
-from cacheguard import MISSING, CacheGuard, KeyTemplateError, LockLostError, cached_with_lock
+from cacheguard import (
+    MISSING,
+    CacheGuard,
+    KeyTemplateError,
+    LockLostError,
+    LockTimeout,
+    cached_with_lock,
+)
 from tests.django_settings import DjangoDatabase, configure_django, create_tables, postgres_url
 from tests.django_support import (
     CHURN_CHECKED,
     CHURN_SNAPSHOT_READS,
     DISH_KEYS,
     MENU_KEYS,
+    MOVING_CHECKED,
+    MOVING_MENUS,
+    MOVING_OWNERS,
     churn_reader,
     churn_writer,
     lock_is_free,
+    moving_churn_reader,
+    moving_churn_writer,
     waiting_in_process,
 )
 from tests.helpers import make_guard, wait_until
@@ -665,12 +677,9 @@ def test_a_cache_backend_names_the_keys_as_it_maps_them(guard: CacheGuard) -> No
 
     with track_models(Backend(), {Menu: MENU_KEYS}) as mapped, transaction.atomic():
         Menu.objects.create(name="Soups", slug="soups")
-        assert mapped.held_keys() == {
-            ":1:menu:list",
-            ":1:menu:soups",
-            ":1:menu:1",
-            ":1:menus:by-owner:None",
-        }
+        cache_api = {":1:menu:list", ":1:menu:soups", ":1:menu:1", ":1:menus:by-owner:None"}
+        own = {"menu:list", "menu:soups", "menu:1", "menus:by-owner:None"}
+        assert mapped.held_keys() == cache_api | own  # both kinds of keys (docs/django.md)
 
     class Hashing(Backend):
         def guard_name(self, key: str, version: int | None = None) -> str:
@@ -685,13 +694,14 @@ def test_the_cache_backend_sees_the_writes_before_and_after_its_shutdown(
 ) -> None:
     from cacheguard.integrations.django import CacheGuardCache
 
-    cache = CacheGuardCache(redis_url, {"KEY_PREFIX": "shop", "OPTIONS": {"namespace": namespace}})
+    options = {"namespace": f"{namespace}-cache"}  # not the tracker fixture's names
+    cache = CacheGuardCache(redis_url, {"KEY_PREFIX": "shop", "OPTIONS": options})
     with track_models(cache, {Menu: ("menu:{slug}",)}) as through_cache:
         assert cache.get_or_set("menu:soups", lambda: "Soups", timeout=60) == "Soups"
         with transaction.atomic():
             Menu.objects.filter(slug="soups").update(name="Broths")
-            assert through_cache.held_keys() == {cache.guard_name("menu:soups")}
-            assert through_cache.held_keys() == {"shop:1:menu:soups"}
+            assert through_cache.held_keys() == {cache.guard_name("menu:soups"), "menu:soups"}
+            assert through_cache.held_keys() == {"shop:1:menu:soups", "menu:soups"}
         assert cache.get("menu:soups") is None
         cache.shutdown()  # its guard closes; the next use opens another
         assert cache.get_or_set("menu:soups", lambda: "Broths", timeout=60) == "Broths"
@@ -831,3 +841,434 @@ def test_orm_churn_across_processes_reads_nothing_older_than_a_commit(
     assert readers[0]["snapshot_reads"] >= CHURN_SNAPSHOT_READS, readers
     assert sum(r["checked"] for r in readers) >= CHURN_CHECKED, readers
     assert [r["stale"] for r in readers] == [0, 0], readers
+
+
+@pytest.mark.slow
+def test_orm_churn_moving_keys_reads_nothing_older_than_a_commit(
+    redis_url: str, namespace: str, client: redis.Redis
+) -> None:
+    """Menus change owners and come and go (every kind of write, tracked through the
+    cache backend); readers read owners' lists and the whole list through the guard's
+    names and through Django's cache API."""
+    for number in range(1, MOVING_OWNERS + 1):
+        Owner.objects.create(name=f"owner {number}")
+    for number in range(MOVING_MENUS):
+        Menu.objects.create(
+            name=f"menu {number}", slug=f"menu-{number}", owner_id=number % MOVING_OWNERS + 1
+        )
+    rows = Menu.objects.values_list("id", "version", "owner_id")
+    client.set(f"{namespace}:test:rows", ";".join(f"{i},{v},{o}" for i, v, o in rows))
+    connections.close_all()
+    started = start_processes(
+        moving_churn_reader,
+        [(redis_url, namespace, DATABASE, True, 1), (redis_url, namespace, DATABASE, False, 2)],
+    )
+    writer = start_processes(moving_churn_writer, [(redis_url, namespace, DATABASE, 100, 2)])
+    kinds = results_of(writer, timeout=110)[0]
+    readers = results_of(started, timeout=60)
+    assert all(count >= 20 for count in kinds.values()), kinds  # every kind of write
+    for kind in ("decorated", "cache_api", "list"):  # every kind of read, checked
+        assert sum(r[kind] for r in readers) >= MOVING_CHECKED // 6, readers
+    assert sum(r["exact"] for r in readers) >= 20, readers  # some compared whole
+    assert readers[0]["snapshot_reads"] >= 30, readers
+    assert [r["stale"] for r in readers] == [0, 0], readers
+
+
+# -- the review's findings -------------------------------------------------------------------------
+
+
+def test_new_keys_use_the_values_as_the_database_stores_them(guard: CacheGuard) -> None:
+    import datetime as dt
+
+    templates = ("menus:price:{price}", "menus:created:{created}", "menus:uid:{uid}")
+    with track_models(guard, {Menu: templates}, lock_timeout=10) as tracker:
+        menu = Menu.objects.create(name="Soups", slug="soups")
+        menu.price = Decimal("12.5")  # stored as 12.50
+        paris = dt.timezone(dt.timedelta(hours=2))
+        menu.created = dt.datetime(2024, 5, 6, 7, 0, tzinfo=paris)  # read back in UTC
+        menu.uid = "9B2E6C8E-5F3A-4B8D-9C1E-2A3B4C5D6E7F"  # read back as a lower-case UUID
+        with transaction.atomic():
+            menu.save()
+            held = tracker.held_keys()
+        as_read = tracker.keys_of(Menu.objects.get(pk=menu.pk))  # a reader's values
+    assert "menus:price:12.50" in as_read
+    assert as_read <= held
+
+
+def test_save_signals_run_outside_the_hooks_transaction(tracker: ModelTracker) -> None:
+    from django.db.models.signals import post_save, pre_save
+
+    in_block: list[bool] = []
+
+    def note_pre_save(sender: Any, **kwargs: Any) -> None:
+        in_block.append(connection.in_atomic_block)
+
+    def durable_ledger(sender: Any, instance: Menu, **kwargs: Any) -> None:
+        in_block.append(connection.in_atomic_block)
+        with transaction.atomic(durable=True):  # refused inside another block
+            Owner.objects.create(name=f"audit {instance.pk}")
+
+    def mail_server_down(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("mail server down")
+
+    pre_save.connect(note_pre_save, sender=Menu)
+    post_save.connect(durable_ledger, sender=Menu)
+    try:
+        Menu.objects.create(name="Soups", slug="soups")
+        assert in_block == [False, False]  # as without tracking, in autocommit mode
+        assert list(Owner.objects.values_list("name", flat=True)) == ["audit 1"]
+        post_save.disconnect(durable_ledger, sender=Menu)
+        post_save.connect(mail_server_down, sender=Menu)
+        with pytest.raises(RuntimeError, match="mail server down"):
+            Menu.objects.create(name="Salads", slug="salads")
+    finally:
+        pre_save.disconnect(note_pre_save, sender=Menu)
+        post_save.disconnect(durable_ledger, sender=Menu)
+        post_save.disconnect(mail_server_down, sender=Menu)
+    # The handler failed after the save committed, as it does without tracking.
+    assert sorted(Menu.objects.values_list("slug", flat=True)) == ["salads", "soups"]
+    assert tracker.held_keys() == frozenset()
+
+
+def test_on_commit_callbacks_run_after_the_keys_are_released(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def menu_name(menu_id: int) -> str:
+        return str(Menu.objects.get(pk=menu_id).name)
+
+    read: list[object] = []
+    served = threading.Event()
+
+    def reader() -> None:
+        try:
+            read.append(menu_name(1))
+        except Exception as exc:  # a reader kept waiting for the writer's lock
+            read.append(exc)
+        finally:
+            served.set()
+            connections.close_all()
+
+    held_in_callback: list[frozenset[str]] = []
+
+    def slow_callback() -> None:  # e.g. sends a mail, waits for a reader
+        held_in_callback.append(tracker.held_keys())
+        threading.Thread(target=reader).start()
+        served.wait(60)
+
+    assert menu_name(1) == "Starters"
+    with transaction.atomic():
+        Menu.objects.filter(pk=1).update(name="Hors d'oeuvres")
+        transaction.on_commit(slow_callback)
+    assert held_in_callback == [frozenset()]
+    assert served.is_set()
+    assert read == ["Hors d'oeuvres"]
+
+
+def test_a_lock_timeout_after_the_sql_rolls_the_write_back(guard: CacheGuard) -> None:
+    Menu.objects.create(name="Starters", slug="starters")
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_the_next_id() -> None:  # its key is known only after the INSERT
+        with guard.write("menu:2"):
+            holding.set()
+            done.wait(60)
+
+    holder = threading.Thread(target=hold_the_next_id)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        with (
+            track_models(guard, {Menu: MENU_KEYS}, lock_timeout=0.2),
+            transaction.atomic(),  # commits: the caller below carries on
+            pytest.raises(LockTimeout),
+        ):
+            Menu.objects.create(name="Soups", slug="soups")
+    finally:
+        done.set()
+        holder.join(30)
+    assert list(Menu.objects.values_list("slug", flat=True)) == ["starters"]
+
+
+def test_tracked_through_a_cache_both_kinds_of_key_are_invalidated(
+    redis_url: str, namespace: str
+) -> None:
+    from cacheguard.integrations.django import CacheGuardCache
+
+    cache = CacheGuardCache(redis_url, {"KEY_PREFIX": "shop", "OPTIONS": {"namespace": namespace}})
+    templates = ("menu-by-name:{name}", "menu:{slug}")
+
+    @cached_with_lock(cache.guard, key="menu:{slug}", ttl=60)  # the guard's own, escaped names
+    def menu_name(slug: str) -> str:
+        return str(Menu.objects.get(slug=slug).name)
+
+    def slug_named(name: str) -> str:  # Django's cache API, a key built by hand
+        return str(cache.get_or_set(f"menu-by-name:{name}", lambda: slug_of(name), timeout=60))
+
+    def slug_of(name: str) -> str:
+        return str(Menu.objects.get(name=name).slug)
+
+    awkward = "Tapas:50%off#1"  # characters the guard's names escape
+    Menu.objects.create(name=awkward, slug="tapas:1")
+    Menu.objects.create(name="Soups", slug="soups")
+    try:
+        with track_models(cache, {Menu: templates}, max_rows=1) as tracker:
+            assert (slug_named(awkward), menu_name("tapas:1")) == ("tapas:1", awkward)
+            Menu.objects.filter(name=awkward).update(name="Tapas:60%off#1")
+            assert cache.get(f"menu-by-name:{awkward}") is None
+            assert menu_name("tapas:1") == "Tapas:60%off#1"
+            # More rows than max_rows: both kinds, by prefix.
+            assert (slug_named("Soups"), menu_name("soups")) == ("soups", "Soups")
+            assert tracker.max_rows == 1
+            Menu.objects.update(slug=None)  # no slug: the keys of the old ones go
+            assert cache.get("menu-by-name:Soups") is None
+            assert cache.guard.peek("menu:soups") is MISSING
+    finally:
+        cache.shutdown()
+
+
+def test_a_template_starting_with_a_field_is_refused(guard: CacheGuard) -> None:
+    with pytest.raises(KeyTemplateError, match="starts with a field"):
+        track_models(guard, {Menu: ("menu:list", "{slug}")})
+
+
+def test_a_tracker_of_another_namespace_does_not_stop_fills_from_storing(
+    client: redis.Redis, namespace: str
+) -> None:
+    busy = make_guard(client, f"{namespace}-app", wait_timeout=10)
+    other = make_guard(client, f"{namespace}-other", wait_timeout=10)
+    Menu.objects.create(name="Starters", slug="starters")
+    busy.invalidate(*(f"warm-up:{n}" for n in range(20)))  # its sequence is ahead
+    try:
+        with (
+            track_models(busy, {Menu: ("menu:{id}",)}),
+            track_models(other, {Owner: ("owner:{id}",)}),  # the other sequence: far behind
+        ):
+            Menu.objects.filter(pk=1).update(name="Hors d'oeuvres")  # menu:1's version > 20
+            assert other.watermark() < busy.watermark()
+            with transaction.atomic():  # both snapshots open; only busy's counts for busy
+                name = busy.get_or_load("menu:1", lambda: Menu.objects.get(pk=1).name, ttl=60)
+            assert name == "Hors d'oeuvres"
+            assert busy.peek("menu:1") == "Hors d'oeuvres"  # stored
+    finally:
+        busy.close()
+        other.close()
+
+
+def test_tracking_again_after_another_library_patched_over_the_hooks(guard: CacheGuard) -> None:
+    from django.db.models import QuerySet
+
+    untracked = QuerySet.__dict__["update"]
+    Menu.objects.create(name="Starters", slug="starters")
+    first = track_models(guard, {Menu: MENU_KEYS}, lock_timeout=10)
+    ours = QuerySet.__dict__["update"]
+
+    def instrumented_update(self: Any, **kwargs: Any) -> Any:  # an APM's, without wraps
+        return ours(self, **kwargs)
+
+    QuerySet.update = instrumented_update
+    try:
+        first.close()  # ours stays under the instrumentation
+        with (
+            track_models(guard, {Menu: MENU_KEYS}, lock_timeout=10) as again,
+            transaction.atomic(),
+        ):
+            assert Menu.objects.filter(pk=1).update(name="Hors d'oeuvres") == 1
+            assert "menu:1" in again.held_keys()  # tracked, and no endless recursion
+    finally:
+        QuerySet.update = ours
+        track_models(guard, {Menu: MENU_KEYS}).close()  # ours on top again: removed
+    assert QuerySet.__dict__["update"] is untracked
+
+
+@pytest.mark.parametrize("codec", ["default", "json"])
+def test_json_field_data_round_trips_exactly(
+    client: redis.Redis, namespace: str, codec: str
+) -> None:
+    from cacheguard.cache.codec import JsonCodec
+
+    options: dict[str, Any] = {"codec": JsonCodec()} if codec == "json" else {}
+    guard = make_guard(client, namespace, **options)
+    tags = {"__cg__": "decimal", "v": "1"}  # what the JSON codec writes for Decimal("1")
+    Menu.objects.create(name="Starters", slug="starters", tags=tags)
+    Menu.objects.create(name="Soups", slug="soups", tags=[tags, {"__cg__": "bytes", "v": ""}])
+
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def get_menu(menu_id: int) -> Menu:
+        return Menu.objects.get(pk=menu_id)
+
+    try:
+        for menu_id in (1, 2):
+            stored = Menu.objects.get(pk=menu_id).tags
+            assert get_menu(menu_id).tags == stored  # the miss
+            assert guard.peek(f"menu:{menu_id}") is not MISSING
+            assert get_menu(menu_id).tags == stored  # the hit: the codec's tags stay data
+    finally:
+        guard.close()
+
+
+def test_a_guard_and_a_cache_of_one_namespace_track_one_model_together(
+    redis_url: str, namespace: str, guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    from cacheguard.integrations.django import CacheGuardCache
+
+    cache = CacheGuardCache(redis_url, {"OPTIONS": {"namespace": namespace, "wait_timeout": 10}})
+    try:
+        # Both name the guard's "menu:soups"; two guard objects share no write holds.
+        with track_models(cache, {Menu: ("menu:{slug}",)}, lock_timeout=10) as through_cache:
+            with transaction.atomic():
+                Menu.objects.filter(slug="soups").update(name="Broths")
+                assert "menu:soups" in tracker.held_keys()
+                assert through_cache.held_keys() == {":1:menu:soups"}
+            assert lock_is_free(guard, "menu:soups")
+    finally:
+        cache.shutdown()
+
+
+# -- guarantees no test checked before (the review's surviving mutations) -------------------------
+
+
+def test_the_rows_a_write_names_are_selected_for_update(
+    tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    def selections(write: Callable[[], object]) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            write()
+        return [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]
+
+    menu = Menu.objects.get(pk=1)
+    menu.name = "Hors d'oeuvres"
+    saved = selections(menu.save)  # by primary key: before the SQL, FOR UPDATE
+    assert saved
+    assert "FOR UPDATE" in saved[0]
+    updated = selections(lambda: Menu.objects.filter(owner__isnull=True).update(name="Sweets"))
+    assert updated
+    assert all("FOR UPDATE" in sql for sql in updated)  # by a queryset
+    deleted = selections(Menu.objects.get(pk=2).delete)
+    assert any('"django_app_menu"' in sql and "FOR UPDATE" in sql for sql in deleted)
+
+
+def test_a_write_locks_its_keys_in_sorted_order(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[str] = []
+    write_lock = guard.write_lock
+
+    def recorded(name: str) -> Any:
+        order.append(name)
+        return write_lock(name)
+
+    monkeypatch.setattr(guard, "write_lock", recorded)
+    with transaction.atomic():  # two writers in opposite orders cannot deadlock
+        Menu.objects.filter(pk__in=[1, 2, 3]).update(name="Renamed")
+    assert len(order) >= 5
+    assert order == sorted(order)
+
+
+def test_lock_timeout_bounds_the_wait_and_every_name_tried_is_invalidated_at_the_end(
+    client: redis.Redis, namespace: str
+) -> None:
+    patient = make_guard(client, namespace, wait_timeout=600)  # far past the holder's hold
+    Menu.objects.create(name="Starters", slug="starters")
+    patient.get_or_load("menus:by-owner:None", lambda: ["stale"], ttl=60)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_a_key() -> None:  # sorted between menu:list and menus:by-owner:None
+        with patient.write("menu:soups"):
+            holding.set()
+            done.wait(30)  # then released: a writer that ignored lock_timeout gets it
+
+    holder = threading.Thread(target=hold_a_key)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        with track_models(patient, {Menu: MENU_KEYS}, lock_timeout=0.2), transaction.atomic():
+            with pytest.raises(LockTimeout):  # before its SQL: the transaction goes on
+                Menu.objects.create(name="Soups", slug="soups")
+            Owner.objects.create(name="Ann")  # the transaction goes on, and commits
+    finally:
+        done.set()
+        holder.join(60)
+        patient.close()
+    # menus:by-owner:None was named but never locked: invalidated when the block ended.
+    assert client.get(patient.keys("menus:by-owner:None").value) is None
+    assert list(Owner.objects.values_list("name", flat=True)) == ["Ann"]
+    assert list(Menu.objects.values_list("slug", flat=True)) == ["starters"]
+
+
+def test_bulk_create_ignoring_conflicts_invalidates_by_prefix(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    @cached_with_lock(guard, key="menu:{menu_id}", ttl=60)
+    def menu_name(menu_id: int) -> str | None:
+        menu = Menu.objects.filter(pk=menu_id).first()
+        return None if menu is None else str(menu.name)
+
+    assert menu_name(4) is None  # cached: no menu 4 yet
+    # PostgreSQL reports no ids for ON CONFLICT DO NOTHING: the keys of the new
+    # rows are not known, the templates' prefixes are.
+    Menu.objects.bulk_create([Menu(name="Salads", slug="salads")], ignore_conflicts=True)
+    assert menu_name(4) == "Salads"
+
+
+def test_a_failed_watermark_read_stores_nothing_from_that_transaction(
+    guard: CacheGuard, tracker: ModelTracker, menus: list[Menu], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def redis_down() -> int:
+        raise ConnectionError("Redis is down")
+
+    monkeypatch.setattr(guard, "watermark", redis_down)
+    with transaction.atomic():  # its snapshot's watermark is not known
+        assert guard.get_or_load("count:menus", Menu.objects.count, ttl=60) == 3
+        assert guard.peek("count:menus") is MISSING
+    monkeypatch.undo()
+    assert guard.get_or_load("count:menus", Menu.objects.count, ttl=60) == 3
+    assert guard.peek("count:menus") == 3
+
+
+def test_the_transaction_hooks_go_once_every_transaction_ended(
+    guard: CacheGuard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db.transaction import Atomic
+
+    untracked = Atomic.__dict__["__enter__"]
+    tracker = track_models(guard, {Menu: MENU_KEYS}, lock_timeout=10)
+    try:
+        with transaction.atomic():  # its state becomes active: locks held
+            Menu.objects.create(name="Starters", slug="starters")
+        with monkeypatch.context() as broken:  # a block that fails to begin
+            broken.setattr(connection, "set_autocommit", _database_gone)
+            with pytest.raises(ConnectionError), transaction.atomic():
+                pass
+    finally:
+        tracker.close()
+    assert Atomic.__dict__["__enter__"] is untracked  # no state left open
+
+
+def _database_gone(*args: Any, **kwargs: Any) -> None:
+    raise ConnectionError("the database went away")
+
+
+def test_an_update_forgets_the_rows_its_queryset_had_read(
+    tracker: ModelTracker, menus: list[Menu]
+) -> None:
+    none_yet = Menu.objects.filter(name="Salads")
+    assert list(none_yet) == []
+    assert none_yet.update(slug="salads") == 0
+    Menu.objects.filter(pk=3).update(name="Salads")
+    assert [m.pk for m in none_yet] == [3]  # read again, as without tracking
+    soups = Menu.objects.filter(name="Soups")
+    assert [m.pk for m in soups] == [2]
+    assert soups.update(name="Broths") == 1
+    assert list(soups) == []
+
+
+def test_the_model_codec_refuses_unknown_fields_and_keeps_the_alias() -> None:
+    from cacheguard.codecs.django_models import model_converters
+
+    dump, load = model_converters(Menu)
+    data = dump(Menu.objects.create(name="Starters", slug="starters"))
+    assert load(data)._state.db == "default"
+    assert load({**data, "db": "replica"})._state.db == "replica"  # where it was read from
+    with pytest.raises(ValueError, match="no field 'ghost'"):  # a model that lost a field
+        load({**data, "fields": {**data["fields"], "ghost": 1}})

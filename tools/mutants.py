@@ -5651,14 +5651,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "django-save-locks-before-the-sql",
         "a tracked save() write-locks and invalidates its keys before its SQL runs",
         "cacheguard/integrations/django/orm.py",
-        "        work.instances([self])\n        work.lock()\n        result = original(",
-        "        work.instances([self])\n        result = original(",
+        "        work.instances([instance])\n        work.lock()\n        with django_block:\n",
+        "        work.instances([instance])\n        with django_block:\n",
         (
             "tests/test_django_orm.py::test_each_write_kind_locks_old_and_new_keys[save-atomic]",
             "tests/test_django_orm.py::"
             "test_each_write_kind_locks_old_and_new_keys[save-autocommit]",
         ),
-        within="_save_base",
+        within="_tracked_save",
     ),
     Mutant(
         "django-locking-invalidates",
@@ -5673,11 +5673,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "django-save-old-values",
         "a tracked save() names the keys of the row's old values, read from the database",
         "cacheguard/integrations/django/orm.py",
-        "        if self.pk is not None:  # the row as it is: the old values\n"
-        "            work.rows(work.select(pks=[self.pk], limit=False) or [])\n",
+        "        if instance.pk is not None:  # the row as it is: the old values\n"
+        "            work.rows(work.select(pks=[instance.pk], limit=False) or [])\n",
         "",
         ("tests/test_django_orm.py::test_each_write_kind_locks_old_and_new_keys[save-atomic]",),
-        within="_save_base",
+        within="_tracked_save",
     ),
     Mutant(
         "django-update-hook",
@@ -5970,14 +5970,310 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         within="model_converters",
     ),
+    # the review of the ORM hooks (issue #27): what a write names, and where its
+    # transaction begins and ends
+    Mutant(
+        "django-save-keys-as-stored",
+        "after a tracked save()'s SQL the row is read again: its keys are named from the "
+        "values as the database stores them (12.50, UTC, a lower-case UUID), not as the "
+        "instance holds them",
+        "cacheguard/integrations/django/orm.py",
+        "            work.instances([instance])\n"
+        "            work.rows(work.select(pks=[instance.pk], limit=False) or [])\n",
+        "            work.instances([instance])\n",
+        ("tests/test_django_orm.py::test_new_keys_use_the_values_as_the_database_stores_them",),
+        within="_tracked_save",
+    ),
+    Mutant(
+        "django-save-signals-outside",
+        "pre_save and post_save handlers run outside the hooks' transaction, as without "
+        "tracking (a failing post_save keeps the save; atomic(durable=True) works in one)",
+        "cacheguard/integrations/django/orm.py",
+        "        result = original(self, raw, force_insert, force_update, using, update_fields)\n"
+        "    finally:\n",
+        "        with _writing(using):\n"
+        "            result = original("
+        "self, raw, force_insert, force_update, using, update_fields)\n"
+        "    finally:\n",
+        ("tests/test_django_orm.py::test_save_signals_run_outside_the_hooks_transaction",),
+        within="_save_base",
+    ),
+    Mutant(
+        "django-on-commit-after-release",
+        "the keys are invalidated and released before Django runs the on_commit callbacks",
+        "cacheguard/integrations/django/orm.py",
+        "                connection.run_on_commit.insert("
+        "0, (set(), lambda: _end_all(connection), True))\n",
+        "                pass\n",
+        ("tests/test_django_orm.py::test_on_commit_callbacks_run_after_the_keys_are_released",),
+        within="_atomic_exit",
+    ),
+    Mutant(
+        "django-rollback-after-sql",
+        "an error after a tracked write's SQL (a lock timeout on a key known only then) "
+        "marks the transaction for rollback: the write does not commit",
+        "cacheguard/integrations/django/orm.py",
+        "            transaction.set_rollback(True, using=alias)\n",
+        "            pass\n",
+        ("tests/test_django_orm.py::test_a_lock_timeout_after_the_sql_rolls_the_write_back",),
+        within="_after_sql",
+    ),
+    Mutant(
+        "django-cache-api-keys-unescaped",
+        "tracked through a cache backend, the keys of its cache API are the templates' "
+        "values as str.format writes them (as a hand-built f-string key has them), not escaped",
+        "cacheguard/integrations/django/orm.py",
+        "            written = template.format_map(values)\n",
+        "            written = render_key(template, values, max_length=1 << 30)\n",
+        (
+            "tests/test_django_orm.py::test_tracked_through_a_cache_both_kinds_of_key_are_invalidated",
+        ),
+        within="ModelTracker._keys",
+    ),
+    Mutant(
+        "django-cache-tracks-guard-names",
+        "tracked through a cache backend, the guard's own names (@cached_with_lock on "
+        "cache.guard) are locked and invalidated too",
+        "cacheguard/integrations/django/orm.py",
+        "        return (own, str(self._cache.guard_name(written)))\n",
+        "        return (str(self._cache.guard_name(written)),)\n",
+        (
+            "tests/test_django_orm.py::test_tracked_through_a_cache_both_kinds_of_key_are_invalidated",
+        ),
+        within="ModelTracker._keys",
+    ),
+    Mutant(
+        "django-cache-prefix-both-kinds",
+        "tracked through a cache backend, the by-prefix fallback covers the guard's own "
+        "names as well as the cache API's",
+        "cacheguard/integrations/django/orm.py",
+        "        return (prefix, head)\n",
+        "        return (head,)\n",
+        (
+            "tests/test_django_orm.py::test_tracked_through_a_cache_both_kinds_of_key_are_invalidated",
+        ),
+        within="ModelTracker._template_prefixes",
+    ),
+    Mutant(
+        "django-empty-prefix-refused",
+        "a key template starting with a field (no prefix: its fallback would wipe the "
+        "namespace) is refused by track_models",
+        "cacheguard/integrations/django/orm.py",
+        "                    if not _literal_prefix(template):\n",
+        "                    if False:\n",
+        ("tests/test_django_orm.py::test_a_template_starting_with_a_field_is_refused",),
+        within="ModelTracker.__init__",
+    ),
+    Mutant(
+        "watermark-same-namespace-only",
+        "a fill counts only the open snapshots of its own namespace's sequence (another "
+        "namespace's watermark is no bound on its versions)",
+        "cacheguard/cache/watermark.py",
+        "            elif _same_sequence(namespace, _namespace_of(holder)):\n",
+        "            else:\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_tracker_of_another_namespace_does_not_stop_fills_from_storing",
+        ),
+        within="collecting",
+    ),
+    Mutant(
+        "django-snapshot-names-its-namespace",
+        "a Django tracker's snapshot names its guard's namespace",
+        "cacheguard/integrations/django/orm.py",
+        "        state.snapshot_namespace = self.guard.namespace"
+        "  # fills of other namespaces ignore it\n",
+        "",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_tracker_of_another_namespace_does_not_stop_fills_from_storing",
+        ),
+        within="ModelTracker._state",
+    ),
+    Mutant(
+        "django-repatched-hooks-kept",
+        "tracking again after another library patched over the hooks (without "
+        "functools.wraps) reuses ours, still called through its patch: no endless recursion",
+        "cacheguard/integrations/django/orm.py",
+        "        if (owner, name) in _LEFT_IN_PLACE and original is not "
+        "_ORIGINALS[(owner, name)]:\n",
+        "        if False:\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_tracking_again_after_another_library_patched_over_the_hooks",
+        ),
+        within="_install",
+    ),
+    Mutant(
+        "django-model-json-as-text",
+        "a model's JSONField data is stored as its JSON text: the codec's own tagged forms "
+        "in a user's JSON come back as data, not as the values they tag",
+        "cacheguard/codecs/django_models.py",
+        "                stored[name] = json.dumps(item, cls=model_field.encoder)\n",
+        "                stored[name] = item\n",
+        ("tests/test_django_orm.py::test_json_field_data_round_trips_exactly[json]",),
+        within="model_converters",
+    ),
+    Mutant(
+        "django-shared-names-locked-once",
+        "a name that another tracker of the same namespace locked for the transaction is "
+        "not locked again (two guard objects share no write holds: it would wait for itself)",
+        "cacheguard/integrations/django/orm.py",
+        "        elsewhere = self._held_by_others(connection, state)\n",
+        "        elsewhere: set[str] = set()\n",
+        (
+            "tests/test_django_orm.py::"
+            "test_a_guard_and_a_cache_of_one_namespace_track_one_model_together",
+        ),
+        within="ModelTracker._lock",
+    ),
+    Mutant(
+        "django-select-by-pk-for-update",
+        "the rows a save() or a delete names by primary key are selected FOR UPDATE (they cannot "
+        "change before the commit)",
+        "cacheguard/integrations/django/orm.py",
+        "                if features.has_select_for_update:\n                    query = "
+        "query.select_for_update()\n                found.extend",
+        "                found.extend",
+        ("tests/test_django_orm.py::test_the_rows_a_write_names_are_selected_for_update",),
+        within="_Work.select",
+    ),
+    Mutant(
+        "django-select-queryset-for-update",
+        "the rows an update() or a fast delete names through a queryset are selected FOR UPDATE",
+        "cacheguard/integrations/django/orm.py",
+        "        if features.has_select_for_update:\n            query = "
+        "query.select_for_update()\n        query = query.values",
+        "        query = query.values",
+        ("tests/test_django_orm.py::test_the_rows_a_write_names_are_selected_for_update",),
+        within="_Work.select",
+    ),
+    Mutant(
+        "django-locks-sorted",
+        "a write takes its keys' write locks in sorted order (two writers cannot deadlock)",
+        "cacheguard/integrations/django/orm.py",
+        "        fresh = sorted(name for name in names if name not in state.locks and name not "
+        "in elsewhere)\n",
+        "        fresh = sorted(\n            (name for name in names if name not in state.locks "
+        "and name not in elsewhere),\n            reverse=True,\n        )\n",
+        ("tests/test_django_orm.py::test_a_write_locks_its_keys_in_sorted_order",),
+        within="ModelTracker._lock",
+    ),
+    Mutant(
+        "django-lock-timeout-honoured",
+        "lock_timeout bounds each write-lock wait of a tracked write",
+        "cacheguard/integrations/django/orm.py",
+        "lock.acquire_write(self.lock_timeout, holder=state.holder)",
+        "lock.acquire_write(None, holder=state.holder)",
+        (
+            "tests/test_django_orm.py::test_lock_timeout_bounds_the_wait_and_every_name_tried_is_invalidated_at_the_end",
+        ),
+        within="ModelTracker._lock",
+    ),
+    Mutant(
+        "django-end-invalidates-touched",
+        "every name a write tried to lock (one it never got too) is invalidated when the "
+        "transaction ends",
+        "cacheguard/integrations/django/orm.py",
+        "names = locked + sorted(state.touched - set(locked))",
+        "names = locked",
+        (
+            "tests/test_django_orm.py::test_lock_timeout_bounds_the_wait_and_every_name_tried_is_invalidated_at_the_end",
+        ),
+        within="ModelTracker._end",
+    ),
+    Mutant(
+        "django-bulk-create-unreported-ids",
+        "a bulk_create() whose ids the database does not report (ignore_conflicts) invalidates "
+        "its templates by prefix",
+        "cacheguard/integrations/django/orm.py",
+        "            if len(known) < len(pending):  # ids the database did not report\n          "
+        "      work.by_prefix()",
+        "            if len(known) < len(pending):  # ids the database did not report\n          "
+        "      pass",
+        ("tests/test_django_orm.py::test_bulk_create_ignoring_conflicts_invalidates_by_prefix",),
+        within="_bulk_create",
+    ),
+    Mutant(
+        "django-watermark-failure-stores-nothing",
+        "a transaction whose watermark could not be read stores no fill",
+        "cacheguard/integrations/django/orm.py",
+        "            state.snapshot_watermark = -1\n            log.warning",
+        "            state.snapshot_watermark = None\n            log.warning",
+        (
+            "tests/test_django_orm.py::test_a_failed_watermark_read_stores_nothing_from_that_transaction",
+        ),
+        within="ModelTracker._began",
+    ),
+    Mutant(
+        "django-failed-begin-ends",
+        "an atomic block that fails to begin leaves no transaction state open",
+        "cacheguard/integrations/django/orm.py",
+        "            _end_all(began)  # it never began",
+        "            pass  # it never began",
+        ("tests/test_django_orm.py::test_the_transaction_hooks_go_once_every_transaction_ended",),
+        within="_atomic_enter",
+    ),
+    Mutant(
+        "django-states-deactivated",
+        "a transaction's end closes its state: the transaction hooks go with the last tracker",
+        "cacheguard/integrations/django/orm.py",
+        "        _registry.deactivate(state)\n",
+        "",
+        ("tests/test_django_orm.py::test_the_transaction_hooks_go_once_every_transaction_ended",),
+        within="ModelTracker._end",
+    ),
+    Mutant(
+        "django-update-forgets-its-rows",
+        "a tracked update() clears its queryset's result cache, as Django's does (also when no "
+        "row matched)",
+        "cacheguard/integrations/django/orm.py",
+        "        if not rows:\n            self._result_cache = None\n            return 0",
+        "        if not rows:\n            return 0",
+        ("tests/test_django_orm.py::test_an_update_forgets_the_rows_its_queryset_had_read",),
+        within="_update",
+    ),
+    Mutant(
+        "django-update-forgets-updated-rows",
+        "a tracked update() that changed rows clears its queryset's result cache",
+        "cacheguard/integrations/django/orm.py",
+        "        count = original(self.filter(pk__in=pks), **kwargs)\n        self._result_cache "
+        "= None\n",
+        "        count = original(self.filter(pk__in=pks), **kwargs)\n",
+        ("tests/test_django_orm.py::test_an_update_forgets_the_rows_its_queryset_had_read",),
+        within="_update",
+    ),
+    Mutant(
+        "django-model-unknown-fields-miss",
+        "stored model data with a field the model does not have is refused (a miss)",
+        "cacheguard/codecs/django_models.py",
+        "        if unknown:\n            raise",
+        "        if False:\n            raise",
+        (
+            "tests/test_django_orm.py::test_the_model_codec_refuses_unknown_fields_and_keeps_the_alias",
+        ),
+        within="model_converters",
+    ),
+    Mutant(
+        "django-model-keeps-the-alias",
+        "a hit's instance has the database alias it was read from",
+        "cacheguard/codecs/django_models.py",
+        "return kind.from_db(alias, names, values)",
+        'return kind.from_db("default", names, values)',
+        (
+            "tests/test_django_orm.py::test_the_model_codec_refuses_unknown_fields_and_keeps_the_alias",
+        ),
+        within="model_converters",
+    ),
     # -- Django: the menu example (examples/menu_django, issue #27) ------------------------------
     Mutant(
         "menu-django-tracks-the-cache-api-keys",
-        "the example tracks its model's writes on the keys of Django's cache API it reads "
-        "(menu:list): no stale list after a commit, one load per stampede",
+        "the example tracks its model's writes through the cache, so the keys of Django's "
+        "cache API it reads (menu:list) are invalidated too: no stale list after a commit, "
+        "one load per stampede",
         "examples/menu_django/menus/apps.py",
-        "        track_models(cache, {Menu: CACHE_API_KEYS})\n",
-        "",
+        "        track_models(cache, {Menu: MENU_KEYS})\n",
+        "        track_models(cache.guard, {Menu: MENU_KEYS})\n",
         (
             "tests/test_menu_django.py::test_demo_one_query_per_stampede_and_no_stale_read",
             "tests/test_menu_django.py::"
@@ -5989,26 +6285,26 @@ MUTANTS: tuple[Mutant, ...] = (
         "menu-django-tracks-the-guard-names",
         "the example tracks its model's writes on the guard's names its decorated reads "
         "use (menu:{id}, menu:owner:{owner})",
-        "examples/menu_django/menus/apps.py",
-        "        track_models(cache.guard, {Menu: GUARD_KEYS})\n",
-        "",
+        "examples/menu_django/menus/models.py",
+        'MENU_KEYS = ("menu:list", "menu:{id}", "menu:owner:{owner}")\n',
+        'MENU_KEYS = ("menu:list", "menu:owner:{owner}")\n',
         (
             "tests/test_menu_django.py::"
             "test_views_read_through_the_cache_and_writes_refresh_every_key",
         ),
-        within="MenusConfig.ready",
+        within="MENU_KEYS",
     ),
     Mutant(
         "menu-django-owner-lists-tracked",
         "a menu moved to another owner leaves both owners' cached lists fresh",
         "examples/menu_django/menus/models.py",
-        'GUARD_KEYS = ("menu:{id}", "menu:owner:{owner}")\n',
-        'GUARD_KEYS = ("menu:{id}",)\n',
+        'MENU_KEYS = ("menu:list", "menu:{id}", "menu:owner:{owner}")\n',
+        'MENU_KEYS = ("menu:list", "menu:{id}")\n',
         (
             "tests/test_menu_django.py::"
             "test_views_read_through_the_cache_and_writes_refresh_every_key",
         ),
-        within="GUARD_KEYS",
+        within="MENU_KEYS",
     ),
     Mutant(
         "menu-django-table-of-its-own",

@@ -157,7 +157,10 @@ class AsyncBatchDriver:
     async def load_many(self, names: tuple[str, ...]) -> tuple[dict[str, Any], float, int | None]:
         batch = self.batch
         template = batch.calls[0].template
-        with self.state.loads.loading_many(names, template) as elapsed, collecting() as snapshots:
+        with (
+            self.state.loads.loading_many(names, template) as elapsed,
+            collecting(self.state.namespace) as snapshots,
+        ):
             answer = batch.load_many(batch.originals(names))
             if inspect.isawaitable(answer):
                 answer = await answer

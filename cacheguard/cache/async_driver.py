@@ -113,7 +113,7 @@ class AsyncFillDriver(FillDriverState):
             self.local = True
             return None
         if isinstance(step, Load):
-            with collecting() as snapshots:
+            with collecting(self.lock.remote.keys.namespace) as snapshots:
                 value, seconds = await arun_load(self.loads, self.name, self.load, self.template)
             return value, seconds, min(snapshots, default=None)
         if isinstance(step, (LoadUnlocked, LoadShared)):

@@ -267,7 +267,10 @@ class BatchDriver:
     def load_many(self, names: tuple[str, ...]) -> tuple[dict[str, Any], float, int | None]:
         batch = self.batch
         template = batch.calls[0].template
-        with self.state.loads.loading_many(names, template) as elapsed, collecting() as snapshots:
+        with (
+            self.state.loads.loading_many(names, template) as elapsed,
+            collecting(self.state.namespace) as snapshots,
+        ):
             values = batch.loaded(batch.load_many(batch.originals(names)), names)
             seconds = elapsed()
         return values, seconds, min(snapshots, default=None)

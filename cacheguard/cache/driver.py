@@ -173,7 +173,7 @@ class FillDriver(FillDriverState):
             self.local = True
             return None
         if isinstance(step, Load):
-            with collecting() as snapshots:
+            with collecting(self.lock.remote.keys.namespace) as snapshots:
                 value, seconds = self.loads.run(self.name, self.load, self.template)
             return value, seconds, min(snapshots, default=None)
         if isinstance(step, (LoadUnlocked, LoadShared)):

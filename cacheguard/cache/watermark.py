@@ -20,6 +20,11 @@ Which snapshots a load used is found per thread (a context variable):
 
 The fill keeps the oldest of them. Counting an open snapshot that the loader
 did not actually use only makes a store less likely, never wrong.
+
+Watermarks are numbers of one namespace's sequence: a holder may name its
+namespace (``snapshot_namespace``), and a fill then counts it only if it fills a
+key of that namespace (another namespace's numbers say nothing about this one's
+versions). A holder naming none counts for every fill.
 """
 
 from __future__ import annotations
@@ -48,7 +53,10 @@ class SnapshotHolder(Protocol):
 _open: ContextVar[weakref.WeakSet[SnapshotHolder] | None] = ContextVar(
     "cacheguard_open_snapshots", default=None
 )
-_collector: ContextVar[list[int] | None] = ContextVar("cacheguard_load_snapshots", default=None)
+# The namespace of the load running now (None: any), and the watermarks it read.
+_collector: ContextVar[tuple[str | None, list[int]] | None] = ContextVar(
+    "cacheguard_load_snapshots", default=None
+)
 
 
 def snapshot_opened(holder: SnapshotHolder) -> None:
@@ -61,19 +69,30 @@ def snapshot_opened(holder: SnapshotHolder) -> None:
     holders.add(holder)
     watermark = holder.snapshot_watermark
     if watermark is not None:
-        note_snapshot(watermark)
+        note_snapshot(watermark, _namespace_of(holder))
 
 
-def note_snapshot(watermark: int) -> None:
-    """Tell the load running in this thread that it read a snapshot with ``watermark``."""
+def note_snapshot(watermark: int, namespace: str | None = None) -> None:
+    """Tell the load running in this thread that it read a snapshot with ``watermark``
+    (of ``namespace``'s sequence; None: of whichever the load fills)."""
     collector = _collector.get()
-    if collector is not None:
-        collector.append(watermark)
+    if collector is not None and _same_sequence(collector[0], namespace):
+        collector[1].append(watermark)
+
+
+def _namespace_of(holder: SnapshotHolder) -> str | None:
+    namespace = getattr(holder, "snapshot_namespace", None)
+    return namespace if isinstance(namespace, str) else None
+
+
+def _same_sequence(filling: str | None, holder: str | None) -> bool:
+    return filling is None or holder is None or filling == holder
 
 
 @contextmanager
-def collecting() -> Iterator[list[int]]:
-    """Collect the watermarks of the snapshots a load may read (see the module doc)."""
+def collecting(namespace: str | None = None) -> Iterator[list[int]]:
+    """Collect the watermarks of the snapshots a load filling a key of ``namespace``
+    may read (see the module doc)."""
     seen: list[int] = []
     holders = _open.get()
     if holders is not None:
@@ -81,9 +100,9 @@ def collecting() -> Iterator[list[int]]:
             watermark = holder.snapshot_watermark
             if watermark is None:
                 holders.discard(holder)
-            else:
+            elif _same_sequence(namespace, _namespace_of(holder)):
                 seen.append(watermark)
-    token = _collector.set(seen)
+    token = _collector.set((namespace, seen))
     try:
         yield seen
     finally:

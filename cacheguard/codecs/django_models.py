@@ -9,18 +9,22 @@ module is loaded only for an annotation that names one.
 An instance is stored as ``{"db": its database alias, "fields": {attname: value}}``
 (plus ``"deferred"``: the fields ``only()``/``defer()`` left out, never loaded to be
 stored). Values the guard's codecs store as they are (str, int, float, bool, None,
-bytes, datetime, date, Decimal, UUID, and a ``JSONField``'s data) go as they are;
-any other (a time, a duration, a file's name, an array) as the field's own string
-(``value_to_string``), read back by ``to_python``. A hit builds the instance as a
-query does (``Model.from_db``: ``_state.adding`` False, ``_state.db`` set), so it
-saves as an update. Related objects (``select_related``, prefetches) are not
-stored: a hit reads them again when they are used. Never pickle.
+bytes, datetime, date, Decimal, UUID) go as they are; a ``JSONField``'s data as its
+JSON text (its encoder and decoder, as the database stores it: the codec's tagged
+forms, ``{"__cg__": ...}``, in a user's JSON stay data); any other (a time, a
+duration, a file's name, an array) as the field's own string (``value_to_string``),
+read back by ``to_python``. A hit builds the instance as a query does
+(``Model.from_db``: ``_state.adding`` False, ``_state.db`` set), so it saves as an
+update. Related objects (``select_related``, prefetches) and annotations
+(``annotate()``, ``extra()``) are not stored: a hit reads related objects again when
+they are used, and has no annotations. Never pickle.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import sys
 import uuid
 from collections.abc import Callable, Mapping
@@ -70,7 +74,9 @@ def model_converters(kind: type[Any]) -> tuple[Callable[[Any], Any], Callable[[A
             if name in deferred:
                 continue
             item = loaded[name]
-            if item is None or type(item) in _AS_THEY_ARE or name in as_data:
+            if item is not None and name in as_data:  # as text: never read as a tag
+                stored[name] = json.dumps(item, cls=model_field.encoder)
+            elif item is None or type(item) in _AS_THEY_ARE:
                 stored[name] = item
             else:
                 stored[name] = model_field.value_to_string(value)
@@ -98,7 +104,14 @@ def model_converters(kind: type[Any]) -> tuple[Callable[[Any], Any], Callable[[A
             if name not in stored:
                 continue
             item = stored[name]
-            if item is not None and type(item) is not exact[name] and name not in as_data:
+            if item is not None and name in as_data:
+                if not isinstance(item, str):
+                    raise ValueError(f"{kind.__qualname__}.{name}: not stored as JSON text")
+                try:
+                    item = json.loads(item, cls=by_attname[name].decoder)
+                except ValueError as exc:
+                    raise ValueError(f"{kind.__qualname__}.{name}: {exc}") from exc
+            elif item is not None and type(item) is not exact[name]:
                 try:
                     item = by_attname[name].to_python(item)
                 except (ValidationError, TypeError) as exc:

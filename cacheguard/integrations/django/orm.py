@@ -1,11 +1,16 @@
 """The ORM hooks behind :func:`track_models`: Django writes that keep the cache right.
 
 Django has no session to listen on: every write goes through a handful of
-methods, patched once per process while a tracker is open (a model that is not
-tracked costs one dictionary lookup per write):
+methods, patched once per process while a tracker is open (a write to a model
+that is not tracked costs one dictionary lookup; every outermost ``atomic``
+block, whatever it writes, one watermark read from Redis unless the trackers
+pass ``snapshots=False``):
 
 * ``Model.save_base`` (``save()``, ``create()``, ``get_or_create()``,
-  ``update_or_create()``, fixtures' raw saves, ``asave()``...);
+  ``update_or_create()``, fixtures' raw saves, ``asave()``...), and the block it
+  opens around its SQL (``django.db.models.base.transaction`` is stood in for):
+  the hooks' work and transaction wrap the SQL only, so ``pre_save`` and
+  ``post_save`` handlers run outside them, as without tracking;
 * ``Collector.delete`` (``Model.delete()``, ``QuerySet.delete()`` and what they
   cascade to, fast deletes and ``on_delete=SET_NULL``/``SET_DEFAULT``/``SET()``
   updates included: signals would miss the fast ones);
@@ -26,15 +31,17 @@ One tracked write, from its start to the end of its transaction:
    carries, they name the keys, which are write-locked in sorted order and
    invalidated. ``QuerySet.update`` then updates exactly the rows it selected.
 3. After the SQL: keys known only now (ids the database generated, values
-   ``pre_save`` or an expression set, rows an update moved) are locked and
-   invalidated too, still before the commit.
+   ``pre_save`` or an expression set, rows an update moved, a saved row's values
+   as the database stores them) are locked and invalidated too, still before
+   the commit. An error here (a lock timeout, Redis gone) marks the transaction
+   for rollback: the write must not commit unseen by the cache.
 4. From the first write on, no fill in that thread may store until the
    transaction ends: it may have read rows not yet committed.
 5. The end of the outermost ``atomic`` block (commit or rollback; a savepoint's
    end changes nothing: its keys stay locked): every key invalidated again, then
-   the locks released. A write lock lost before the commit (a renewal found its
-   holding gone) fails the commit with
-   :class:`~cacheguard.exceptions.LockLostError` and rolls back.
+   the locks released, before Django runs the ``on_commit`` callbacks. A write
+   lock lost before the commit (a renewal found its holding gone) fails the
+   commit with :class:`~cacheguard.exceptions.LockLostError` and rolls back.
 
 Snapshots: when an outermost ``atomic`` block begins, each tracker reads its
 guard's invalidation watermark before the database takes the transaction's
@@ -59,6 +66,7 @@ from typing import Any
 try:
     from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
     from django.db.models import Model, Q, QuerySet
+    from django.db.models import base as model_base
     from django.db.models.deletion import Collector
     from django.db.transaction import Atomic, TransactionManagementError, get_connection
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -125,6 +133,7 @@ class _TransactionLocks:
     thread's connection to one database alias)."""
 
     snapshot_watermark: int | None = None  # -1 once the transaction wrote: nothing stores
+    snapshot_namespace: str | None = None  # whose sequence the watermark is of
     locks: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (lock, handle)
     touched: set[str] = field(default_factory=set)  # every name locked or tried
     prefixes: set[str] = field(default_factory=set)  # invalidated by prefix at the end too
@@ -177,6 +186,7 @@ class _Registry:
             self.plans = {}
             if not self.write_hooks:
                 _install(_WRITE_PATCHES)
+                _install_save_transactions()
                 self.write_hooks = True
             if not self.transaction_hooks:
                 _install(_TRANSACTION_PATCHES)
@@ -190,6 +200,7 @@ class _Registry:
             self.plans = {}
             if not self.trackers and self.write_hooks:
                 _uninstall(_WRITE_PATCHES)
+                _uninstall_save_transactions()
                 self.write_hooks = False
             self._maybe_uninstall_transaction_hooks()
 
@@ -237,11 +248,22 @@ class ModelTracker:
         self.max_rows = max_rows
         self.snapshots = bool(snapshots)
         self._models = _check_models(models)
-        self._prefixes: dict[str, str] = {}  # template -> the prefix of the names it makes
+        # template -> the prefixes of the names it makes (given a cache backend: its
+        # keys', mapped to the guard's names, and the guard's own)
+        self._prefixes: dict[str, tuple[str, ...]] = {}
         for spec in self._models.values():
             for template, roots in spec.fields.items():
                 if roots:
-                    self._prefixes[template] = self._mapped_prefix(template)
+                    if not _literal_prefix(template):
+                        # Its names share no prefix: the fallback for writes of more
+                        # than max_rows rows would invalidate the whole namespace.
+                        raise KeyTemplateError(
+                            f"key template {template!r} of {spec.model.__name__} starts "
+                            "with a field: its keys could not be invalidated by prefix "
+                            "(a write of many rows would wipe every key); begin it with "
+                            "text, e.g. 'menu:{slug}'"
+                        )
+                    self._prefixes[template] = self._template_prefixes(template)
         self._identity = (
             id(guard),
             tuple(sorted((_label(m), tuple(s.fields)) for m, s in self._models.items())),
@@ -251,7 +273,7 @@ class ModelTracker:
         )
         self._source = guard  # kept: the identity names it by id()
         self.closed = False
-        for prefix in sorted(set(self._prefixes.values())):
+        for prefix in self._all_prefixes():
             # Fills under these prefixes honour the prefix invalidations of a fallback.
             self.guard.watch_prefix(prefix)
 
@@ -263,7 +285,7 @@ class ModelTracker:
             return self._guard
         current: CacheGuard = self._cache.guard
         if current is not self._guard:
-            for prefix in sorted(set(self._prefixes.values())):
+            for prefix in self._all_prefixes():
                 current.watch_prefix(prefix)
             self._guard = current
         return current
@@ -323,10 +345,22 @@ class ModelTracker:
             if issubclass(model, tracked._meta.concrete_model)
         ]
 
-    def _key(self, template: str, values: Mapping[str, Any]) -> str:
+    def _keys(self, template: str, values: Mapping[str, Any]) -> tuple[str, ...]:
+        """The names ``template`` gives for ``values``: the guard's own (escaped, as
+        ``@cached_with_lock`` renders them) and, given a cache backend, the key of its
+        cache API that a user's f-string would build (the values as ``str.format``
+        writes them), mapped to the guard's name as the backend maps it."""
+        own = render_key(template, values, max_length=self.guard.settings.max_key_length)
         if self._cache is None:
-            return render_key(template, values, max_length=self.guard.settings.max_key_length)
-        return str(self._cache.guard_name(render_key(template, values, max_length=1 << 30)))
+            return (own,)
+        try:
+            written = template.format_map(values)
+        except (ValueError, TypeError, LookupError, AttributeError):
+            return (own,)  # a value its format cannot write: no read built such a key
+        return (own, str(self._cache.guard_name(written)))
+
+    def _all_prefixes(self) -> list[str]:
+        return sorted({p for prefixes in self._prefixes.values() for p in prefixes})
 
     def _names(
         self,
@@ -336,7 +370,7 @@ class ModelTracker:
     ) -> set[str]:
         """The names ``values`` (field values by attname) give; a template with a
         field missing from them, or whose value is ``unknown``, names none."""
-        names = set()
+        names: set[str] = set()
         for template, roots in spec.fields.items():
             substituted = {}
             for root in roots:
@@ -348,14 +382,14 @@ class ModelTracker:
                     break
                 substituted[root] = value
             else:
-                names.add(self._key(template, substituted))
+                names.update(self._keys(template, substituted))
         return names
 
-    def _mapped_prefix(self, template: str) -> str:
-        """The prefix every name of ``template`` starts with, as the guard names it."""
+    def _template_prefixes(self, template: str) -> tuple[str, ...]:
+        """The prefixes every name of ``template`` starts with, as the guard names them."""
         prefix = _literal_prefix(template)
         if self._cache is None:
-            return prefix
+            return (prefix,)
         # A cache backend maps its keys to the guard's names (KEY_PREFIX, version):
         # its prefix must map to a prefix of the guard's names, or no fallback works.
         probes = [f"{prefix}probe", f"{prefix}other:7"]
@@ -367,7 +401,7 @@ class ModelTracker:
                 f"{mapped[0]!r}): the keys of {template!r} could not be invalidated by "
                 "prefix; use the default KEY_FUNCTION or pass the guard itself"
             )
-        return head
+        return (prefix, head)
 
     # -- transaction state -------------------------------------------------------------------
 
@@ -378,6 +412,7 @@ class ModelTracker:
         state = tracking.get(self)
         if state is None:
             state = tracking[self] = _TransactionLocks()
+        state.snapshot_namespace = self.guard.namespace  # fills of other namespaces ignore it
         return state
 
     def _began(self, connection: Any) -> None:
@@ -403,7 +438,11 @@ class ModelTracker:
             # Rows not yet committed may be read here from now on: no fill stores.
             state.snapshot_watermark = -1
             snapshot_opened(state)
-        fresh = sorted(name for name in names if name not in state.locks)
+        # A name another tracker of this namespace locked for this transaction stays
+        # its (two guard objects of one namespace do not share write holds): both
+        # invalidate it again at the end, when both release.
+        elsewhere = self._held_by_others(connection, state)
+        fresh = sorted(name for name in names if name not in state.locks and name not in elsewhere)
         if not fresh:
             return
         if state.holder is None:
@@ -414,15 +453,28 @@ class ModelTracker:
             state.locks[name] = (lock, handle)
         self.guard.invalidate(*fresh)
 
+    def _held_by_others(self, connection: Any, state: _TransactionLocks) -> set[str]:
+        """The names other guard objects of this namespace hold for the transaction
+        (the same guard object takes a hold again: each tracker then holds its own)."""
+        held: set[str] = set()
+        for tracker, other in connection.__dict__.get(_TRACKING, {}).items():
+            if (
+                other is not state
+                and other.snapshot_namespace == state.snapshot_namespace
+                and tracker.guard is not self.guard
+            ):
+                held.update(other.locks)
+        return held
+
     def _by_prefix(self, connection: Any, spec: _ModelKeys) -> None:
         """Too many rows, or rows not known: every name of the model's templates."""
         state = self._state(connection)
         self._lock(connection, self._names(spec, {}))  # the templates without fields
         for template, roots in spec.fields.items():
             if roots:
-                prefix = self._prefixes[template]
-                state.prefixes.add(prefix)
-                self.guard.invalidate_prefix(prefix)
+                for prefix in self._prefixes[template]:
+                    state.prefixes.add(prefix)
+                    self.guard.invalidate_prefix(prefix)
 
     def _end(self, state: _TransactionLocks) -> None:
         """The transaction ended: invalidate every name again, release. Never raises
@@ -618,6 +670,7 @@ def _manual(alias: str) -> ManualTransactionError:
 # -- the patched methods ---------------------------------------------------------------------------
 
 _ORIGINALS: dict[tuple[type[Any], str], Any] = {}
+_LEFT_IN_PLACE: set[tuple[type[Any], str]] = set()  # ours, patched over by someone else
 
 
 def _original(owner: type[Any], name: str) -> Any:
@@ -637,18 +690,120 @@ def _save_base(
     if not plan:
         return original(self, raw, force_insert, force_update, using, update_fields)
     using = using or router.db_for_write(self.__class__, instance=self)
-    with _writing(using) as connection:
-        work = _Work(plan, type(self), using, connection)
-        if self.pk is not None:  # the row as it is: the old values
-            work.rows(work.select(pks=[self.pk], limit=False) or [])
-        work.instances([self])
-        work.lock()
+    # The SQL runs in the block Django's save_base opens around it (see
+    # _SaveTransactions): pre_save and post_save stay outside the hooks' transaction,
+    # as they are without tracking.
+    saves = _pending_saves()
+    pending = _PendingSave(self, plan, using)
+    saves.append(pending)
+    try:
         result = original(self, raw, force_insert, force_update, using, update_fields)
-        # Now: a generated id, values pre_save set, expressions (F()) the row now holds.
-        if work.instances([self]):
+    finally:
+        saves.remove(pending)
+    if not pending.taken:  # a save_base that never asked for its block: keys after the fact
+        with _writing(using) as connection, _after_sql(using):
+            work = _Work(plan, type(self), using, connection)
+            work.instances([self])
             work.rows(work.select(pks=[self.pk], limit=False) or [])
-        work.lock()
+            work.lock()
     return result
+
+
+@dataclass(eq=False)
+class _PendingSave:
+    """A tracked save_base under way in this thread, until Django asks for the block
+    its SQL runs in."""
+
+    instance: Any
+    plan: Plan
+    using: str
+    taken: bool = False
+
+
+_saving = threading.local()
+
+
+def _pending_saves() -> list[_PendingSave]:
+    saves: list[_PendingSave] | None = getattr(_saving, "saves", None)
+    if saves is None:
+        saves = _saving.saves = []
+    return saves
+
+
+@contextmanager
+def _tracked_save(pending: _PendingSave, django_block: Any) -> Iterator[None]:
+    """Django's block around a tracked save's SQL, inside the hooks' transaction:
+    the keys of the row as it was and of the values saved are locked before it; of
+    the row as the database now holds it, after."""
+    pending.taken = True
+    instance, using = pending.instance, pending.using
+    with _writing(using) as connection:
+        work = _Work(pending.plan, type(instance), using, connection)
+        if instance.pk is not None:  # the row as it is: the old values
+            work.rows(work.select(pks=[instance.pk], limit=False) or [])
+        work.instances([instance])
+        work.lock()
+        with django_block:
+            yield
+        with _after_sql(using):
+            # The row as stored: a generated id, values pre_save or an expression (F())
+            # set, and the database's own form of each value (Decimal("12.5") stored
+            # as 12.50, a datetime in UTC, a UUID in lower case), which readers' keys use.
+            work.instances([instance])
+            work.rows(work.select(pks=[instance.pk], limit=False) or [])
+            work.lock()
+
+
+class _SaveTransactions:
+    """Stands in for ``django.db.transaction`` in ``django.db.models.base`` while a
+    tracker is open: the block ``save_base`` opens around its SQL becomes the
+    hooks' (for the save under way in this thread), everything else is Django's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(transaction, name)
+
+    def atomic(self, *args: Any, **kwargs: Any) -> Any:
+        return _block_for_save(transaction.atomic(*args, **kwargs), args, kwargs)
+
+    def mark_for_rollback_on_error(self, *args: Any, **kwargs: Any) -> Any:
+        return _block_for_save(
+            transaction.mark_for_rollback_on_error(*args, **kwargs), args, kwargs
+        )
+
+
+def _block_for_save(block: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    saves = _pending_saves()
+    using = kwargs.get("using", args[0] if args else None)
+    if saves and not saves[-1].taken and saves[-1].using == using:
+        return _tracked_save(saves[-1], block)
+    return block
+
+
+_SAVE_TRANSACTIONS = _SaveTransactions()
+
+
+def _install_save_transactions() -> None:
+    if model_base.transaction is transaction:
+        model_base.transaction = _SAVE_TRANSACTIONS
+
+
+def _uninstall_save_transactions() -> None:
+    if model_base.transaction is _SAVE_TRANSACTIONS:
+        model_base.transaction = transaction
+
+
+@contextmanager
+def _after_sql(alias: str) -> Iterator[None]:
+    """Work after a write's SQL ran: if it fails (a lock that timed out, Redis gone),
+    the transaction must not commit the write, though the caller may catch the error
+    inside ``atomic`` and carry on."""
+    try:
+        yield
+    except BaseException:
+        connection = connections[alias]
+        if connection.in_atomic_block:
+            transaction.set_rollback(True, using=alias)
+        raise
 
 
 def _update(self: Any, **kwargs: Any) -> Any:
@@ -675,13 +830,14 @@ def _update(self: Any, **kwargs: Any) -> Any:
         # as if the update had run before it did, instead of changing unseen.
         count = original(self.filter(pk__in=pks), **kwargs)
         self._result_cache = None
-        if _changes_template_fields(self.model, kwargs, work.attnames):
-            moved = work.select(pks=pks, limit=False)
-            if moved is None or len(moved) != len(rows):  # a primary key changed
-                work.by_prefix()
-            else:
-                work.rows(moved)
-            work.lock()
+        with _after_sql(alias):
+            if _changes_template_fields(self.model, kwargs, work.attnames):
+                moved = work.select(pks=pks, limit=False)
+                if moved is None or len(moved) != len(rows):  # a primary key changed
+                    work.by_prefix()
+                else:
+                    work.rows(moved)
+                work.lock()
     return count
 
 
@@ -711,23 +867,24 @@ def _bulk_create(self: Any, objs: Iterable[Any], *args: Any, **kwargs: Any) -> A
                 work.rows(rows)
         work.lock()
         result = original(self, objs, *args, **kwargs)
-        pending = work.instances(objs)
-        known = [obj.pk for obj in pending if obj.pk is not None and not _is_expression(obj.pk)]
-        if len(known) < len(pending):  # ids the database did not report
-            work.by_prefix()
-        elif known:
-            rows = work.select(pks=known)
-            if rows is None:
+        with _after_sql(alias):
+            pending = work.instances(objs)
+            known = [obj.pk for obj in pending if obj.pk is not None and not _is_expression(obj.pk)]
+            if len(known) < len(pending):  # ids the database did not report
                 work.by_prefix()
-            else:
-                work.rows(rows)
-        if overwritten is not None:
-            rows = work.select(queryset=overwritten)
-            if rows is None:
-                work.by_prefix()
-            else:
-                work.rows(rows)
-        work.lock()
+            elif known:
+                rows = work.select(pks=known)
+                if rows is None:
+                    work.by_prefix()
+                else:
+                    work.rows(rows)
+            if overwritten is not None:
+                rows = work.select(queryset=overwritten)
+                if rows is None:
+                    work.by_prefix()
+                else:
+                    work.rows(rows)
+            work.lock()
     return result
 
 
@@ -773,20 +930,21 @@ def _collector_delete(self: Any) -> Any:
                 moved.append((work, pks))
             work.lock()
         result = original(self)
-        _, counts = result
-        for label, count in counts.items():
-            # More rows deleted than selected: a row came to match a fast delete after
-            # the SELECT. Its keys are not known; its templates' are, by prefix.
-            if label in by_label and label not in prefixed and count > expected[label]:
-                for work in by_label[label]:
+        with _after_sql(self.using):
+            _, counts = result
+            for label, count in counts.items():
+                # More rows deleted than selected: a row came to match a fast delete after
+                # the SELECT. Its keys are not known; its templates' are, by prefix.
+                if label in by_label and label not in prefixed and count > expected[label]:
+                    for work in by_label[label]:
+                        work.by_prefix()
+            for work, pks in moved:  # the new values of the rows updated
+                rows = work.select(pks=pks)
+                if rows is None:
                     work.by_prefix()
-        for work, pks in moved:  # the new values of the rows updated
-            rows = work.select(pks=pks)
-            if rows is None:
-                work.by_prefix()
-            else:
-                work.rows(rows)
-            work.lock()
+                else:
+                    work.rows(rows)
+                work.lock()
     return result
 
 
@@ -840,6 +998,10 @@ def _atomic_exit(self: Any, exc_type: Any, exc_value: Any, traceback: Any) -> An
         lost = _lost_lock(tracking.values())
     try:
         if lost is None:
+            if exc_type is None and connection.commit_on_exit and not connection.needs_rollback:
+                # Run first of the on_commit callbacks: they run after the commit, and
+                # a slow one must not keep the keys locked from readers.
+                connection.run_on_commit.insert(0, (set(), lambda: _end_all(connection), True))
             return original(self, exc_type, exc_value, traceback)
         # Another writer may have run alongside: roll back instead of committing.
         original(self, type(lost), lost, None)
@@ -883,6 +1045,11 @@ def _install(patches: Iterable[tuple[type[Any], str, Callable[..., Any]]]) -> No
         original = owner.__dict__[name]
         if getattr(original, "__cacheguard_hook__", None) is hook:
             continue
+        if (owner, name) in _LEFT_IN_PLACE and original is not _ORIGINALS[(owner, name)]:
+            # Ours was patched over (see _uninstall) and is still called through what
+            # replaced it: recording that as the original would call ours again, forever.
+            continue
+        _LEFT_IN_PLACE.discard((owner, name))
         _ORIGINALS[(owner, name)] = original
 
         @functools.wraps(original)  # keeps alters_data and queryset_only (templates, managers)
@@ -898,8 +1065,11 @@ def _uninstall(patches: Iterable[tuple[type[Any], str, Callable[..., Any]]]) -> 
         current = owner.__dict__.get(name)
         if getattr(current, "__cacheguard_hook__", None) is hook:
             setattr(owner, name, _ORIGINALS[(owner, name)])
-        # Patched again on top of ours by someone else: ours stays, and passes calls
-        # through while no tracker is open.
+            _LEFT_IN_PLACE.discard((owner, name))
+        elif current is not _ORIGINALS.get((owner, name)):
+            # Patched again on top of ours by someone else: ours stays, passes calls
+            # through while no tracker is open, and serves the next tracker again.
+            _LEFT_IN_PLACE.add((owner, name))
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -16,16 +16,15 @@ class MenusConfig(AppConfig):  # type: ignore[misc]  # django ships no type hint
         from cacheguard.integrations.django import track_models
 
         from . import signals
-        from .models import CACHE_API_KEYS, GUARD_KEYS, Menu
+        from .models import MENU_KEYS, Menu
 
         cache = caches["default"]
         # Every save(), delete() and bulk QuerySet write of a Menu write-locks and
         # invalidates these keys (old and new field values) before its SQL, and again
-        # once the outermost transaction commits. Given the cache, the templates are
-        # keys of Django's cache API; given its guard, the guard's own names.
-        track_models(cache, {Menu: CACHE_API_KEYS})
-        track_models(cache.guard, {Menu: GUARD_KEYS})
+        # once the outermost transaction commits: the keys of Django's cache API and
+        # the guard's own names (of the decorated reads) both.
+        track_models(cache, {Menu: MENU_KEYS})
         # The functions of reads.py decorated without a guard read through the
-        # backend's guard: the same Redis, namespace and names as the second tracker.
+        # backend's guard: the same Redis, namespace and names as the tracker's.
         cacheguard.use(cache.guard)
         signals.connect()  # the plain cache's invalidation, for the demo's comparison

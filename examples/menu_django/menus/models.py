@@ -11,13 +11,12 @@ from typing import Any
 from django.db import models
 
 # The keys a row's change affects (track_models renders them from the row's fields,
-# the old values and the new). Two kinds, as the reads use them (menus/reads.py):
-# - keys of Django's cache API (cache.get_or_set("menu:list", ...)), which the backend
-#   maps to the guard's names (KEY_PREFIX, VERSION): tracked through the cache;
-# - the guard's own names, of the @cached_with_lock reads: tracked through the guard.
-#   A menu moved to another owner refreshes both owners' lists.
-CACHE_API_KEYS = ("menu:list",)
-GUARD_KEYS = ("menu:{id}", "menu:owner:{owner}")
+# the old values and the new). Tracked through the cache, each names both kinds of
+# key the reads use (menus/reads.py): the key of Django's cache API
+# (cache.get_or_set("menu:list", ...)), mapped as the backend maps it (KEY_PREFIX,
+# VERSION), and the guard's own name, that of the @cached_with_lock reads.
+# A menu moved to another owner refreshes both owners' lists.
+MENU_KEYS = ("menu:list", "menu:{id}", "menu:owner:{owner}")
 
 
 class Menu(models.Model):  # type: ignore[misc]  # django ships no type hints
