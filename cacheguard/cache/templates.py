@@ -25,13 +25,24 @@ import contextlib
 import functools
 import inspect
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from cacheguard.exceptions import KeyTemplateError
 from cacheguard.redis.keys import shorten
 
-__all__ = ["Binding", "KeyBuilder", "render_key", "template_fields"]
+__all__ = [
+    "CACHE_KEYS_ATTRIBUTE",
+    "Binding",
+    "KeyBuilder",
+    "model_templates",
+    "render_key",
+    "template_fields",
+]
+
+# A model class may name its own keys' templates here, for the ORM trackers
+# (SQLAlchemy's and Django's ``track_models``) given a list of models.
+CACHE_KEYS_ATTRIBUTE = "__cache_keys__"
 
 
 # '#' too: it marks shortened names, which arguments must not be able to spell.
@@ -120,6 +131,29 @@ _FIELDS = string.Formatter()
 @functools.lru_cache(maxsize=1024)
 def _template(text: str) -> _Template:
     return _Template(text)
+
+
+def model_templates(
+    models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
+) -> list[tuple[type[Any], Sequence[str]]]:
+    """The ``(model, templates)`` pairs an ORM tracker is given: a mapping, or models
+    that name their templates in ``__cache_keys__``. Checking each pair is the
+    tracker's own (what a model is differs per ORM)."""
+    if isinstance(models, Mapping):
+        pairs = list(models.items())
+    else:
+        pairs = []
+        for model in models:
+            templates = getattr(model, CACHE_KEYS_ATTRIBUTE, None)
+            if templates is None:
+                raise KeyTemplateError(
+                    f"{getattr(model, '__name__', model)!r} has no {CACHE_KEYS_ATTRIBUTE} "
+                    "attribute; pass {Model: (templates...)} instead"
+                )
+            pairs.append((model, templates))
+    if not pairs:
+        raise ValueError("track_models needs at least one model")
+    return pairs
 
 
 def template_fields(template: str) -> list[str]:

@@ -78,7 +78,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from cacheguard._identity import enter_holder, leave_holder
 from cacheguard.cache.flows.write import write_lock_lost
 from cacheguard.cache.guard import CacheGuard
-from cacheguard.cache.templates import render_key, template_fields
+from cacheguard.cache.templates import (
+    CACHE_KEYS_ATTRIBUTE,
+    model_templates,
+    render_key,
+    template_fields,
+)
 from cacheguard.cache.watermark import snapshot_opened
 from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import CacheGuardError, KeyTemplateError
@@ -91,9 +96,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("cacheguard.integrations.django")
-
-CACHE_KEYS_ATTRIBUTE = "__cache_keys__"
-"""A model may declare its key templates as a class attribute of this name."""
 
 _NOT_COMMITTED = (
     "the transaction was rolled back instead of committed (its keys were invalidated "
@@ -1091,20 +1093,7 @@ def _guard_of(guard: Any) -> tuple[CacheGuard, Any]:
 def _check_models(
     models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
 ) -> dict[type[Any], _ModelKeys]:
-    if isinstance(models, Mapping):
-        pairs = list(models.items())
-    else:
-        pairs = []
-        for model in models:
-            templates = getattr(model, CACHE_KEYS_ATTRIBUTE, None)
-            if templates is None:
-                raise KeyTemplateError(
-                    f"{getattr(model, '__name__', model)!r} has no {CACHE_KEYS_ATTRIBUTE} "
-                    "attribute; pass {Model: (templates...)} instead"
-                )
-            pairs.append((model, templates))
-    if not pairs:
-        raise ValueError("track_models needs at least one model")
+    pairs = model_templates(models)
     checked: dict[type[Any], _ModelKeys] = {}
     for model, templates in pairs:
         if not (isinstance(model, type) and issubclass(model, Model)):

@@ -59,7 +59,12 @@ from sqlalchemy.orm import Mapper, ORMExecuteState, Session, SessionTransaction
 from cacheguard._identity import on_fork_in_child
 from cacheguard.cache.flows.read import client_error
 from cacheguard.cache.flows.write import write_lock_lost
-from cacheguard.cache.templates import render_key, template_fields
+from cacheguard.cache.templates import (
+    CACHE_KEYS_ATTRIBUTE,
+    model_templates,
+    render_key,
+    template_fields,
+)
 from cacheguard.cache.watermark import note_snapshot, snapshot_opened
 from cacheguard.checks import Seconds, check_positive
 from cacheguard.exceptions import BackendUnavailable, KeyTemplateError
@@ -80,9 +85,6 @@ _NOT_COMMITTED = (
     "the transaction was not committed: roll it back (its keys are then invalidated "
     "again and its locks released)"
 )
-
-CACHE_KEYS_ATTRIBUTE = "__cache_keys__"
-"""A model may declare its key templates as a class attribute of this name."""
 
 _SESSION_EVENTS = (
     "after_begin",
@@ -636,20 +638,7 @@ def track_models(
 def _check_models(
     models: Mapping[type[Any], Sequence[str]] | Iterable[type[Any]],
 ) -> dict[type[Any], _ModelKeys]:
-    if isinstance(models, Mapping):
-        pairs = list(models.items())
-    else:
-        pairs = []
-        for model in models:
-            templates = getattr(model, CACHE_KEYS_ATTRIBUTE, None)
-            if templates is None:
-                raise KeyTemplateError(
-                    f"{getattr(model, '__name__', model)!r} has no {CACHE_KEYS_ATTRIBUTE} "
-                    "attribute; pass {Model: (templates...)} instead"
-                )
-            pairs.append((model, templates))
-    if not pairs:
-        raise ValueError("track_models needs at least one model")
+    pairs = model_templates(models)
     checked: dict[type[Any], _ModelKeys] = {}
     for model, templates in pairs:
         try:
