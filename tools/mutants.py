@@ -5454,6 +5454,32 @@ MUTANTS: tuple[Mutant, ...] = (
         within="fill_flow",
     ),
     Mutant(
+        "zookeeper-unknown-create-swept-at-once",
+        "a ZooKeeper acquire whose create went unanswered by its deadline has its node "
+        "swept at once, not at its session's next acquire (it would block the queue)",
+        "cacheguard/locks/zookeeper/rwlock.py",
+        "                session.sweep()\n",
+        "                pass\n",
+        (
+            "tests/test_lock_zookeeper.py::"
+            "test_a_create_answered_after_its_deadline_leaves_no_node_in_the_queue",
+        ),
+        within="ZooKeeperRWLock._queue_up",
+    ),
+    Mutant(
+        "zookeeper-sweep-takes-late-orphans",
+        "a ZooKeeper sweep also deletes the orphans recorded while it ran (their own "
+        "sweep found it running)",
+        "cacheguard/locks/zookeeper/rwlock.py",
+        "                tried.update(orphans)\n                self._delete_orphans(orphans)\n",
+        "                self._delete_orphans(orphans)\n                return\n",
+        (
+            "tests/test_lock_zookeeper.py::"
+            "test_a_create_answered_after_its_deadline_leaves_no_node_in_the_queue",
+        ),
+        within="_Session._sweep",
+    ),
+    Mutant(
         "batch-gets-per-node",
         "a batch's GETs go one pipeline per node: a dead node's failure is charged to its "
         "own breaker and bypasses its names only, the other nodes' names are served",

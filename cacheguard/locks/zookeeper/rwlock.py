@@ -209,25 +209,39 @@ class _Session:
         threading.Thread(target=self._sweep, name="cacheguard-zk-sweep", daemon=True).start()
 
     def _sweep(self) -> None:
-        # What fails stays for the next sweep: the next acquire or reconnection.
+        # What fails stays for the next sweep: the next acquire or reconnection. Orphans
+        # added while this runs (their sweep() found it running) are taken in turn: the
+        # sweep ends, under the mutex, only once it has tried every orphan there is.
+        tried: set[tuple[str, str]] = set()
+        done = False
         try:
-            with self.mutex:
-                orphans = list(self.orphans)
-            for directory, guid in orphans:
-                try:
-                    for child in _wait_for(self._client.get_children_async(directory), 10.0):
-                        if child.startswith(guid):
-                            _ignore_no_node(self._client.delete_async(f"{directory}/{child}"))
-                except NoNodeError:
-                    pass
-                except (KazooException, KazooTimeoutError) as exc:
-                    log.info("could not delete an orphaned lock znode yet: %r", exc)
-                    continue
+            while True:
                 with self.mutex:
-                    self.orphans.discard((directory, guid))
+                    orphans = [orphan for orphan in self.orphans if orphan not in tried]
+                    if not orphans:
+                        self._sweeping = False
+                        done = True
+                        return
+                tried.update(orphans)
+                self._delete_orphans(orphans)
         finally:
+            if not done:
+                with self.mutex:
+                    self._sweeping = False
+
+    def _delete_orphans(self, orphans: list[tuple[str, str]]) -> None:
+        for directory, guid in orphans:
+            try:
+                for child in _wait_for(self._client.get_children_async(directory), 10.0):
+                    if child.startswith(guid):
+                        _ignore_no_node(self._client.delete_async(f"{directory}/{child}"))
+            except NoNodeError:
+                pass
+            except (KazooException, KazooTimeoutError) as exc:
+                log.info("could not delete an orphaned lock znode yet: %r", exc)
+                continue
             with self.mutex:
-                self._sweeping = False
+                self.orphans.discard((directory, guid))
 
 
 _SESSIONS_MUTEX = threading.Lock()
@@ -420,6 +434,11 @@ class ZooKeeperRWLock(RWLockShape[ZooKeeperLockHandle]):
             elif guid and not token:  # a create whose outcome we never learnt
                 with session.mutex:
                     session.orphans.add((self.path, guid))
+                # Now, not at this session's next acquire (which may never come): a
+                # node left in the queue would block every lock taker behind it.
+                # ZooKeeper serves a session's requests in order, so the sweep's
+                # listing sees the create if it was applied.
+                session.sweep()
 
     def _create(self, guid: str, mode: Mode, owner: str, deadline: float) -> tuple[str, int]:
         """Our ephemeral sequential node (with the lock's directory, if missing)."""
