@@ -263,7 +263,9 @@ def test_a_killed_holder_is_recovered_after_its_lease_with_a_master_down(
         assert lock.try_acquire_write() is None
         os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
         with lock.write(timeout=REDLOCK_LEASE + 10) as handle:
-            assert handle.masters_held == 4
+            # A majority of the five without the dead one (usually all four alive; a
+            # loaded machine may let one grant miss the round's deadline).
+            assert 3 <= handle.masters_held <= 4
     finally:
         child.kill()
         child.join(10)
