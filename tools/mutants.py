@@ -32,6 +32,7 @@ import concurrent.futures
 import dataclasses
 import difflib
 import functools
+import itertools
 import os
 import queue
 import re
@@ -7082,7 +7083,6 @@ def run_tests(tree: Path, tests: Iterable[str], *extra: str) -> subprocess.Compl
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(tree), str(tree / "testing"), env.get("PYTHONPATH")])
     )
-    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a mutant and its original may share an mtime
     command = pytest_command(tests, *extra)
     try:
         return subprocess.run(
@@ -7115,13 +7115,31 @@ def check_imports_from(tree: Path) -> None:
         raise MutantError(f"the tests would import {found}, not the scratch copy")
 
 
+# Every text a patched file takes (a mutant, its original again) gets an mtime of its
+# own, whole seconds apart: Python's and pytest's bytecode caches tell a source by its
+# mtime (in seconds) and size, and a mutant of the original's size written within the
+# same second would otherwise run the original's cached code. With that, the trees
+# keep their caches from one mutant to the next: each run compiles (and rewrites the
+# asserts of) only what changed, not the whole tree (about 2 s of CPU per mutant).
+_STAMPS = itertools.count(2_000_000_000)
+_STAMPS_MUTEX = threading.Lock()
+
+
+def _restamp(path: Path) -> None:
+    with _STAMPS_MUTEX:
+        stamp = next(_STAMPS)
+    os.utime(path, (stamp, stamp))
+
+
 def check_one(mutant: Mutant, tree: Path) -> tuple[str, str]:
     """(verdict, detail): killed, survived or error."""
     path, original = apply(mutant, tree)
+    _restamp(path)
     try:
         done = run_tests(tree, mutant.tests, "-x")
     finally:
         path.write_text(original, encoding="utf-8")
+        _restamp(path)
     tail = (done.stdout.strip().splitlines() or [""])[-1]
     if done.returncode == 1:
         return "killed", tail
