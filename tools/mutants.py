@@ -6086,7 +6086,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a key template starting with a field (no prefix: its fallback would wipe the "
         "namespace) is refused by track_models",
         "cacheguard/integrations/django/orm.py",
-        "                    if not _literal_prefix(template):\n",
+        "                    if not literal_prefix(template):\n",
         "                    if False:\n",
         ("tests/test_django_orm.py::test_a_template_starting_with_a_field_is_refused",),
         within="ModelTracker.__init__",

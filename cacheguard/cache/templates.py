@@ -35,6 +35,7 @@ __all__ = [
     "CACHE_KEYS_ATTRIBUTE",
     "Binding",
     "KeyBuilder",
+    "literal_prefix",
     "model_templates",
     "render_key",
     "template_fields",
@@ -131,6 +132,17 @@ _FIELDS = string.Formatter()
 @functools.lru_cache(maxsize=1024)
 def _template(text: str) -> _Template:
     return _Template(text)
+
+
+def literal_prefix(template: str) -> str:
+    """The text of ``template`` before its first field (every name it renders starts
+    with it: the ORM trackers invalidate by it when they cannot name each key)."""
+    prefix = []
+    for literal, field_name, _, _ in string.Formatter().parse(template):
+        prefix.append(literal)
+        if field_name is not None:
+            break
+    return "".join(prefix)
 
 
 def model_templates(

@@ -80,6 +80,7 @@ from cacheguard.cache.flows.write import write_lock_lost
 from cacheguard.cache.guard import CacheGuard
 from cacheguard.cache.templates import (
     CACHE_KEYS_ATTRIBUTE,
+    literal_prefix,
     model_templates,
     render_key,
     template_fields,
@@ -256,7 +257,7 @@ class ModelTracker:
         for spec in self._models.values():
             for template, roots in spec.fields.items():
                 if roots:
-                    if not _literal_prefix(template):
+                    if not literal_prefix(template):
                         # Its names share no prefix: the fallback for writes of more
                         # than max_rows rows would invalidate the whole namespace.
                         raise KeyTemplateError(
@@ -389,7 +390,7 @@ class ModelTracker:
 
     def _template_prefixes(self, template: str) -> tuple[str, ...]:
         """The prefixes every name of ``template`` starts with, as the guard names them."""
-        prefix = _literal_prefix(template)
+        prefix = literal_prefix(template)
         if self._cache is None:
             return (prefix,)
         # A cache backend maps its keys to the guard's names (KEY_PREFIX, version):
@@ -1139,16 +1140,6 @@ def _model_keys(model: type[Any], templates: tuple[str, ...]) -> _ModelKeys:
 
 def _field_expressions(template: str) -> list[str]:
     return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-
-
-def _literal_prefix(template: str) -> str:
-    """The text of ``template`` before its first field."""
-    prefix = []
-    for literal, field_name, _, _ in string.Formatter().parse(template):
-        prefix.append(literal)
-        if field_name is not None:
-            break
-    return "".join(prefix)
 
 
 def _label(model: type[Any]) -> str:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import string
 import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,6 +60,7 @@ from cacheguard.cache.flows.read import client_error
 from cacheguard.cache.flows.write import write_lock_lost
 from cacheguard.cache.templates import (
     CACHE_KEYS_ATTRIBUTE,
+    literal_prefix,
     model_templates,
     render_key,
     template_fields,
@@ -192,7 +192,7 @@ class ModelTracker:
         for spec in self._models.values():
             for template, fields in spec.fields.items():
                 if fields:  # fills under it honour this model's prefix invalidations
-                    guard.watch_prefix(_literal_prefix(template))
+                    guard.watch_prefix(literal_prefix(template))
         for name in _SESSION_EVENTS:
             event.listen(self._events_target, name, getattr(self, f"_on_{name}"))
         if self._outbox is not None:
@@ -407,7 +407,7 @@ class ModelTracker:
         """Invalidate every key ``template`` can name: now, and again when the
         outermost transaction ends (nothing is locked; see docs/design.md). Redis
         unreachable, with the outbox: the prefix goes to the outbox instead."""
-        prefix = _literal_prefix(template)
+        prefix = literal_prefix(template)
         state = self._state(session)
         state.prefixes.add(prefix)
         if self._outbox is not None and prefix in state.outboxed_names(PREFIX):
@@ -699,16 +699,6 @@ def _primary_key_in(spec: _ModelKeys, keys: list[tuple[Any, ...]]) -> Any:
     if len(columns) == 1:
         return columns[0].in_([k[0] for k in keys])
     return sa.tuple_(*columns).in_(keys)
-
-
-def _literal_prefix(template: str) -> str:
-    """The text of ``template`` before its first field."""
-    prefix = []
-    for literal, field_name, _, _ in string.Formatter().parse(template):
-        prefix.append(literal)
-        if field_name is not None:
-            break
-    return "".join(prefix)
 
 
 def _enclosing(transaction: SessionTransaction) -> SessionTransaction | None:
