@@ -179,6 +179,7 @@ async def test_a_cancelled_release_still_releases(
 # -- many tasks on one loop -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_300_waiting_tasks_all_get_the_lock_and_leave_it_free(
     client: redis.Redis, redis_url: str, namespace: str
 ) -> None:

@@ -447,6 +447,7 @@ async def test_distinct_ids_with_one_key_are_refused_before_any_load(make: Make)
     assert await call([1, 2, 1]) == {1: "value of 1", 2: "value of 2"}  # the same id twice
 
 
+@pytest.mark.slow
 async def test_entries_due_for_a_refresh_are_refreshed_together_in_the_background(
     make: Make,
 ) -> None:

@@ -89,6 +89,7 @@ def test_locks_bench_measures_every_store(tmp_path: Path) -> None:
     assert "<!-- bench/locks.py:end -->" in written
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_locks_bench_reports_a_store_it_cannot_reach() -> None:
     # Port 1 on loopback: refused at once.

@@ -582,6 +582,7 @@ def test_a_version_moved_without_the_fill_mark_rejects_the_store(
     assert guard.stats().stores_rejected == 1
 
 
+@pytest.mark.slow
 def test_wait_timeout_policies(client: redis.Redis, namespace: str) -> None:
     blocker = make_guard(client, namespace)
     entered = threading.Event()

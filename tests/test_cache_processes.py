@@ -33,6 +33,7 @@ def test_cold_key_stampede_loads_once(client: redis.Redis, redis_url: str, names
     assert len({(v["name"], v["pid"]) for v in values}) == 1  # everyone got the one load
 
 
+@pytest.mark.slow
 def test_waiter_in_another_process_is_woken_by_the_fills_announcement(
     client: redis.Redis, redis_url: str, namespace: str
 ) -> None:

@@ -141,6 +141,7 @@ def test_foreign_key_type_is_a_miss(client: redis.Redis, namespace: str) -> None
     assert guard.peek("k") == "ours now"
 
 
+@pytest.mark.slow
 def test_uncacheable_results_do_not_count_as_failed_fills(
     client: redis.Redis, namespace: str
 ) -> None:

@@ -85,6 +85,7 @@ async def make(
         yield build
 
 
+@pytest.mark.slow
 async def test_guards_on_a_sentinel_master_fill_write_and_wake_by_announcement(
     make: Make, sentinel_set: OwnedSentinelSet
 ) -> None:

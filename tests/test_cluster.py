@@ -100,6 +100,7 @@ async def test_every_master_serves_fills_writes_and_invalidations(
     assert guard.stats().backend_errors == 0
 
 
+@pytest.mark.slow
 async def test_a_waiter_on_a_cluster_is_woken_by_the_fills_sharded_announcement(
     make: Make, redis_cluster: OwnedRedisCluster, cluster_ns: str
 ) -> None:
@@ -123,6 +124,7 @@ async def test_a_waiter_on_a_cluster_is_woken_by_the_fills_sharded_announcement(
         assert await filling == f"filled {name}"
 
 
+@pytest.mark.slow
 async def test_l1_copies_are_dropped_by_an_invalidation_on_any_master(
     make: Make, redis_cluster: OwnedRedisCluster, cluster_ns: str
 ) -> None:

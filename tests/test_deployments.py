@@ -207,6 +207,7 @@ def test_master_for_reads_and_writes(sentinel_set: OwnedSentinelSet) -> None:
         master.close()
 
 
+@pytest.mark.slow
 @needs_redis_server
 def test_sentinel_close_kills_every_process_and_removes_its_directories() -> None:
     sentinels = OwnedSentinelSet()

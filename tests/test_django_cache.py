@@ -337,6 +337,7 @@ def test_a_set_during_another_processs_fill_wins(
 # -- writes close the flights of loads begun before them ---------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("write", ["set", "add", "set_many", "delete", "clear"])
 def test_a_get_or_set_after_a_write_does_not_share_a_load_begun_before(
     cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch, write: str
@@ -383,6 +384,7 @@ async def until(predicate: Callable[[], object], timeout: float = 30) -> None:
         await asyncio.sleep(0.001)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("write", ["aset", "set in another thread", "adelete", "aclear"])
 async def test_an_aget_or_set_after_a_write_does_not_share_a_load_begun_before(
     cache: CacheGuardCache, monkeypatch: pytest.MonkeyPatch, write: str
@@ -1013,6 +1015,7 @@ async def test_aget_or_set_caches_a_none_as_get_or_set_does(cache: CacheGuardCac
     assert calls == [1]
 
 
+@pytest.mark.slow
 def test_a_configuration_no_instance_uses_is_closed_once_another_is_made(
     redis_url: str, namespace: str
 ) -> None:

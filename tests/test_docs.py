@@ -470,7 +470,21 @@ def _postgres_answers() -> bool:
         engine.dispose()
 
 
-@pytest.mark.parametrize("page", doc_pages(), ids=display)
+# The pages whose blocks take over a second (their locks' and outages' waits) run
+# with the slow tests.
+SLOW_PAGES = frozenset({"docs/locks.md", "docs/outage.md"})
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(page, marks=pytest.mark.slow)
+        if page.relative_to(ROOT).as_posix() in SLOW_PAGES
+        else page
+        for page in doc_pages()
+    ],
+    ids=display,
+)
 def test_page_runs(
     page: Path,
     redis_url: str,
@@ -670,6 +684,7 @@ def test_a_task_left_running_fails_the_page(tmp_path: Path) -> None:
         run_page(page)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kept", [True, False], ids=["kept", "dropped"])
 def test_a_task_that_failed_unobserved_fails_the_page(tmp_path: Path, kept: bool) -> None:
     """The task raised, the page waited for it to end but never looked at its result,
@@ -701,6 +716,7 @@ def test_a_task_whose_exception_was_handled_passes(tmp_path: Path) -> None:
     assert run_page(page).blocks_run == 1
 
 
+@pytest.mark.slow
 def test_a_lock_left_held_fails_the_page(
     tmp_path: Path, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -748,6 +764,7 @@ def test_fences_that_could_hide_a_block_fail_the_page(
         run_page(write_page(tmp_path, text))
 
 
+@pytest.mark.slow
 def test_signature_blocks_are_compared_with_the_real_signature(tmp_path: Path) -> None:
     good = (
         "<!-- signature -->\n```python\n"

@@ -136,6 +136,7 @@ def waiting_marks(client: redis.Redis, namespace: str, key: str) -> int:
 # -- found by name ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_region_finds_the_backend_by_name_without_importing_cacheguard(
     redis_url: str, namespace: str
 ) -> None:
@@ -618,6 +619,7 @@ def test_the_async_creation_runner_releases_from_its_own_thread(
     mutex.release()
 
 
+@pytest.mark.slow
 def test_a_blocking_acquire_gives_up_at_wait_timeout(make_backend: Any) -> None:
     holder = make_backend().get_mutex("k")
     assert holder.acquire()
@@ -716,6 +718,7 @@ def server_ms(client: redis.Redis) -> int:
     return seconds * 1000 + micros // 1000
 
 
+@pytest.mark.slow
 def test_a_busy_process_still_lets_another_process_in(
     redis_url: str, namespace: str, make_backend: Any, client: redis.Redis
 ) -> None:
@@ -1079,6 +1082,7 @@ def names_per_master(cluster: OwnedRedisCluster, namespace: str) -> list[str]:
     return list(found.values())
 
 
+@pytest.mark.slow
 def test_a_region_on_a_cluster_url(
     redis_cluster: OwnedRedisCluster, cluster_namespace: str
 ) -> None:

@@ -219,6 +219,7 @@ async def test_from_url_takes_timedelta_timeouts(kind: str, redis_url: str, name
         await Guard(kind, guard).close()
 
 
+@pytest.mark.slow
 async def test_a_write_waits_a_timedelta_timeout_as_its_seconds(make: Make) -> None:
     holder, writer = make(), make()  # two guards: two processes' worth of owners
     async with holder.write("k"):

@@ -156,6 +156,7 @@ async def test_an_evicted_version_key_never_lets_an_old_value_in(
     assert await guard.get_or_load("menu", Loads("new"), ttl=600) == "new"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy_server", ["noeviction"], indirect=True)
 async def test_noeviction_refuses_writes_and_caches_no_wrong_value(
     guard: Guard, plain: redis.Redis, policy_server: tuple[str, str]

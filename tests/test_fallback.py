@@ -356,6 +356,7 @@ async def test_outage_ttl_off_loads_every_time(make: Make, dead_url: str) -> Non
     assert guard.stats().bypasses == 3
 
 
+@pytest.mark.slow
 async def test_outage_ttl_reuses_a_hit_seen_before_redis_went_away(
     make: Make, proxy: TcpProxy, client: redis.Redis, namespace: str
 ) -> None:
@@ -388,6 +389,7 @@ async def test_a_refresh_loads_even_with_a_value_to_reuse(make: Make, dead_url: 
     assert await guard.refresh("menu:7", load, ttl=60) == 2
 
 
+@pytest.mark.slow
 async def test_values_are_served_from_redis_once_it_answers_again(
     make: Make, proxy: TcpProxy, client: redis.Redis, namespace: str
 ) -> None:
@@ -436,6 +438,7 @@ async def test_a_value_served_stale_keeps_its_age(
         await guard.get_or_load("menu:7", failing, ttl=60)
 
 
+@pytest.mark.slow
 async def test_stale_if_error_answers_backend_unavailable_under_raise(
     make: Make, proxy: TcpProxy
 ) -> None:
@@ -650,6 +653,7 @@ async def test_stale_if_error_leaves_the_cache_s_own_errors_raised_in_a_loader(
     assert guard.stats().stale_on_error == 0
 
 
+@pytest.mark.slow
 async def test_a_gutter_on_the_primary_s_own_server_keeps_to_keys_of_its_own(
     make: Make, proxy: TcpProxy, redis_url: str, client: redis.Redis
 ) -> None:

@@ -123,6 +123,7 @@ async def test_invalidate_makes_the_next_read_load(make: Make) -> None:
     assert await guard.get_or_load("k", Loads("new"), ttl=60) == "new"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["invalidate", "invalidate_prefix"])
 async def test_a_read_after_an_invalidation_does_not_share_a_load_begun_before(
     make: Make, monkeypatch: pytest.MonkeyPatch, how: str
@@ -250,6 +251,7 @@ async def test_a_failing_loader_leaves_no_hold_and_the_next_call_loads(
     assert guard.stats().load_errors == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["raise", "load", "stale"])
 async def test_the_timeout_policy(make: Make, policy: str) -> None:
     writer = make()
@@ -266,6 +268,7 @@ async def test_the_timeout_policy(make: Make, policy: str) -> None:
     assert reader.stats().wait_timeouts == 1
 
 
+@pytest.mark.slow
 async def test_the_stale_policy_serves_the_last_value(make: Make) -> None:
     filler = make(lease=5)
     reader = make(wait_timeout=0.3, on_timeout="stale")

@@ -291,6 +291,7 @@ print(values, guard.stats().l2_hits)
 """
 
 
+@pytest.mark.slow
 def test_a_pooled_connection_numbered_past_1024_is_checked_like_any(
     redis_url: str, namespace: str
 ) -> None:

@@ -38,6 +38,7 @@ def assert_only_the_sequence_persists(client: redis.Redis, namespace: str) -> di
     return left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_guards_workload_leaves_only_the_sequence_without_a_ttl(
     kind: str, redis_url: str, namespace: str, client: redis.Redis

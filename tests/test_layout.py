@@ -168,6 +168,7 @@ def test_the_django_face_loads_django_on_first_use() -> None:
     assert [m for m in loaded if m.split(".")[0] == "django" or "django." in m] == [], loaded
 
 
+@pytest.mark.slow
 def test_the_asyncio_face_loads_on_first_use() -> None:
     assert "cacheguard.cache.async_guard" not in _loaded_after("import cacheguard.aio")
     loaded = _loaded_after("from cacheguard.aio import AsyncCacheGuard")
@@ -256,6 +257,7 @@ def _layer(module: str) -> int:
     raise AssertionError(f"{module} is on no layer of tests/test_layout.py")
 
 
+@pytest.mark.slow
 def test_no_module_imports_a_layer_above_its_own() -> None:
     upward = [
         f"{module} ({LAYERS[_layer(module)][0]}) imports {target} ({LAYERS[_layer(target)][0]})"
@@ -267,6 +269,7 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     assert upward == []
 
 
+@pytest.mark.slow
 def test_no_import_circles() -> None:
     """None at import time, and none for a type checker either (an import under
     ``if TYPE_CHECKING:`` is still two modules that know each other): every strongly

@@ -256,6 +256,7 @@ def test_a_holder_whose_lease_may_have_run_out_releases_in_redis(
     assert tokens[0] > first.token
 
 
+@pytest.mark.slow
 def test_a_hold_the_watchdog_renews_is_still_handed_over_past_its_first_lease(
     client: redis.Redis, namespace: str
 ) -> None:
@@ -570,6 +571,7 @@ async def test_async_a_holder_whose_lease_may_have_run_out_releases_in_redis(
     assert tokens[0] > first.token
 
 
+@pytest.mark.slow
 async def test_async_a_hold_the_watchdog_renews_is_still_handed_over(
     aclient: Any, namespace: str
 ) -> None:

@@ -55,6 +55,7 @@ def _hold_in_child(
 # -- sharing and excluding ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_hold_handed_between_pool_threads_stays_one_owners(store: Store, name: str) -> None:
     """A ``with`` block entered on one pool worker and left on another (as ASGI
     servers run a sync dependency, each call in a copy of the caller's context):
@@ -97,6 +98,7 @@ def test_a_writer_excludes_readers_and_writers(store: Store, name: str) -> None:
             assert isinstance(attempt.result(30), LockTimeout), take
 
 
+@pytest.mark.slow
 def test_a_writer_waits_for_the_readers_then_gets_in(store: Store, name: str) -> None:
     reader = store.make(name).acquire_read(timeout=5)
     entered = threading.Event()
@@ -112,6 +114,7 @@ def test_a_writer_waits_for_the_readers_then_gets_in(store: Store, name: str) ->
     assert writer.result(30) == "wrote"
 
 
+@pytest.mark.slow
 def test_timeout_raises_lock_timeout_naming_the_lock(store: Store, name: str) -> None:
     with store.make(name).write(timeout=5):
         attempt = in_thread(lambda: held_briefly(store.make(name).write(timeout=0.3)))
@@ -120,6 +123,7 @@ def test_timeout_raises_lock_timeout_naming_the_lock(store: Store, name: str) ->
     assert name in str(error)
 
 
+@pytest.mark.slow
 def test_a_timedelta_timeout_is_its_seconds(store: Store, name: str) -> None:
     """Durations are seconds or a timedelta (issue #26): a wait given a timedelta
     ends at its deadline, and a bad one is refused as its number is."""
@@ -140,6 +144,7 @@ def test_a_timedelta_timeout_is_its_seconds(store: Store, name: str) -> None:
 # -- one owner's holds ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reentrant_and_downgrade(store: Store, name: str) -> None:
     lock = store.make(name)
     with lock.write(timeout=5), lock.write(timeout=5):
@@ -166,6 +171,7 @@ def test_upgrade_is_refused(store: Store, name: str) -> None:
 # -- the store's own offers -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_writer_preference(store: Store, name: str) -> None:
     if store.writer_waiting is None:
         pytest.skip(f"{store.name} does not hold new readers off for a waiting writer")

@@ -92,6 +92,7 @@ async def test_a_writer_waits_for_the_readers_then_gets_in(store: AsyncStore, na
     assert await outcome(writer, 30) == "wrote"
 
 
+@pytest.mark.slow
 async def test_timeout_raises_lock_timeout_naming_the_lock(store: AsyncStore, name: str) -> None:
     async with store.make(name).write(timeout=5):
         attempt = store.in_task(lambda: held_briefly(store.make(name).write(timeout=0.3)))
@@ -100,6 +101,7 @@ async def test_timeout_raises_lock_timeout_naming_the_lock(store: AsyncStore, na
     assert name in str(error)
 
 
+@pytest.mark.slow
 async def test_a_timedelta_timeout_is_its_seconds(store: AsyncStore, name: str) -> None:
     """Durations are seconds or a timedelta (issue #26): a wait given a timedelta
     ends at its deadline, and a bad one is refused as its number is."""
@@ -118,6 +120,7 @@ async def test_a_timedelta_timeout_is_its_seconds(store: AsyncStore, name: str) 
 # -- one owner's holds ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_reentrant_and_downgrade(store: AsyncStore, name: str) -> None:
     lock = store.make(name)
     async with lock.write(timeout=5), lock.write(timeout=5):
@@ -148,6 +151,7 @@ async def test_upgrade_is_refused(store: AsyncStore, name: str) -> None:
 # -- the store's own offers -------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_writer_preference(store: AsyncStore, name: str) -> None:
     reader = await store.make(name).acquire_read(timeout=5)
     writer_in = asyncio.Event()

@@ -166,6 +166,7 @@ def _keys_of(names: list[str]) -> list[int]:
     return [advisory_key("cg", name) for name in names]
 
 
+@pytest.mark.slow
 def test_the_same_name_gets_the_same_key_in_another_process() -> None:
     names = ["menu:7", "menu:list", "ü:{x}"]
     [theirs] = run_processes(_keys_of, [[names]])
@@ -306,6 +307,7 @@ def _hold_until_killed(url: str, namespace: str, fence: str, name: str, ready: A
     threading.Event().wait()
 
 
+@pytest.mark.slow
 def test_a_sigkilled_holder_hands_the_lock_to_a_waiting_process(
     engine: sqlalchemy.Engine, make: Callable[..., PostgresRWLock], fence: str
 ) -> None:
@@ -325,6 +327,7 @@ def test_a_sigkilled_holder_hands_the_lock_to_a_waiting_process(
         child.join(10)
 
 
+@pytest.mark.slow
 def test_a_wait_ends_at_its_deadline(make: Callable[..., PostgresRWLock]) -> None:
     with make("menu:7").write(timeout=5):
         for take in ("read", "write"):

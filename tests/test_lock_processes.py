@@ -78,6 +78,7 @@ def test_fencing_tokens_increase_across_processes(
         assert all(a < b for a, b in itertools.pairwise(tokens))
 
 
+@pytest.mark.slow
 def test_writer_gets_in_past_a_stream_of_readers(
     client: redis.Redis, redis_url: str, namespace: str
 ) -> None:
@@ -101,6 +102,7 @@ def test_writer_gets_in_past_a_stream_of_readers(
     assert sum(results) > 0  # readers really were running
 
 
+@pytest.mark.slow
 def test_waiter_in_another_process_wakes_on_release(
     client: redis.Redis, redis_url: str, namespace: str
 ) -> None:

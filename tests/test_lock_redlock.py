@@ -274,6 +274,7 @@ def test_a_killed_holder_is_recovered_after_its_lease_with_a_master_down(
 # -- what a round gives back ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_round_without_a_majority_gives_back_its_grants(
     masters: list[OwnedRedisServer], probes: list[redis.Redis], namespace: str
 ) -> None:
@@ -347,6 +348,7 @@ def test_renewal_needs_a_majority(
     assert held_on(probes, key) == []  # the minority it still had was released too
 
 
+@pytest.mark.slow
 def test_the_watchdog_marks_a_handle_lost_when_its_majority_is_gone(
     masters: list[OwnedRedisServer], probes: list[redis.Redis], namespace: str
 ) -> None:
@@ -361,6 +363,7 @@ def test_the_watchdog_marks_a_handle_lost_when_its_majority_is_gone(
         handle.release()
 
 
+@pytest.mark.slow
 def test_the_watchdog_keeps_a_live_holder(masters: list[OwnedRedisServer], namespace: str) -> None:
     lock = make_lock(masters, namespace, lease=1.0)
     with lock.write(timeout=5) as handle:

@@ -39,6 +39,7 @@ def test_forked_child_renews_its_own_leases(client: redis.Redis, namespace: str)
     assert os.WEXITSTATUS(status) == 0
 
 
+@pytest.mark.slow
 def test_lost_shared_read_hold_is_not_joined(client: redis.Redis, namespace: str) -> None:
     lock = LockFactory(client, namespace=namespace, lease=0.9).rwlock("k")
     first = lock.acquire_read()
@@ -90,6 +91,7 @@ def test_remote_writer_gets_past_overlapping_local_readers(
             t.join(10)
 
 
+@pytest.mark.slow
 def test_held_two_tier_lock_is_not_garbage_collected(client: redis.Redis, namespace: str) -> None:
     factory = LockFactory(client, namespace=namespace)
     factory.rwlock("k").acquire_write()  # the caller keeps no reference to the lock

@@ -104,6 +104,7 @@ def test_a_restart_marks_holders_lost_deletes_their_nodes_and_waiters_get_in(
         assert again.token > token
 
 
+@pytest.mark.slow
 def test_an_expired_session_loses_the_holding_and_frees_the_lock(
     server: OwnedZooKeeperServer, connect: Callable[..., KazooClient], name: str
 ) -> None:
@@ -203,6 +204,7 @@ def test_a_downgrade_lets_in_the_readers_already_waiting(
 # -- owners -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_owners_are_counted_per_client_across_lock_objects(
     connect: Callable[..., KazooClient], name: str
 ) -> None:

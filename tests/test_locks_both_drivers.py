@@ -98,6 +98,7 @@ async def test_fencing_tokens_strictly_increase(driver: Driver) -> None:
     assert tokens == sorted(set(tokens))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["read", "write"])
 async def test_a_timeout_raises_lock_timeout_at_its_deadline(driver: Driver, mode: str) -> None:
     """The waiter's retry timer is a minute and the holder's lease too: only the
@@ -133,6 +134,7 @@ async def test_a_release_wakes_a_waiter_through_pubsub(driver: Driver) -> None:
     assert not driver.client.exists(lock.keys.lock)
 
 
+@pytest.mark.slow
 async def test_the_watchdog_renews_past_the_lease(driver: Driver) -> None:
     dog = driver.watchdog()
     lock = driver.lock(lease=0.5, watchdog=dog)
@@ -147,6 +149,7 @@ async def test_the_watchdog_renews_past_the_lease(driver: Driver) -> None:
     assert not driver.client.exists(lock.keys.lock)
 
 
+@pytest.mark.slow
 async def test_a_dead_holder_is_taken_over_after_its_lease(driver: Driver) -> None:
     """The dead holder never renews; the waiter's retry timer is a minute, so only
     the lease's end (which the busy reply reports) can let it in in time."""

@@ -274,6 +274,7 @@ def test_every_bad_request_gets_a_json_4xx_and_the_server_goes_on(
     assert "Traceback" not in "".join(service.lines)
 
 
+@pytest.mark.slow
 def test_bad_requests_change_nothing(service: Service) -> None:
     before = call(service.port, "GET", "/menus").json()
     for _, raw, _status in BAD_REQUESTS[:30]:
@@ -422,6 +423,7 @@ def test_metrics_are_scraped_in_prometheus_format(service: Service) -> None:
     assert sum(s.value for s in hits if s.labels.get("template") == "menu:{menu_id}") >= 2
 
 
+@pytest.mark.slow
 def test_writes_check_parents_under_the_list_lock(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ and docs/testing.md lists every mutant.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -58,14 +59,15 @@ def test_mutant_applies_once(mutant: Any) -> None:
     assert mutant.find != mutant.replace
 
 
-def _test_names(path: Path) -> set[str]:
+@functools.cache  # one parse per test file, not one per mutant naming it
+def _test_names(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return {
+    return frozenset(
         node.name
         for node in ast.walk(tree)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         and node.name.startswith("test_")
-    }
+    )
 
 
 @pytest.mark.parametrize("mutant", TOOL.MUTANTS, ids=lambda m: m.id)

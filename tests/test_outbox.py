@@ -751,6 +751,7 @@ def test_writes_during_an_outage_lose_no_invalidation(
 # -- the poller, the hook, configuration ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_empty_outbox_costs_one_indexed_query_per_poll(
     server: OwnedRedisServer, db_url: str, table: str, outbox: str
 ) -> None:

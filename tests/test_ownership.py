@@ -290,6 +290,7 @@ def test_release_from_another_thread_needs_the_holder(client: redis.Redis, names
         pool.shutdown()
 
 
+@pytest.mark.slow
 def test_an_abandoned_read_hold_is_given_back_before_local_writers_go_on(
     client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

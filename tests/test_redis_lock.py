@@ -324,6 +324,7 @@ def test_same_owner_stale_handle_cannot_release_new_holding(
     new.release()
 
 
+@pytest.mark.slow
 def test_context_manager_reports_loss(client: redis.Redis, namespace: str) -> None:
     lock = make(client, namespace, lease=0.3, watchdog=False)
     with pytest.raises(LockLostError), lock.write():

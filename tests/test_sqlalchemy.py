@@ -174,6 +174,7 @@ def test_close_without_commit_releases(stack: Stack) -> None:
     assert stack.name_of(2) == "menu 2"
 
 
+@pytest.mark.slow
 def test_a_session_dropped_without_close_releases_when_collected(stack: Stack) -> None:
     session = stack.sessions()
     session.get(stack.menu, 2).name = "dropped"
@@ -385,6 +386,7 @@ def test_a_row_that_joins_the_where_while_waiting_for_locks_is_invalidated(
     assert {i: stack.name_of(i) for i in truth} == truth
 
 
+@pytest.mark.slow
 def test_lock_timeout_midway_in_a_savepoint_invalidates_and_releases(stack: Stack) -> None:
     # Sorted: menu:3 < menu:children:1 < menu:list; the last one is taken elsewhere.
     other = stack.guard.rwlock("menu:list").remote.try_acquire_write(owner="someone-else")
@@ -601,6 +603,7 @@ def test_flush_fails_cleanly_when_invalidation_fails(
         stack.close()
 
 
+@pytest.mark.slow
 def test_lock_timeout_fails_the_flush_and_releases(stack: Stack) -> None:
     other = stack.guard.rwlock("menu:2").remote.try_acquire_write(owner="someone-else")
     assert other is not None
@@ -617,6 +620,7 @@ def test_lock_timeout_fails_the_flush_and_releases(stack: Stack) -> None:
     assert all(_lock_is_free(stack, n) for n in ("menu:list", "menu:2", "menu:children:1"))
 
 
+@pytest.mark.slow
 def test_lock_timeout_and_outbox_poll_take_a_timedelta(stack: Stack) -> None:
     """Durations are seconds or a timedelta (issue #26): ``lock_timeout`` bounds the
     flush's wait as its seconds do; bad ones are refused when the hooks are made."""

@@ -126,6 +126,7 @@ class Calls:
 # -- sharing, and what a caller may share ------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_timed_out_callers_share_one_load_and_later_ones_the_next(make: Make) -> None:
     writer, reader = make(), make(wait_timeout=0.3)
     load = Counted(1)
@@ -152,6 +153,7 @@ async def test_timed_out_callers_share_one_load_and_later_ones_the_next(make: Ma
     assert len(reader.guard._state.shared_loads) == 0
 
 
+@pytest.mark.slow
 async def test_a_loaders_error_is_shared_with_the_callers_of_its_load(make: Make) -> None:
     writer, reader = make(), make(wait_timeout=0.3)
     load = Counted(1, fails={1: ZeroDivisionError("database down")})
@@ -166,6 +168,7 @@ async def test_a_loaders_error_is_shared_with_the_callers_of_its_load(make: Make
     assert len(reader.guard._state.shared_loads) == 0
 
 
+@pytest.mark.slow
 async def test_the_callers_of_an_interrupted_load_go_on_without_it(make: Make) -> None:
     """The runner of the shared load is interrupted (its task cancelled, or its
     thread's loader raising a BaseException): none of its callers inherits that,

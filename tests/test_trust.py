@@ -241,6 +241,7 @@ def test_a_loader_may_read_other_keys(client: redis.Redis, namespace: str) -> No
     assert guard.get_or_load("list", load_list, ttl=60) == ["one"]
 
 
+@pytest.mark.slow
 def test_a_hung_loader_stops_blocking_writers_after_max_load_time(
     redis_url: str, namespace: str, guards: list[CacheGuard]
 ) -> None:

@@ -199,6 +199,7 @@ def test_failed_remote_acquire_leaves_nothing_held(client: redis.Redis, namespac
         pass
 
 
+@pytest.mark.slow
 def test_factory_registry_is_weak(client: redis.Redis, namespace: str) -> None:
     factory = LockFactory(client, namespace=namespace)
     lock = factory.rwlock("a")

@@ -63,6 +63,7 @@ class _Held:
         self._thread.join(30)
 
 
+@pytest.mark.slow
 def test_guard_write_takes_the_stores_lock(guard: CacheGuard, store: Store) -> None:
     held = _Held(store, "menu:7")
     try:
@@ -98,6 +99,7 @@ class _Row(_Base):
     name: Mapped[str] = mapped_column(sa.String(20))
 
 
+@pytest.mark.slow
 def test_tracked_sessions_take_the_stores_lock(
     guard: CacheGuard, store: Store, tmp_path: Any
 ) -> None:
@@ -120,6 +122,7 @@ def test_tracked_sessions_take_the_stores_lock(
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_a_lock_factory_puts_the_stores_lock_behind_its_local_tier(store: Store) -> None:
     """``LockFactory(store=...)``: the two-tier lock with the store's lock as its
     distributed tier: another owner of the store's lock holds it off, and its own

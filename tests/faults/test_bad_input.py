@@ -25,6 +25,7 @@ def test_the_entry_decoder_takes_any_bytes(data: bytes, codec: object) -> None:
         unpack_entry(codec, data)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     value=st.recursive(

@@ -75,6 +75,7 @@ def test_black_hole_every_public_call_returns_or_raises_within_its_deadline(
     proxy.set_mode("pass")
 
 
+@pytest.mark.slow
 def test_added_latency_still_one_load_and_right_values(proxy: TcpProxy) -> None:
     proxy.set_mode("delay", 0.02)
     guards = [_guard(proxy.url, wait_timeout=10) for _ in range(2)]  # two owners
