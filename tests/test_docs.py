@@ -572,27 +572,45 @@ def ci_build_flags() -> tuple[str, ...]:
     raise AssertionError(".ci/run no longer builds the docs site with mkdocs")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("build", ["tests", "ci"])
-def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path: Path, build: str) -> None:
-    """The site as it is (mkdocs.yml, its hooks, docs/) copied, with one link to a
-    missing page and one to a missing heading added to index.md: the build with
-    this file's flags, and with .ci/run's, fails and names both."""
+def copied_site(tmp_path: Path) -> Path:
+    """The site's sources (mkdocs.yml, its hooks, docs/) copied into ``tmp_path``, the
+    API page a heading only: rendering the docstrings takes most of a build's time,
+    and the whole site is built by test_the_docs_site_builds_strict."""
     project = tmp_path / "project"
     shutil.copytree(ROOT / "docs", project / "docs")
     shutil.copy2(ROOT / "mkdocs.yml", project / "mkdocs.yml")
     (project / "tools").mkdir()
     shutil.copy2(ROOT / "tools" / "mkdocs_hooks.py", project / "tools" / "mkdocs_hooks.py")
     (project / "cacheguard").symlink_to(ROOT / "cacheguard")  # mkdocstrings reads it there
+    (project / "docs" / "api.md").write_text("# API reference\n", encoding="utf-8")
+    return project
+
+
+@pytest.mark.slow
+def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path: Path) -> None:
+    """The site as it is (mkdocs.yml, its hooks, docs/) copied, with one link to a
+    missing page and one to a missing heading added to index.md: the build with
+    this file's flags, and with .ci/run's (once if they are the same), fails and
+    names both."""
+    project = copied_site(tmp_path)
     index = project / "docs" / "index.md"
     broken = "\nSee [a page](no-such-page.md) and [a heading](guide.md#no-such-heading).\n"
     index.write_text(index.read_text(encoding="utf-8") + broken, encoding="utf-8")
-    flags = BUILD_FLAGS if build == "tests" else ci_build_flags()
-    done = build_site(project, tmp_path / "site", flags)
-    output = done.stdout + done.stderr
-    assert done.returncode != 0, f"mkdocs build {' '.join(flags)} passed:\n{output}"
-    assert "no-such-page.md" in output, output
-    assert "no-such-heading" in output, output
+    for n, flags in enumerate(dict.fromkeys([BUILD_FLAGS, ci_build_flags()])):
+        done = build_site(project, tmp_path / f"site{n}", flags)
+        output = done.stdout + done.stderr
+        assert done.returncode != 0, f"mkdocs build {' '.join(flags)} passed:\n{output}"
+        assert "no-such-page.md" in output, output
+        assert "no-such-heading" in output, output
+
+
+@pytest.mark.slow
+def test_the_copied_site_without_its_breakage_builds(tmp_path: Path) -> None:
+    """The copy the test above breaks builds clean before it is broken: its failure
+    is the links', not the copy's (an API page reduced to a heading, say)."""
+    project = copied_site(tmp_path)
+    done = build_site(project, tmp_path / "site", ci_build_flags())
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 # The modules docs/api.md documents; a name exported by several (cacheguard re-exports

@@ -178,10 +178,11 @@ def test_registry_shares_while_used_and_forgets_after() -> None:
 
 
 @pytest.mark.slow
-def test_registry_memory_stays_bounded_for_a_million_keys() -> None:
+def test_registry_memory_stays_bounded_over_many_keys() -> None:
+    """200,000 names each locked once leave one lock behind: the one still referenced."""
     registry: WeakRegistry[LocalRWLock] = WeakRegistry(LocalRWLock)
     kept = registry.get("kept")
-    for i in range(1_000_000):
+    for i in range(200_000):
         lock = registry.get(f"key:{i}")
         lock.acquire_read()
         lock.release_read()

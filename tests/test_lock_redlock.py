@@ -659,23 +659,26 @@ def test_a_handle_dropped_unreleased_is_given_back_on_every_master(
     """A thread that ended holding a Redlock write it never released (nothing
     references the handle): the watchdog releases it on every master at its next
     renewal instead of renewing it for the life of the process."""
-    # Renewed every lease/3 s: long enough that the hold is still there to be seen
-    # below on a loaded machine, short enough that its give-back comes soon after.
+    # Renewed every lease/3 s; without the give-back the watchdog would renew it for
+    # ever, so the wait below would time out.
     lock = make_lock(masters, namespace, lease=3.0)
+    key = lock.keys.lock
     dropped: list[Any] = []
 
     def take_and_drop() -> None:
         handle = lock.acquire_write(timeout=5)
-        dropped.extend([weakref.ref(handle), handle.owner, list(handle._granted)])
+        # Seen while the handle is referenced: the watchdog may give it back at any
+        # renewal once the thread has ended (on a loaded machine, before a look after).
+        held_on = sum(bool(p.exists(key)) for p in probes)
+        dropped.extend([weakref.ref(handle), handle.owner, list(handle._granted), held_on])
 
     thread = threading.Thread(target=take_and_drop)
     thread.start()
     thread.join()
     gc.collect()
-    gone, owner, granted = dropped
+    gone, owner, granted, held_on = dropped
     assert gone() is None
-    key = lock.keys.lock
-    assert sum(bool(p.exists(key)) for p in probes) >= 3
+    assert held_on >= 3
     wait_until(lambda: not any(p.exists(key) for p in probes), 10, "the dropped hold given back")
     # Its epochs no longer keep tidy-ups off its masters.
     assert not any(process_holdings().counts_on(key, owner, a, e) for a, e in granted)

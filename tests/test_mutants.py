@@ -85,6 +85,16 @@ def test_docs_list_every_mutant() -> None:
     assert not missing
 
 
+def test_the_hypothesis_plugin_is_loaded_only_for_tests_that_use_it() -> None:
+    """A mutant's pytest start leaves hypothesis's plugin out unless one of its test
+    files uses hypothesis (its @given tests then run with the plugin, as in the suite)."""
+    with_it = TOOL.pytest_command(["tests/test_keys.py::test_x", "tests/test_cache.py::test_y"])
+    without = TOOL.pytest_command(["tests/test_cache.py::test_y"])
+    assert "no:hypothesispytest" not in with_it
+    assert "no:hypothesispytest" in without
+    assert "no:hypothesispytest" not in TOOL.pytest_command(["tests/no_such_file.py::test_z"])
+
+
 def test_jobs_check_mutants_at_the_same_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--jobs 2``: two mutants are checked at once (each waits here for the other)."""
     import threading

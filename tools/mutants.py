@@ -3662,7 +3662,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "tests/test_docs.py",
         'BUILD_FLAGS = ("--strict",)\n',
         'BUILD_FLAGS = ("--strict", "--quiet")\n',
-        ("tests/test_docs.py::test_a_broken_link_or_anchor_fails_the_strict_build[tests]",),
+        ("tests/test_docs.py::test_a_broken_link_or_anchor_fails_the_strict_build",),
         within="BUILD_FLAGS",
     ),
     # -- clean shutdown, pickling and bad names (issue #23: tests/test_shutdown.py,
@@ -7057,7 +7057,19 @@ def scratch_copy(destination: Path) -> Path:
     return tree
 
 
+def uses_hypothesis(tests: Iterable[str], root: Path = ROOT) -> bool:
+    """Does any of the files of ``tests`` (node ids) mention hypothesis?"""
+    files = {root / node_id.partition("::")[0] for node_id in tests}
+    return any(
+        not path.is_file() or "hypothesis" in path.read_text(encoding="utf-8") for path in files
+    )
+
+
 def pytest_command(tests: Iterable[str], *extra: str) -> list[str]:
+    tests = list(tests)
+    # hypothesis's pytest plugin costs about 0.3 s of CPU at every start (582 starts):
+    # it is loaded only for the tests that use hypothesis (an unreadable file counts).
+    plugins = [] if uses_hypothesis(tests) else ["-p", "no:hypothesispytest"]
     return [
         sys.executable,
         "-m",
@@ -7066,6 +7078,7 @@ def pytest_command(tests: Iterable[str], *extra: str) -> list[str]:
         "--no-header",
         "-p",
         "no:cacheprovider",
+        *plugins,
         "-o",
         "addopts=",
         *extra,
