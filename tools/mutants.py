@@ -2623,6 +2623,15 @@ MUTANTS: tuple[Mutant, ...] = (
         within="main",
     ),
     Mutant(
+        "mutants-hypothesis-plugin-where-used",
+        "a mutant whose tests use hypothesis runs them with hypothesis's pytest plugin",
+        "tools/mutants.py",
+        'plugins = [] if uses_hypothesis(tests) else ["-p", "no:hypothesispytest"]',
+        'plugins = ["-p", "no:hypothesispytest"]',
+        ("tests/test_mutants.py::test_the_hypothesis_plugin_is_loaded_only_for_tests_that_use_it",),
+        within="pytest_command",
+    ),
+    Mutant(
         "mutants-patch-inside-its-anchor",
         "a mutant's patch applies inside its anchor's definition only, not wherever else in "
         "the file its find text occurs",
