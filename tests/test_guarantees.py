@@ -98,11 +98,29 @@ def test_a_value_filled_while_the_writer_lost_its_lock_is_dropped_at_the_end(
 
 
 def test_an_older_fills_announcement_is_refused_even_at_the_same_version(
-    client: redis.Redis, namespace: str
+    client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The key has never been invalidated (or its version key expired), so an entry
     announced by a fill of long ago carries the very version the waiter saw: only
-    the check on the fill's start time refuses it."""
+    the check on the fill's start time refuses it. The fill under way ends only once
+    the waiter has judged that announcement (it waits again, or it took it): ended
+    sooner, a slow waiter's next try would find the new value and never judge it."""
+    old = pack_entry(MsgpackCodec(), "old", created=time.time(), ttl=60, version=0,
+                     load_duration=0.0)  # fmt: skip
+    announcement = b"V1:" + old  # began at µs 1: long before the fill under way
+    waits_after_it = threading.Event()
+    delivered = threading.Event()
+    real_wait = Subscription.wait
+
+    def wait(self: Subscription, seconds: float) -> list[bytes]:
+        if delivered.is_set():
+            waits_after_it.set()  # the announcement was judged, and refused
+        messages = real_wait(self, seconds)
+        if announcement in messages:
+            delivered.set()
+        return messages
+
+    monkeypatch.setattr(Subscription, "wait", wait)
     filler = make_guard(client, namespace)
     waiter = make_guard(client, namespace)  # another owner: waits for the filler
     release, fill = start_gated_fill(filler, "k", "new")
@@ -113,9 +131,8 @@ def test_an_older_fills_announcement_is_refused_even_at_the_same_version(
     reader.start()
     channel = waiter.keys("k").released_channel
     assert wait_until(lambda: subscribers(client, channel) >= 1)
-    old = pack_entry(MsgpackCodec(), "old", created=time.time(), ttl=60, version=0,
-                     load_duration=0.0)  # fmt: skip
-    client.spublish(channel, b"V1:" + old)  # began at µs 1: long before the fill under way
+    client.spublish(channel, announcement)
+    assert wait_until(lambda: waits_after_it.is_set() or not reader.is_alive(), 10)
     release.set()
     fill.join(5)
     reader.join(5)
