@@ -95,6 +95,24 @@ def test_the_hypothesis_plugin_is_loaded_only_for_tests_that_use_it() -> None:
     assert "no:hypothesispytest" not in TOOL.pytest_command(["tests/no_such_file.py::test_z"])
 
 
+def test_a_mutants_tests_keep_bytecode_caches(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """PYTHONDONTWRITEBYTECODE in the caller's environment does not reach a mutant's
+    pytest: its scratch tree keeps the caches from one mutant to the next."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    seen: dict[str, str] = {}
+
+    def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(TOOL.subprocess, "run", run)
+    TOOL.run_tests(tmp_path, ["tests/test_cache.py::test_y"])
+    assert seen, "the tests were not run"
+    assert "PYTHONDONTWRITEBYTECODE" not in seen
+
+
 def test_jobs_check_mutants_at_the_same_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--jobs 2``: two mutants are checked at once (each waits here for the other)."""
     import threading
