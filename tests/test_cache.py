@@ -28,6 +28,7 @@ from cacheguard import (
 )
 from cacheguard.cache.entry import pack_entry
 from cacheguard.redis.keys import ResourceKeys
+from cacheguard.redis.notifier import Subscription
 from cacheguard.testing import free_port
 from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
 
@@ -355,7 +356,10 @@ def test_loader_exception_reaches_caller_and_waiters(client: redis.Redis, namesp
 
 
 def test_write_waits_for_fill_and_fill_waits_for_write(
-    client: redis.Redis, other_client: redis.Redis, namespace: str
+    client: redis.Redis,
+    other_client: redis.Redis,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     filler = make_guard(client, namespace)
     # Another "process": its own owner and its own pub/sub connection, so the
@@ -407,11 +411,22 @@ def test_write_waits_for_fill_and_fill_waits_for_write(
         order.append("load starts")
         return "v2"
 
+    # The fill's thread waiting for a release: it found the writer. (Not the count of
+    # the channel's subscribers: the writer's subscription from above may still be
+    # open, and a fill that ignored the writer would load unseen while it raced.)
+    fill_waits = threading.Event()
+    real_wait = Subscription.wait
+
+    def wait(self: Subscription, seconds: float) -> list[bytes]:
+        if threading.current_thread() is r:
+            fill_waits.set()
+        return real_wait(self, seconds)
+
+    monkeypatch.setattr(Subscription, "wait", wait)
     r = threading.Thread(target=lambda: filler.get_or_load("k", load_after_write, ttl=60))
     r.start()
     try:
-        # Subscribed to the key's channel: the fill found the writer and waits.
-        assert wait_until(lambda: subscribers(client, keys.released_channel) >= 1)
+        assert wait_until(lambda: fill_waits.is_set() or "load starts" in order)
         assert order == ["write starts"]
     finally:
         leave.set()
