@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -33,6 +34,42 @@ def subscribers(client: redis.Redis, channel: str) -> int:
     broadcast = int(client.pubsub_numsub(channel)[0][1])
     sharded = client.execute_command("PUBSUB", "SHARDNUMSUB", channel)
     return broadcast + int(sharded[1])
+
+
+@contextlib.contextmanager
+def waiting_in(thread: threading.Thread | None = None) -> Iterator[threading.Event]:
+    """An event set once a waiter (``thread``, or any caller when None) waits on a
+    pub/sub subscription, sync or asyncio, while the block runs: it tried, found the
+    key busy, subscribed, tried again and now waits for an announcement or a release,
+    so a message sent from here on is kept for that wait. A channel's subscriber
+    count says less: an earlier waiter's lingering subscription can already meet it,
+    and it is met at the SUBSCRIBE, before the waiter's next try, which a release at
+    that moment would let through without any message."""
+    from cacheguard.redis.async_notifier import AsyncSubscription
+    from cacheguard.redis.notifier import Subscription
+
+    waits = threading.Event()
+    real_wait, real_async_wait = Subscription.wait, AsyncSubscription.wait
+
+    def note() -> None:
+        if thread is None or threading.current_thread() is thread:
+            waits.set()
+
+    def wait(self: Subscription, seconds: float) -> list[bytes]:
+        note()
+        return real_wait(self, seconds)
+
+    async def async_wait(self: AsyncSubscription, seconds: float) -> list[bytes]:
+        note()
+        return await real_async_wait(self, seconds)
+
+    Subscription.wait = wait  # type: ignore[method-assign]
+    AsyncSubscription.wait = async_wait  # type: ignore[method-assign]
+    try:
+        yield waits
+    finally:
+        Subscription.wait = real_wait  # type: ignore[method-assign]
+        AsyncSubscription.wait = real_async_wait  # type: ignore[method-assign]
 
 
 def flight_entries(monkeypatch: pytest.MonkeyPatch, flights: Any) -> list[str]:

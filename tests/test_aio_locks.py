@@ -21,7 +21,7 @@ from cacheguard.aio import (
     async_notifier_for,
 )
 from cacheguard.testing import RedisEndpoint
-from tests.helpers import subscribers
+from tests.helpers import subscribers, waiting_in
 from tests.lock_drivers import NO_TIMER_WAKE_UP, Driver, eventually, fields
 
 
@@ -48,15 +48,15 @@ async def test_a_sync_holder_blocks_an_async_acquirer_and_its_release_wakes_it(
     holder = slock(client, namespace, lease=60).acquire_write(owner="sync-holder")
     lock = alock(aclient, namespace, lease=60)
     assert await lock.try_acquire_read(owner="async-reader") is None
-    waiter = asyncio.ensure_future(lock.acquire_write(timeout=60))
-    try:
-        assert await eventually(lambda: queued_writers(client, lock.keys.lock))
-        channel = lock.keys.released_channel
-        assert await eventually(lambda: subscribers(client, channel) >= 1)
-        holder.release()  # only its announcement can wake the waiter within 20 s
-        handle = await asyncio.wait_for(waiter, 20)
-    finally:
-        waiter.cancel()
+    with waiting_in() as waits:
+        waiter = asyncio.ensure_future(lock.acquire_write(timeout=60))
+        try:
+            assert await eventually(lambda: queued_writers(client, lock.keys.lock))
+            assert await eventually(waits.is_set)
+            holder.release()  # only its announcement can wake the waiter within 20 s
+            handle = await asyncio.wait_for(waiter, 20)
+        finally:
+            waiter.cancel()
     assert handle.token > holder.token
     await handle.release()
     assert not client.exists(lock.keys.lock)
@@ -69,9 +69,10 @@ async def test_an_async_holder_blocks_a_sync_acquirer_and_its_release_wakes_it(
     lock = slock(client, namespace, lease=60)
     assert lock.try_acquire_read(owner="sync-reader") is None
     driver = Driver("sync", client, aclient, namespace)
-    waiter = driver.in_background(lambda: lock.acquire_write(timeout=60, owner="sync-waiter"))
-    assert await eventually(lambda: client.hexists(lock.keys.lock, "q:sync-waiter"))
-    assert await eventually(lambda: subscribers(client, lock.keys.released_channel) >= 1)
+    with waiting_in() as waits:
+        waiter = driver.in_background(lambda: lock.acquire_write(timeout=60, owner="sync-waiter"))
+        assert await eventually(lambda: client.hexists(lock.keys.lock, "q:sync-waiter"))
+        assert await eventually(waits.is_set)
     await holder.release()
     handle = await asyncio.wait_for(waiter, 20)
     assert handle.token > holder.token

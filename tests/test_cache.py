@@ -28,9 +28,8 @@ from cacheguard import (
 )
 from cacheguard.cache.entry import pack_entry
 from cacheguard.redis.keys import ResourceKeys
-from cacheguard.redis.notifier import Subscription
 from cacheguard.testing import free_port
-from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
+from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until, waiting_in
 
 
 def lock_is_free(client: redis.Redis, guard: CacheGuard, name: str) -> bool:
@@ -359,7 +358,6 @@ def test_write_waits_for_fill_and_fill_waits_for_write(
     client: redis.Redis,
     other_client: redis.Redis,
     namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     filler = make_guard(client, namespace)
     # Another "process": its own owner and its own pub/sub connection, so the
@@ -411,22 +409,14 @@ def test_write_waits_for_fill_and_fill_waits_for_write(
         order.append("load starts")
         return "v2"
 
-    # The fill's thread waiting for a release: it found the writer. (Not the count of
-    # the channel's subscribers: the writer's subscription from above may still be
-    # open, and a fill that ignored the writer would load unseen while it raced.)
-    fill_waits = threading.Event()
-    real_wait = Subscription.wait
-
-    def wait(self: Subscription, seconds: float) -> list[bytes]:
-        if threading.current_thread() is r:
-            fill_waits.set()
-        return real_wait(self, seconds)
-
-    monkeypatch.setattr(Subscription, "wait", wait)
     r = threading.Thread(target=lambda: filler.get_or_load("k", load_after_write, ttl=60))
-    r.start()
     try:
-        assert wait_until(lambda: fill_waits.is_set() or "load starts" in order)
+        # The fill's thread waits for a release: it found the writer. (Not the count
+        # of the channel's subscribers: the writer's subscription from above may still
+        # be open, and a fill that ignored the writer would load unseen while it raced.)
+        with waiting_in(r) as fill_waits:
+            r.start()
+            assert wait_until(lambda: fill_waits.is_set() or "load starts" in order)
         assert order == ["write starts"]
     finally:
         leave.set()

@@ -19,7 +19,7 @@ from cacheguard.redis.clients import parse_url
 from cacheguard.redis.errors import NoReplicasError
 from cacheguard.testing import OwnedRedisServer
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard, guards_on
-from tests.helpers import subscribers, wait_until
+from tests.helpers import subscribers, waiting_in
 from tests.test_guard_both_drivers import Loads, started
 
 pytest_plugins = ["tests.deployment_fixtures"]
@@ -96,11 +96,12 @@ async def test_guards_on_a_sentinel_master_fill_write_and_wake_by_announcement(
     slow = Loads("filled", gate=gate)
     filling = asyncio.ensure_future(filler.get_or_load("k", slow, ttl=60))
     await started(slow)
-    waiting = asyncio.ensure_future(waiter.get_or_load("k", Loads("waiter"), ttl=60))
+    with waiting_in() as waits:  # the waiter subscribed, looked again, and waits
+        waiting = asyncio.ensure_future(waiter.get_or_load("k", Loads("waiter"), ttl=60))
+        assert await asyncio.to_thread(waits.wait, 10)
     host, port = sentinel_set.master_address()
-    with redis.Redis(host=host, port=port) as master:
-        channel = waiter.keys("k").released_channel
-        assert await asyncio.to_thread(wait_until, lambda: subscribers(master, channel) >= 1, 10)
+    with redis.Redis(host=host, port=port) as master:  # subscribed on the master
+        assert subscribers(master, waiter.keys("k").released_channel) >= 1
     gate.set()
     assert await asyncio.wait_for(waiting, 20) == "filled"
     assert await filling == "filled"

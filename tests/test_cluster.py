@@ -30,7 +30,7 @@ from cacheguard.redis.keys import ResourceKeys
 from cacheguard.redis.scripts import run_pipelined
 from tests import cache_workers
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard, guard_from_url, guards_on
-from tests.helpers import start_gated_fill, wait_until
+from tests.helpers import start_gated_fill, wait_until, waiting_in
 from tests.procs import CTX, result_within, run_processes, start_process_reporting
 from tests.test_guard_both_drivers import Loads, started
 
@@ -114,11 +114,11 @@ async def test_a_waiter_on_a_cluster_is_woken_by_the_fills_sharded_announcement(
         slow = Loads(f"filled {name}", gate=gate)
         filling = asyncio.ensure_future(filler.get_or_load(name, slow, ttl=60))
         await started(slow)
-        waiting = asyncio.ensure_future(waiter.get_or_load(name, Loads("waiter"), ttl=60))
+        with waiting_in() as waits:  # the waiter subscribed, looked again, and waits
+            waiting = asyncio.ensure_future(waiter.get_or_load(name, Loads("waiter"), ttl=60))
+            assert await asyncio.to_thread(waits.wait, 10)
         channel = waiter.keys(name).released_channel
-        assert await asyncio.to_thread(
-            wait_until, lambda c=channel: shard_subscribers(redis_cluster, c) >= 1, 10
-        )
+        assert shard_subscribers(redis_cluster, channel) >= 1  # on the key's shard
         gate.set()
         assert await asyncio.wait_for(waiting, 20) == f"filled {name}"
         assert await filling == f"filled {name}"
@@ -186,9 +186,10 @@ def test_a_lock_on_a_cluster_excludes_and_wakes_its_waiter_by_sharded_pubsub(
         assert lock.try_acquire_read(owner="reader") is None
         got: list[Any] = []
         waiter = threading.Thread(target=lambda: got.append(lock.acquire_read(30, owner="r")))
-        waiter.start()
-        channel = lock.keys.released_channel
-        assert wait_until(lambda: shard_subscribers(redis_cluster, channel) >= 1, 10)
+        with waiting_in(waiter) as waits:  # it subscribed, tried again, and waits
+            waiter.start()
+            assert waits.wait(10)
+        assert shard_subscribers(redis_cluster, lock.keys.released_channel) >= 1
         writer.release()
         waiter.join(20)
         assert len(got) == 1

@@ -20,7 +20,7 @@ from cacheguard import CacheGuard
 from cacheguard.redis.keys import ResourceKeys
 from tests.failover_load import Load, Tally, guard_maker
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP
-from tests.helpers import start_gated_fill, wait_until
+from tests.helpers import start_gated_fill, waiting_in
 from tests.test_cluster import shard_subscribers
 
 pytest_plugins = ["tests.deployment_fixtures"]
@@ -157,9 +157,12 @@ def woken_by_the_announcement(
         asking = threading.Thread(
             target=lambda: got.append(waiter.get_or_load(name, lambda: "waiter", ttl=60))
         )
-        asking.start()
-        channel = waiter.keys(name).released_channel
-        assert wait_until(lambda: shard_subscribers(cluster, channel) >= 1, 10)
+        with waiting_in(asking) as waits:
+            asking.start()
+            # The waiter itself waits for the announcement (the load's readers may
+            # have left this key's channel subscribed: its count proves nothing).
+            assert waits.wait(10), "the waiter never waited for the announcement"
+        assert shard_subscribers(cluster, waiter.keys(name).released_channel) >= 1
         release.set()
         fill.join(10)
         asking.join(20)

@@ -16,7 +16,7 @@ import redis
 import redis.asyncio
 
 from cacheguard import LockLostError, LockTimeout, LockUpgradeError
-from tests.helpers import subscribers
+from tests.helpers import waiting_in
 from tests.lock_drivers import (
     NO_TIMER_WAKE_UP,
     Driver,
@@ -120,15 +120,15 @@ async def test_a_timeout_raises_lock_timeout_at_its_deadline(driver: Driver, mod
 async def test_a_release_wakes_a_waiter_through_pubsub(driver: Driver) -> None:
     holder = await driver.lock(lease=60).acquire_write(owner="holder")
     lock = driver.lock(lease=60, backoff=NO_TIMER_WAKE_UP)
-    waiter = driver.in_background(lambda: lock.lock.acquire_write(timeout=60, owner="waiter"))
-    try:
-        assert await eventually(lambda: driver.client.hexists(lock.keys.lock, "q:waiter"))
-        channel = lock.keys.released_channel
-        assert await eventually(lambda: subscribers(driver.client, channel) >= 1)
-        await release(holder)
-        handle = await asyncio.wait_for(waiter, 20)
-    finally:
-        waiter.cancel()  # an asyncio waiter left over by a failure must not outlive the test
+    with waiting_in() as waits:
+        waiter = driver.in_background(lambda: lock.lock.acquire_write(timeout=60, owner="waiter"))
+        try:
+            assert await eventually(lambda: driver.client.hexists(lock.keys.lock, "q:waiter"))
+            assert await eventually(waits.is_set)  # subscribed, tried again, and waits
+            await release(holder)
+            handle = await asyncio.wait_for(waiter, 20)
+        finally:
+            waiter.cancel()  # an asyncio waiter left by a failure must not outlive the test
     assert handle.token > holder.token
     await release(handle)
     assert not driver.client.exists(lock.keys.lock)
