@@ -28,7 +28,7 @@ from cacheguard import (
 )
 from cacheguard.aio import AsyncCacheGuard
 from tests.guard_drivers import KINDS, NO_TIMER_WAKE_UP, Guard
-from tests.helpers import flight_entries, subscribers, wait_until
+from tests.helpers import flight_entries, subscribers, wait_until, waiting_in
 
 Make = Callable[..., Guard]
 
@@ -357,10 +357,10 @@ async def test_a_waiter_in_another_process_is_woken_by_the_announcement(
     slow = Loads("filled", gate=gate)
     filling = asyncio.ensure_future(filler.get_or_load("k", slow, ttl=60))
     await started(slow)
-    waiting = asyncio.ensure_future(waiter.get_or_load("k", Loads("waiter"), ttl=60))
-    assert await asyncio.to_thread(
-        wait_until, lambda: subscribers(client, waiter.keys("k").released_channel) >= 1, 10
-    )
+    with waiting_in() as waits:  # the waiter subscribed, looked again, and waits
+        waiting = asyncio.ensure_future(waiter.get_or_load("k", Loads("waiter"), ttl=60))
+        assert await asyncio.to_thread(waits.wait, 10)
+    assert subscribers(client, waiter.keys("k").released_channel) >= 1
     gate.set()
     assert await asyncio.wait_for(waiting, 20) == "filled"
     assert await filling == "filled"
