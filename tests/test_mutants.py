@@ -8,12 +8,17 @@ and docs/testing.md lists every mutant.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -102,15 +107,142 @@ def test_a_mutants_tests_keep_bytecode_caches(
     pytest: its scratch tree keeps the caches from one mutant to the next."""
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     seen: dict[str, str] = {}
+    real_popen = subprocess.Popen
 
-    def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    def popen(command: list[str], **kwargs: Any) -> subprocess.Popen[str]:
         seen.update(kwargs["env"])
-        return subprocess.CompletedProcess(command, 0, "", "")
+        return real_popen([sys.executable, "-c", ""], **kwargs)
 
-    monkeypatch.setattr(TOOL.subprocess, "run", run)
+    monkeypatch.setattr(TOOL.subprocess, "Popen", popen)
     TOOL.run_tests(tmp_path, ["tests/test_cache.py::test_y"])
     assert seen, "the tests were not run"
     assert "PYTHONDONTWRITEBYTECODE" not in seen
+    assert seen["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+
+
+# -- what a mutant's tests start goes with them --------------------------------------------
+
+# A test that starts a process it never stops (as a fixture a mutant broke would leave
+# a server), writes its pid and its own, then passes or hangs.
+LEAKY_TEST = """\
+import os, subprocess, sys, threading
+
+def test_leaks():
+    child = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
+    with open("pids.tmp", "w") as out:
+        out.write(f"{os.getpid()} {child.pid}")
+    os.rename("pids.tmp", "pids")
+    if os.environ.get("HANG"):
+        threading.Event().wait()
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for a reaper that may never come counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def _gone(pids: list[int], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture
+def leaky_tree(tmp_path: Path) -> Iterator[Path]:
+    """A tree holding LEAKY_TEST; what it started is killed afterwards whatever the
+    outcome (a failing check must not leave its processes to the next tests)."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "test_leaky.py").write_text(LEAKY_TEST)
+    yield tree
+    if (tree / "pids").exists():
+        for pid in (int(pid) for pid in (tree / "pids").read_text().split()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _pids(tree: Path, within: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + within
+    while not (tree / "pids").exists():
+        assert time.monotonic() < deadline, "the test never started its child"
+        time.sleep(0.05)
+    return [int(pid) for pid in (tree / "pids").read_text().split()]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_mutants_run_leaves_nothing_running(leaky_tree: Path) -> None:
+    """A process the tests started and left running is killed when they end."""
+    tree = leaky_tree
+    done = TOOL.run_tests(tree, ["test_leaky.py"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, child = _pids(tree)
+    assert _gone([child]), "the process the tests left running still runs"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.timeout(60)  # without the kill at the time-out, the run would never end
+def test_a_hung_mutants_run_is_killed_with_all_it_started(
+    leaky_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANG", "1")
+    monkeypatch.setattr(TOOL, "RUN_TIMEOUT", 5.0)
+    tree = leaky_tree
+    done = TOOL.run_tests(tree, ["test_leaky.py"])
+    assert done.returncode == 124
+    assert "did not end within 5 s" in done.stderr
+    assert _gone(_pids(tree, within=0))
+
+
+# Runs a hung mutant's tests in a worker thread, as the check's jobs do, with the
+# check's stop signals.
+STOPPED_CHECK = """\
+import importlib.util, sys, threading
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location("mutants", sys.argv[1])
+tool = importlib.util.module_from_spec(spec)
+sys.modules["mutants"] = tool
+spec.loader.exec_module(tool)
+with tool.stop_signals():
+    job = threading.Thread(target=tool.run_tests, args=(Path(sys.argv[2]), ["test_leaky.py"]))
+    job.start()
+    job.join()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_stopped_check_kills_its_runs_and_what_they_started(
+    leaky_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (CI's cleanup, or a Ctrl-C) ends the check at once and takes every run
+    under way with it, servers its tests started included: the runs are sessions of
+    their own, which the terminal's signals do not reach."""
+    monkeypatch.setenv("HANG", "1")
+    tree = leaky_tree
+    (tmp_path / "check.py").write_text(STOPPED_CHECK)
+    check = subprocess.Popen(
+        [sys.executable, str(tmp_path / "check.py"), str(ROOT / "tools" / "mutants.py"), str(tree)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        pids = _pids(tree)
+        check.send_signal(signal.SIGTERM)
+        check.wait(20)
+    finally:
+        check.kill()
+        output = check.communicate()[0]
+    assert check.returncode == 128 + signal.SIGTERM, output
+    assert _gone(pids), "a run, or what it started, outlived the stopped check"
 
 
 def test_jobs_check_mutants_at_the_same_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -37,12 +38,13 @@ import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -2638,7 +2640,44 @@ MUTANTS: tuple[Mutant, ...] = (
         '    env.pop("PYTHONDONTWRITEBYTECODE", None)\n',
         "",
         ("tests/test_mutants.py::test_a_mutants_tests_keep_bytecode_caches",),
+        within="test_environment",
+    ),
+    Mutant(
+        "mutants-kill-what-runs-left",
+        "a process a mutant's tests started and left running is killed when they end",
+        "tools/mutants.py",
+        "            _kill_group(proc.pid)  # what the tests left behind, or everything on a "
+        "stop\n",
+        "            pass\n",
+        ("tests/test_mutants.py::test_a_mutants_run_leaves_nothing_running",),
         within="run_tests",
+    ),
+    Mutant(
+        "mutants-runs-are-sessions",
+        "a mutant's tests run in a process group of their own, which takes what they start",
+        "tools/mutants.py",
+        "        start_new_session=True,\n",
+        "        start_new_session=False,\n",
+        ("tests/test_mutants.py::test_a_mutants_run_leaves_nothing_running",),
+        within="run_tests",
+    ),
+    Mutant(
+        "mutants-hung-run-killed",
+        "a mutant's run that outlives RUN_TIMEOUT is killed with everything it started",
+        "tools/mutants.py",
+        "            _kill_group(proc.pid)\n            proc.communicate()\n",
+        "            proc.communicate()\n",
+        ("tests/test_mutants.py::test_a_hung_mutants_run_is_killed_with_all_it_started",),
+        within="run_tests",
+    ),
+    Mutant(
+        "mutants-stop-kills-runs",
+        "a stop signal kills every run under way, with what it started, and the check ends",
+        "tools/mutants.py",
+        "    for group in groups:\n        _kill_group(group)\n",
+        "",
+        ("tests/test_mutants.py::test_a_stopped_check_kills_its_runs_and_what_they_started",),
+        within="stop_running",
     ),
     Mutant(
         "mutants-patch-inside-its-anchor",
@@ -7108,8 +7147,19 @@ def pytest_command(tests: Iterable[str], *extra: str) -> list[str]:
 # process): an error, never a wait without end.
 RUN_TIMEOUT = 600.0
 
+# The process groups of the test runs under way: each run is a session of its own, so
+# the servers its tests start (Redis, a ZooKeeper JVM) are in its group and go with it.
+_RUNNING: set[int] = set()
+_RUNNING_MUTEX = threading.Lock()
+_STOPPING = threading.Event()
 
-def run_tests(tree: Path, tests: Iterable[str], *extra: str) -> subprocess.CompletedProcess[str]:
+
+class Stopped(Exception):
+    """The check was stopped (SIGTERM, SIGINT) while a mutant's tests ran."""
+
+
+def test_environment(tree: Path) -> dict[str, str]:
+    """The environment of a mutant's pytest: the scratch tree first on the path."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(tree), str(tree / "testing"), env.get("PYTHONPATH")])
@@ -7118,21 +7168,70 @@ def run_tests(tree: Path, tests: Iterable[str], *extra: str) -> subprocess.Compl
     # caller's environment says: without them each run compiles the tree and rewrites
     # hypothesis's asserts again (about 2.5 s of CPU per mutant).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _kill_group(group: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)
+
+
+def run_tests(tree: Path, tests: Iterable[str], *extra: str) -> subprocess.CompletedProcess[str]:
+    """Run ``tests`` in ``tree``; whatever the run started and left running (a server
+    whose fixture a mutant broke, a hung test's children) is killed when it ends."""
     command = pytest_command(tests, *extra)
+    with subprocess.Popen(
+        command,
+        cwd=tree,
+        env=test_environment(tree),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        with _RUNNING_MUTEX:
+            _RUNNING.add(proc.pid)
+        try:
+            stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.communicate()
+            return subprocess.CompletedProcess(
+                command, 124, "", f"the tests did not end within {RUN_TIMEOUT:g} s"
+            )
+        finally:
+            _kill_group(proc.pid)  # what the tests left behind, or everything on a stop
+            with _RUNNING_MUTEX:
+                _RUNNING.discard(proc.pid)
+    if _STOPPING.is_set():
+        raise Stopped(f"stopped while running {command[-1]}")
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP stop the check (:func:`stop_running`) while the
+    block runs; the handlers before are put back after it."""
+    _STOPPING.clear()
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {stop: signal.signal(stop, stop_running) for stop in stops}
     try:
-        return subprocess.run(
-            command,
-            cwd=tree,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=RUN_TIMEOUT,
-        )
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(
-            command, 124, "", f"the tests did not end within {RUN_TIMEOUT:g} s"
-        )
+        yield
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+
+
+def stop_running(signum: int, _frame: object = None) -> None:
+    """A stop signal's handler: kill every test run's process group (their tests no
+    longer get the terminal's SIGINT, being sessions of their own), let no new one
+    start, and leave (the scratch trees are removed on the way out)."""
+    _STOPPING.set()
+    with _RUNNING_MUTEX:
+        groups = list(_RUNNING)
+    for group in groups:
+        _kill_group(group)
+    raise SystemExit(128 + signum)
 
 
 def check_imports_from(tree: Path) -> None:
@@ -7224,12 +7323,16 @@ def check(only: Sequence[str], jobs: int = 1) -> int:
 
         def run(mutant: Mutant) -> None:
             nonlocal bad, done
+            if _STOPPING.is_set():
+                return
             tree = trees.get()  # a tree no other job is patching
             started = time.monotonic()
             try:
                 verdict, detail = check_one(mutant, tree)
             except MutantError as exc:
                 verdict, detail = "error", str(exc)
+            except Stopped:
+                return
             finally:
                 trees.put(tree)
             took = time.monotonic() - started
@@ -7303,9 +7406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(moved_warning(mutant, site), file=sys.stderr)
             print(f"    {' '.join(mutant.tests)}")
         return 0
-    if args.discover:
-        return discover(args.discover[0], args.discover[1:])
-    return check(args.only, args.jobs)
+    with stop_signals():
+        if args.discover:
+            return discover(args.discover[0], args.discover[1:])
+        return check(args.only, args.jobs)
 
 
 if __name__ == "__main__":
