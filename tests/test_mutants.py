@@ -194,7 +194,7 @@ def test_a_mutants_run_leaves_nothing_running(leaky_tree: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(60)  # without the kill at the time-out, the run would never end
+@pytest.mark.timeout(30)  # without the kill at the time-out, the run would never end
 def test_a_hung_mutants_run_is_killed_with_all_it_started(
     leaky_tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -266,6 +266,26 @@ def test_jobs_check_mutants_at_the_same_time(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(TOOL, "check_one", check_one)
     first, second = TOOL.MUTANTS[0].id, TOOL.MUTANTS[1].id
     assert TOOL.main(["--only", first, second, "--jobs", "2"]) == 0
+
+
+def test_no_mutant_is_checked_after_a_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop during the first mutant's run: the others are not checked (a stop
+    signal's handler sets the flag, as here, and kills the run, which raises Stopped)."""
+    checked: list[str] = []
+
+    def check_one(mutant: Any, tree: Path) -> tuple[str, str]:
+        checked.append(mutant.id)
+        TOOL._STOPPING.set()
+        raise TOOL.Stopped("stopped")
+
+    monkeypatch.setattr(TOOL, "scratch_copy", lambda destination: destination)
+    monkeypatch.setattr(TOOL, "check_imports_from", lambda tree: None)
+    monkeypatch.setattr(TOOL, "check_one", check_one)
+    try:
+        TOOL.check([m.id for m in TOOL.MUTANTS[:3]], jobs=1)
+    finally:
+        TOOL._STOPPING.clear()
+    assert checked == [TOOL.MUTANTS[0].id]
 
 
 # -- anchors: a mutant applies inside its definition, found again when it moved -------------

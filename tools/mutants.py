@@ -2680,6 +2680,15 @@ MUTANTS: tuple[Mutant, ...] = (
         within="stop_running",
     ),
     Mutant(
+        "mutants-no-run-after-a-stop",
+        "once the check is stopped, no further mutant's tests start",
+        "tools/mutants.py",
+        "            if _STOPPING.is_set():\n                return\n",
+        "",
+        ("tests/test_mutants.py::test_no_mutant_is_checked_after_a_stop",),
+        within="check.run",
+    ),
+    Mutant(
         "mutants-patch-inside-its-anchor",
         "a mutant's patch applies inside its anchor's definition only, not wherever else in "
         "the file its find text occurs",
@@ -7150,7 +7159,9 @@ RUN_TIMEOUT = 600.0
 # The process groups of the test runs under way: each run is a session of its own, so
 # the servers its tests start (Redis, a ZooKeeper JVM) are in its group and go with it.
 _RUNNING: set[int] = set()
-_RUNNING_MUTEX = threading.Lock()
+# Reentrant: the stop handler runs in the main thread, which may hold it (--discover
+# runs its tests there).
+_RUNNING_MUTEX = threading.RLock()
 _STOPPING = threading.Event()
 
 
@@ -7191,6 +7202,8 @@ def run_tests(tree: Path, tests: Iterable[str], *extra: str) -> subprocess.Compl
     ) as proc:
         with _RUNNING_MUTEX:
             _RUNNING.add(proc.pid)
+            if _STOPPING.is_set():  # started as the stop came: the handler missed it
+                _kill_group(proc.pid)
         try:
             stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT)
         except subprocess.TimeoutExpired:
