@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import shutil
 import tempfile
 import threading
 import uuid
@@ -86,6 +87,7 @@ def configure_django(
                 database = DjangoDatabase(url, _make_schema(url))
             else:
                 folder = tempfile.mkdtemp(prefix="cacheguard-django-")
+                atexit.register(shutil.rmtree, folder, ignore_errors=True)
                 database = DjangoDatabase(f"sqlite:///{folder}/db.sqlite3")
         settings.configure(
             DEBUG=False,
