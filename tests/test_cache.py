@@ -355,9 +355,7 @@ def test_loader_exception_reaches_caller_and_waiters(client: redis.Redis, namesp
 
 
 def test_write_waits_for_fill_and_fill_waits_for_write(
-    client: redis.Redis,
-    other_client: redis.Redis,
-    namespace: str,
+    client: redis.Redis, other_client: redis.Redis, namespace: str
 ) -> None:
     filler = make_guard(client, namespace)
     # Another "process": its own owner and its own pub/sub connection, so the

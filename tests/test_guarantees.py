@@ -25,27 +25,19 @@ from cacheguard.cache.codec import MsgpackCodec
 from cacheguard.cache.entry import pack_entry
 from cacheguard.cache.scripts import FILL_BEGIN
 from cacheguard.redis.notifier import Subscription
-from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until
+from tests.helpers import make_guard, start_gated_fill, subscribers, wait_until, waiting_in
 
 # A retry timer of a minute: within a test's deadline only an announcement wakes.
 _NO_TIMER_WAKE_UP = functools.partial(Backoff, initial=60.0, cap=60.0)
 
 
 def test_lock_waiter_is_woken_by_the_release_announcement(
-    client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+    client: redis.Redis, namespace: str
 ) -> None:
     """The holder's lease and the waiter's retry timer both run for a minute, longer
     than the test waits for the waiter: only the release's PUBLISH can wake it. The
     release comes once the waiter waits (after its try that follows subscribing: a
     release before that try would let the try succeed without any message)."""
-    in_wait = threading.Event()
-    real_wait = Subscription.wait
-
-    def wait(self: Subscription, seconds: float) -> list[bytes]:
-        in_wait.set()  # a message that arrives from here on is kept for this wait
-        return real_wait(self, seconds)
-
-    monkeypatch.setattr(Subscription, "wait", wait)
 
     def lock() -> RedisRWLock:
         return RedisRWLock(
@@ -58,11 +50,12 @@ def test_lock_waiter_is_woken_by_the_release_announcement(
         target=lambda: got.append(lock().acquire_write(timeout=60, owner="waiter")),
         daemon=True,  # under a broken wake-up it would outlive the test
     )
-    waiter.start()
     keys = lock().keys
-    assert wait_until(lambda: client.hexists(keys.lock, "q:waiter"))
-    assert wait_until(lambda: subscribers(client, keys.released_channel) >= 1)
-    assert in_wait.wait(10), "the waiter never started waiting"
+    with waiting_in(waiter) as in_wait:  # a message from then on is kept for its wait
+        waiter.start()
+        assert wait_until(lambda: client.hexists(keys.lock, "q:waiter"))
+        assert wait_until(lambda: subscribers(client, keys.released_channel) >= 1)
+        assert in_wait.wait(10), "the waiter never started waiting"
     held.release()
     waiter.join(20)
     assert len(got) == 1

@@ -7171,7 +7171,7 @@ _STOPPING = threading.Event()
 
 
 class Stopped(Exception):
-    """The check was stopped (SIGTERM, SIGINT) while a mutant's tests ran."""
+    """The check was stopped (SIGTERM, SIGINT, SIGHUP) while a mutant's tests ran."""
 
 
 def test_environment(tree: Path) -> dict[str, str]:
